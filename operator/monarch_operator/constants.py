@@ -1,0 +1,50 @@
+"""Constants shared by the operator and the launcher: API coordinates, labels, ports, paths.
+
+Everything here is a plain value; nothing imports kopf, Kubernetes or Monarch.
+"""
+
+# API group of MonarchJob. Our own group: monarch.pytorch.org belongs to Monarch's MonarchMesh.
+GROUP = "monarch-operator.dev"
+# The only served version for now; bump with a conversion plan, never in place.
+VERSION = "v1alpha1"
+# Plural used in URLs and by kopf.
+PLURAL = "monarchjobs"
+KIND = "MonarchJob"
+
+# Labels set on every child so that `kubectl get all -l monarch-operator.dev/job=<name>` finds them.
+LABEL_JOB = f"{GROUP}/job"
+# Which part of the job a pod or child is: "worker" or "launcher".
+LABEL_ROLE = f"{GROUP}/role"
+ROLE_WORKER = "worker"
+ROLE_LAUNCHER = "launcher"
+# Standard recommended label, value of app.kubernetes.io/managed-by on every child.
+MANAGED_BY = "monarch-operator"
+
+# Annotation on the hostfile ConfigMap: the job uid it was built for (stale-hostfile detection).
+ANNOTATION_JOB_UID = f"{GROUP}/job-uid"
+
+# sshd listens here inside every worker container (non-root, so above 1024).
+SSH_PORT = 2222
+# Port each Monarch worker (run_worker_loop_forever) binds on its host; same for every host
+# because SSHJob takes one port for all hosts.
+MONARCH_WORKER_PORT = 22222
+
+# Where the launcher pod finds its inputs (mount paths of the hostfile ConfigMap and key Secret).
+HOSTFILE_DIR = "/etc/monarch/hostfile"
+HOSTFILE_KEY = "hostfile"
+SSH_DIR = "/etc/monarch/ssh"
+SSH_PRIVATE_KEY = "id_ed25519"
+SSH_PUBLIC_KEY = "id_ed25519.pub"
+SSH_AUTHORIZED_KEYS = "authorized_keys"
+
+# Resource name Kubernetes uses for NVIDIA GPUs (device plugin).
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Environment variables the operator sets on the launcher and monarch-launch reads as defaults.
+ENV_HOSTFILE = "MONARCH_HOSTFILE"
+ENV_SSH_KEY = "MONARCH_SSH_KEY"
+ENV_SSH_PORT = "MONARCH_SSH_PORT"
+ENV_TRAINER_HOSTS = "MONARCH_TRAINER_HOSTS"
+ENV_REF_HOSTS = "MONARCH_REF_HOSTS"
+ENV_COLOCATE = "MONARCH_COLOCATE"
+ENV_CLIENT_ADDRESS = "MONARCH_CLIENT_ADDRESS"

@@ -1,0 +1,35 @@
+"""The headless Service that gives worker pods stable DNS names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch_operator import constants, names
+from monarch_operator.controller.builders.common import child_metadata, job_labels
+from monarch_operator.controller.spec import JobSpec
+
+
+def build_worker_service(job: JobSpec) -> dict[str, Any]:
+    """Headless Service ``<job>-worker`` over the worker pods.
+
+    ``publishNotReadyAddresses`` lets names resolve before readiness, so the launcher never races
+    DNS once pods are Ready (mpi-operator #470, kubernetes #92559).
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": child_metadata(job, names.worker_service(job.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": job_labels(job, constants.ROLE_WORKER),
+            "ports": [
+                {"name": "ssh", "port": constants.SSH_PORT, "targetPort": constants.SSH_PORT},
+                {
+                    "name": "monarch",
+                    "port": constants.MONARCH_WORKER_PORT,
+                    "targetPort": constants.MONARCH_WORKER_PORT,
+                },
+            ],
+        },
+    }

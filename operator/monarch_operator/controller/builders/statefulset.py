@@ -1,0 +1,134 @@
+"""The worker StatefulSet: GPU pods whose single container runs sshd (workers are its children).
+
+sshd must run in the GPU container: SSHJob starts each Monarch worker as a child of sshd, and
+Kubernetes grants GPUs per container, so a separate sshd container would start GPU-less workers.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from monarch_operator import constants, names
+from monarch_operator.controller.builders.common import child_metadata, job_labels
+from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec import JobSpec
+
+WORKER_CONTAINER = "worker"
+SSH_VOLUME = "ssh"
+# Entrypoint of images/worker: prepares sshd's runtime paths and host keys, then runs sshd.
+WORKER_ENTRYPOINT = "/usr/local/bin/monarch-worker-entrypoint"
+
+
+def build_worker_statefulset(job: JobSpec, settings: Settings) -> dict[str, Any]:
+    """StatefulSet ``<job>-worker`` with ``replicas`` pods, Parallel pod management.
+
+    Each pod requests ``gpusPerWorker`` GPUs, mounts only ``authorized_keys`` of the job's
+    Secret, is Ready once sshd accepts TCP on port 2222, and searches the job's Service domain.
+    ``spec.workers.template`` is merged over the generated pod template (containers by name).
+    """
+    labels = job_labels(job, constants.ROLE_WORKER)
+    template = {
+        "metadata": {"labels": labels},
+        "spec": _worker_pod_spec(job, settings),
+    }
+    template = merge_pod_template(template, job.worker_template)
+    # The selector labels win over the user's template: the StatefulSet must find its pods.
+    template["metadata"].setdefault("labels", {}).update(labels)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": child_metadata(job, names.worker_set(job.name), constants.ROLE_WORKER),
+        "spec": {
+            "serviceName": names.worker_service(job.name),
+            "replicas": job.replicas,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels},
+            "template": template,
+        },
+    }
+
+
+def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
+    service_domain = (
+        f"{names.worker_service(job.name)}.{job.namespace}.svc.{settings.cluster_domain}"
+    )
+    return {
+        # No kubelet-style <SERVICE>_HOST variables pointing at ClusterIPs.
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": settings.worker_user_id,
+            "runAsGroup": settings.worker_user_id,
+            "fsGroup": settings.worker_user_id,
+        },
+        "dnsConfig": {"searches": [service_domain]},
+        "containers": [
+            {
+                "name": WORKER_CONTAINER,
+                "image": job.image,
+                "command": [WORKER_ENTRYPOINT],
+                "env": [
+                    {"name": "SSH_PORT", "value": str(constants.SSH_PORT)},
+                    {
+                        "name": "SSH_AUTHORIZED_KEYS",
+                        "value": f"{constants.SSH_DIR}/{constants.SSH_AUTHORIZED_KEYS}",
+                    },
+                ],
+                "ports": [
+                    {"name": "ssh", "containerPort": constants.SSH_PORT},
+                    {"name": "monarch", "containerPort": constants.MONARCH_WORKER_PORT},
+                ],
+                "readinessProbe": {
+                    "tcpSocket": {"port": constants.SSH_PORT},
+                    "periodSeconds": 2,
+                    "failureThreshold": 1,
+                },
+                "resources": {"limits": {constants.GPU_RESOURCE: job.gpus_per_worker}},
+                "volumeMounts": [
+                    {"name": SSH_VOLUME, "mountPath": constants.SSH_DIR, "readOnly": True}
+                ],
+            }
+        ],
+        "volumes": [
+            {
+                "name": SSH_VOLUME,
+                "secret": {
+                    "secretName": names.ssh_secret(job.name),
+                    "defaultMode": 0o400,
+                    "items": [
+                        {"key": constants.SSH_AUTHORIZED_KEYS, "path": constants.SSH_AUTHORIZED_KEYS}
+                    ],
+                },
+            }
+        ],
+    }
+
+
+def merge_pod_template(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``override`` into a copy of ``base``; lists of named items merge by ``name``.
+
+    Other lists and scalars from ``override`` replace those of ``base``. Neither input changes.
+    """
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        current = merged.get(key)
+        if isinstance(current, dict) and isinstance(value, dict):
+            merged[key] = merge_pod_template(current, value)
+        elif isinstance(current, list) and isinstance(value, list) and _all_named(current + value):
+            by_name = {item["name"]: item for item in current}
+            for item in value:
+                by_name[item["name"]] = (
+                    merge_pod_template(by_name[item["name"]], item)
+                    if item["name"] in by_name
+                    else copy.deepcopy(item)
+                )
+            merged[key] = list(by_name.values())
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _all_named(items: list[Any]) -> bool:
+    return bool(items) and all(isinstance(item, dict) and "name" in item for item in items)

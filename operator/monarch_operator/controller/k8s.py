@@ -1,0 +1,125 @@
+"""The one layer that talks to the Kubernetes API.
+
+``ensure`` reads, creates on 404, treats 409 on create as "exists", and refuses to take over an
+object that another owner controls. Deletes treat 404 as done. Everything returns plain dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from monarch_operator import constants
+
+# (apiVersion, kind) -> (API class, method suffix) of the typed client.
+_KINDS: dict[tuple[str, str], tuple[type, str]] = {
+    ("v1", "Secret"): (kubernetes.client.CoreV1Api, "namespaced_secret"),
+    ("v1", "Service"): (kubernetes.client.CoreV1Api, "namespaced_service"),
+    ("v1", "ConfigMap"): (kubernetes.client.CoreV1Api, "namespaced_config_map"),
+    ("apps/v1", "StatefulSet"): (kubernetes.client.AppsV1Api, "namespaced_stateful_set"),
+    ("batch/v1", "Job"): (kubernetes.client.BatchV1Api, "namespaced_job"),
+}
+
+
+class NotOwnedError(RuntimeError):
+    """A child's name is taken by an object that the job does not control (field case C6)."""
+
+
+def load_config() -> None:
+    """Load in-cluster credentials, or the kubeconfig (``$KUBECONFIG``) outside a cluster."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+
+
+def _api(api_version: str, kind: str) -> tuple[Any, str]:
+    api_class, suffix = _KINDS[(api_version, kind)]
+    return api_class(), suffix
+
+
+def _to_dict(obj: Any) -> dict[str, Any]:
+    result: dict[str, Any] = kubernetes.client.ApiClient().sanitize_for_serialization(obj)
+    return result
+
+
+def read(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """The object as a dict, or ``None`` if it does not exist."""
+    api, suffix = _api(api_version, kind)
+    try:
+        return _to_dict(getattr(api, f"read_{suffix}")(name, namespace))
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def controller_uid(obj: dict[str, Any]) -> str | None:
+    """uid of the object's controller owner reference, if any."""
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], bool]:
+    """Make sure ``desired`` exists; never overwrite an existing object.
+
+    Returns:
+        ``(observed, created)``: the object as the API holds it, and whether this call made it.
+
+    Raises:
+        NotOwnedError: an object of that name exists but its controller is not ``owner_uid``
+            (e.g. a leftover of a deleted job of the same name that GC has not removed yet).
+        kubernetes.client.rest.ApiException: any other API error.
+    """
+    api_version, kind = desired["apiVersion"], desired["kind"]
+    namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+    observed = read(api_version, kind, namespace, name)
+    created = False
+    if observed is None:
+        api, suffix = _api(api_version, kind)
+        try:
+            observed = _to_dict(getattr(api, f"create_{suffix}")(namespace, desired))
+            created = True
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            observed = read(api_version, kind, namespace, name)
+            if observed is None:  # deleted between the 409 and the read; next pass retries
+                raise
+    owner = controller_uid(observed)
+    if owner != owner_uid:
+        raise NotOwnedError(
+            f"{kind} {namespace}/{name} exists but is controlled by uid {owner or '<none>'}, "
+            f"not by this job ({owner_uid}); waiting for it to be deleted"
+        )
+    return observed, created
+
+
+def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
+    """Delete with background propagation; returns False if it was already gone (404)."""
+    api, suffix = _api(api_version, kind)
+    try:
+        getattr(api, f"delete_{suffix}")(name, namespace, propagation_policy="Background")
+        return True
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+
+
+def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Pods in ``namespace`` carrying every label of ``labels``."""
+    selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+    pods = kubernetes.client.CoreV1Api().list_namespaced_pod(namespace, label_selector=selector)
+    return [_to_dict(pod) for pod in pods.items]
+
+
+def patch_job_status(namespace: str, name: str, status: dict[str, Any]) -> None:
+    """Merge-patch the MonarchJob's status subresource with ``status``."""
+    kubernetes.client.CustomObjectsApi().patch_namespaced_custom_object_status(
+        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status}
+    )

@@ -1,0 +1,168 @@
+"""One idempotent, level-based reconcile pass of a MonarchJob.
+
+Reads like a checklist: key Secret, Service, StatefulSet, wait for Ready workers (or time out),
+hostfile, launcher, outcome, release GPUs when finished, one status patch when it changed.
+Safe to run any number of times from any trigger (create, resume, update, timer).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from monarch_operator import constants, names
+from monarch_operator.controller import k8s, observe
+from monarch_operator.controller import status as st
+from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
+from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.secret import build_ssh_secret
+from monarch_operator.controller.builders.service import build_worker_service
+from monarch_operator.controller.builders.statefulset import build_worker_statefulset
+from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.sshkeys import generate_ssh_keypair
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Event:
+    """A Kubernetes Event to post on the job (the handler posts it)."""
+
+    type: str  # "Normal" or "Warning"
+    reason: str
+    message: str
+
+
+@dataclass
+class Pass:
+    """State carried through one reconcile pass."""
+
+    job: JobSpec
+    status: dict[str, Any]
+    now: dt.datetime
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def now_text(self) -> str:
+        return self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def condition(self, condition_type: str, is_set: bool, reason: str, message: str) -> None:
+        self.status = st.set_condition(
+            self.status, condition_type, is_set, reason, message,
+            self.job.generation, self.now_text,
+        )
+
+
+def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> list[Event]:
+    """Bring the job's children and status one step closer to the spec.
+
+    Args:
+        body: the MonarchJob object as a dict.
+        now: current time (UTC); used for the startup timeout and condition timestamps.
+
+    Returns:
+        Events for the caller to post.
+
+    Raises:
+        ValueError: the spec is invalid (the caller marks the job Failed).
+        k8s.NotOwnedError: a child name is taken by a foreign object (retry later).
+    """
+    job = JobSpec.from_body(body)
+    previous = dict(body.get("status") or {})
+    state = Pass(job=job, status=dict(previous), now=now)
+    state.status.setdefault("startTime", state.now_text)
+    if not st.is_finished(state.status):
+        _ensure_workers(state, settings)
+        _start_or_follow_launcher(state, settings)
+    if st.is_finished(state.status):
+        _release_workers(state)
+    _write_status(state, previous)
+    return state.events
+
+
+def _ensure_workers(state: Pass, settings: Settings) -> None:
+    job = state.job
+    if k8s.read("v1", "Secret", job.namespace, names.ssh_secret(job.name)) is None:
+        private_key, public_key = generate_ssh_keypair(f"monarch-job {job.namespace}/{job.name}")
+        k8s.ensure(build_ssh_secret(job, private_key, public_key), job.uid)
+    else:  # exists: keep its key bytes (retries must not rotate keys), but check the owner
+        k8s.ensure(build_ssh_secret(job, b"", b""), job.uid)
+    k8s.ensure(build_worker_service(job), job.uid)
+    k8s.ensure(build_worker_statefulset(job, settings), job.uid)
+    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
+                                         constants.LABEL_ROLE: constants.ROLE_WORKER})
+    ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)
+    state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
+    if len(ready) == job.replicas:
+        state.condition(st.WORKERS_READY, True, st.REASON_ALL_WORKERS_READY,
+                        f"{job.replicas} of {job.replicas} workers accept SSH")
+        return
+    not_ready = [names.worker_pod(job.name, i) for i in range(job.replicas) if i not in ready]
+    if st.is_true(state.status, st.RUNNING):
+        return  # already launched: mid-run worker loss is the launcher's to report
+    state.condition(st.WORKERS_READY, False, st.REASON_WAITING_FOR_WORKERS,
+                    f"{len(ready)}/{job.replicas} workers ready; waiting for {_short(not_ready)}")
+    started = dt.datetime.strptime(state.status["startTime"], "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=dt.UTC)
+    if (state.now - started).total_seconds() > job.startup_timeout_seconds:
+        message = (f"workers not ready after {job.startup_timeout_seconds}s "
+                   f"(spec.startupTimeoutSeconds): {_short(not_ready)}")
+        state.condition(st.FAILED, True, st.REASON_STARTUP_TIMEOUT, message)
+        state.events.append(Event("Warning", st.REASON_STARTUP_TIMEOUT, message))
+
+
+def _start_or_follow_launcher(state: Pass, settings: Settings) -> None:
+    job = state.job
+    if st.is_finished(state.status):
+        return
+    launcher = k8s.read("batch/v1", "Job", job.namespace, names.launcher_job(job.name))
+    if launcher is None:
+        if not st.is_true(state.status, st.WORKERS_READY):
+            return
+        # The hostfile is written once, from Ready workers, and never rewritten mid-run.
+        k8s.ensure(build_hostfile_configmap(job, settings), job.uid)
+        launcher, created = k8s.ensure(build_launcher_job(job, settings), job.uid)
+        if created:
+            state.events.append(Event("Normal", st.REASON_LAUNCHER_STARTED,
+                                      f"all {job.replicas} workers ready; launcher started"))
+    state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
+                    f"launcher {names.launcher_job(job.name)} running")
+    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
+                                         constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
+    outcome = observe.launcher_outcome(launcher, pods)
+    if not outcome.finished:
+        return
+    state.status["launcher"] = {"exitCode": outcome.exit_code if outcome.exit_code is not None
+                                else -1, "reason": outcome.message[:1024]}
+    state.status["completionTime"] = state.now_text
+    state.condition(st.RUNNING, False, st.REASON_LAUNCHER_SUCCEEDED if outcome.succeeded
+                    else st.REASON_LAUNCHER_FAILED, "launcher finished")
+    if outcome.succeeded:
+        state.condition(st.SUCCEEDED, True, st.REASON_LAUNCHER_SUCCEEDED, "launcher exited 0")
+        state.events.append(Event("Normal", st.REASON_LAUNCHER_SUCCEEDED, "job succeeded"))
+    else:
+        message = f"launcher exited with code {outcome.exit_code}: {outcome.message}".strip()
+        state.condition(st.FAILED, True, st.REASON_LAUNCHER_FAILED, message)
+        state.events.append(Event("Warning", st.REASON_LAUNCHER_FAILED, message))
+
+
+def _release_workers(state: Pass) -> None:
+    """Finished jobs hold no GPUs: delete the worker StatefulSet (its pods follow)."""
+    job = state.job
+    if k8s.delete("apps/v1", "StatefulSet", job.namespace, names.worker_set(job.name)):
+        state.events.append(Event("Normal", "WorkersReleased", "worker pods deleted"))
+
+
+def _write_status(state: Pass, previous: dict[str, Any]) -> None:
+    state.status["phase"] = st.summarize_phase(state.status)
+    state.status["observedGeneration"] = state.job.generation
+    if state.status != previous:
+        k8s.patch_job_status(state.job.namespace, state.job.name, state.status)
+
+
+def _short(items: list[str], limit: int = 5) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")

@@ -1,0 +1,102 @@
+"""Pure status helpers: conditions with observedGeneration, and the phase summary derived from them.
+
+Follows the Kubernetes API conventions for conditions: ``lastTransitionTime`` changes only when
+``status`` flips.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+# Condition types.
+WORKERS_READY = "WorkersReady"  # every worker pod is Ready (sshd accepts connections)
+RUNNING = "Running"  # the launcher Job exists and has not finished
+SUCCEEDED = "Succeeded"  # the launcher exited 0
+FAILED = "Failed"  # the job cannot succeed; reason says why
+
+# Reasons (CamelCase).
+REASON_WAITING_FOR_WORKERS = "WaitingForWorkers"
+REASON_ALL_WORKERS_READY = "AllWorkersReady"
+REASON_LAUNCHER_STARTED = "LauncherStarted"
+REASON_LAUNCHER_SUCCEEDED = "LauncherSucceeded"
+REASON_LAUNCHER_FAILED = "LauncherFailed"
+REASON_STARTUP_TIMEOUT = "StartupTimeout"
+REASON_INVALID_SPEC = "InvalidSpec"
+REASON_CHILD_NOT_OWNED = "ChildNotOwned"
+
+# Phases shown in the STATUS printer column.
+PHASE_PENDING = "Pending"
+PHASE_STARTING = "Starting"
+PHASE_RUNNING = "Running"
+PHASE_SUCCEEDED = "Succeeded"
+PHASE_FAILED = "Failed"
+
+
+def get_condition(status: dict[str, Any], condition_type: str) -> dict[str, Any] | None:
+    """The condition of that type in ``status``, or ``None``."""
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == condition_type:
+            return dict(condition)
+    return None
+
+
+def is_true(status: dict[str, Any], condition_type: str) -> bool:
+    """Whether the condition exists with status ``"True"``."""
+    condition = get_condition(status, condition_type)
+    return condition is not None and condition.get("status") == "True"
+
+
+def set_condition(
+    status: dict[str, Any],
+    condition_type: str,
+    is_set: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: str,
+) -> dict[str, Any]:
+    """Return a copy of ``status`` with the condition set.
+
+    Args:
+        is_set: condition status True or False.
+        generation: ``metadata.generation`` this condition was computed for.
+        now: RFC 3339 timestamp used as ``lastTransitionTime`` if the status flips.
+    """
+    new_status = copy.deepcopy(status)
+    conditions = new_status.setdefault("conditions", [])
+    value = "True" if is_set else "False"
+    condition = {
+        "type": condition_type,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": now,
+    }
+    for index, existing in enumerate(conditions):
+        if existing.get("type") == condition_type:
+            if existing.get("status") == value:
+                condition["lastTransitionTime"] = existing.get("lastTransitionTime", now)
+            conditions[index] = condition
+            return new_status
+    conditions.append(condition)
+    return new_status
+
+
+def is_finished(status: dict[str, Any]) -> bool:
+    """Whether the job reached Succeeded or Failed (both final)."""
+    return is_true(status, SUCCEEDED) or is_true(status, FAILED)
+
+
+def summarize_phase(status: dict[str, Any]) -> str:
+    """The one-word phase for ``kubectl get``: derived from the conditions, never stored alone."""
+    if is_true(status, FAILED):
+        return PHASE_FAILED
+    if is_true(status, SUCCEEDED):
+        return PHASE_SUCCEEDED
+    if is_true(status, RUNNING):
+        return PHASE_RUNNING
+    if get_condition(status, WORKERS_READY) is not None:
+        return PHASE_STARTING
+    return PHASE_PENDING

@@ -1,0 +1,145 @@
+"""Checks and addresses the launcher needs before it starts Monarch: all plain sockets.
+
+- :func:`resolve_hosts` turns hostfile names into the IPv4 addresses the workers bind and
+  advertise, refusing a name that resolves to loopback next to remote hosts (field case C3).
+- :func:`check_ssh_reachable` connects to every host's sshd in parallel and fails fast, naming
+  the host: Monarch's attach would only time out after ``mesh_attach_config_timeout`` without
+  saying which host was down.
+- :func:`client_address` picks the address the launcher's own Monarch client listens on; the
+  workers dial back to it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+# The client listens on an ephemeral port unless --client-address pins one.
+_EPHEMERAL = 0
+
+
+class NetworkCheckError(RuntimeError):
+    """A host cannot be resolved or reached; the message names each bad host and why."""
+
+
+def _is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def resolve_host(name: str) -> str:
+    """Return the first IPv4 address of ``name`` (an IPv4 literal is returned unchanged).
+
+    Raises:
+        NetworkCheckError: the name does not resolve to an IPv4 address. IPv6 is not supported
+            yet, because SSHJob writes worker addresses as ``tcp://<host>:<port>`` unbracketed.
+    """
+    try:
+        infos = socket.getaddrinfo(name, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise NetworkCheckError(f"host {name!r} does not resolve to an IPv4 address: {error}") from None
+    return str(infos[0][4][0])
+
+
+def resolve_hosts(names: Iterable[str]) -> dict[str, str]:
+    """Resolve every host name to the IPv4 address its worker will bind and advertise.
+
+    Args:
+        names: hostfile host names or IPv4 literals.
+
+    Returns:
+        ``{name: address}`` in the order given.
+
+    Raises:
+        NetworkCheckError: a name does not resolve, or some hosts resolve to loopback while
+            others do not (a remote worker would advertise, or dial, an address that only means
+            "this machine"; field case C3). The message names each host and its address.
+    """
+    addresses = {name: resolve_host(name) for name in names}
+    loopback = {name: ip for name, ip in addresses.items() if _is_loopback(ip)}
+    if loopback and len(loopback) < len(addresses):
+        listing = ", ".join(f"{name} -> {ip}" for name, ip in loopback.items())
+        raise NetworkCheckError(
+            f"hosts resolve to loopback next to remote hosts: {listing}; a worker on another "
+            "machine cannot reach them. Fix /etc/hosts or DNS, or list routable addresses"
+        )
+    return addresses
+
+
+def _probe_sshd(address: str, port: int, timeout_s: float) -> str | None:
+    """Return None if an SSH server answers on ``address:port``, else the reason it does not."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s) as connection:
+            banner = connection.recv(64)
+    except OSError as error:
+        return str(error) or type(error).__name__
+    if not banner.startswith(b"SSH-"):
+        return f"port {port} answered, but not with an SSH banner: {banner[:20]!r}"
+    return None
+
+
+def check_ssh_reachable(addresses: dict[str, str], port: int, timeout_s: float = 3.0) -> None:
+    """Connect to the SSH server of every host in parallel and read its banner.
+
+    Args:
+        addresses: ``{host name: address}`` as from :func:`resolve_hosts`.
+        port: the sshd port, the same on every host.
+        timeout_s: per-host connect and banner timeout, seconds.
+
+    Raises:
+        NetworkCheckError: one or more hosts did not answer; the message lists every one of
+            them with its address and the socket error.
+    """
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(addresses)))) as pool:
+        futures = {
+            name: pool.submit(_probe_sshd, address, port, timeout_s)
+            for name, address in addresses.items()
+        }
+        failures = {name: future.result() for name, future in futures.items()}
+    bad = [
+        f"{name} ({addresses[name]}:{port}): {reason}"
+        for name, reason in failures.items()
+        if reason is not None
+    ]
+    if bad:
+        raise NetworkCheckError("ssh unreachable on " + "; ".join(bad))
+
+
+def _routed_source_address(destination: str) -> str:
+    """Return the local address the kernel would use to send to ``destination``.
+
+    A UDP ``connect`` sends no packet; it only selects a route and a source address.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((destination, 9))
+        return str(probe.getsockname()[0])
+
+
+def client_address(worker_addresses: Iterable[str]) -> str:
+    """Choose the Monarch client's listen address, ``tcp://<ip>:0``, that workers can dial.
+
+    Rules, in order: all workers on loopback -> ``tcp://127.0.0.1:0``; the launcher's hostname
+    resolves to a non-loopback IPv4 -> that; otherwise the source address of the route to the
+    first worker. Monarch's own default (hostname resolution) panics when the hostname resolves
+    only to loopback, so the launcher always configures this explicitly.
+
+    Raises:
+        NetworkCheckError: remote workers, but the only address found is loopback.
+    """
+    workers = list(worker_addresses)
+    if all(_is_loopback(address) for address in workers):
+        return f"tcp://127.0.0.1:{_EPHEMERAL}"
+    try:
+        own = resolve_host(socket.gethostname())
+    except NetworkCheckError:
+        own = "127.0.0.1"
+    if not _is_loopback(own):
+        return f"tcp://{own}:{_EPHEMERAL}"
+    routed = _routed_source_address(workers[0])
+    if _is_loopback(routed):
+        raise NetworkCheckError(
+            f"workers are remote (first: {workers[0]}) but this launcher only has loopback "
+            f"address {routed}; pass --client-address tcp://<routable ip>:0"
+        )
+    return f"tcp://{routed}:{_EPHEMERAL}"

@@ -1,0 +1,215 @@
+"""Pure placement: which hostfile hosts form which Monarch host mesh, and which role runs where.
+
+No Monarch, no sockets, no clock: a plan is computed from the hostfile hosts and the role counts
+alone, so every rule here is a table test (tests/unit/test_placement.py).
+
+Rules:
+- Separate roles: the trainer takes the first ``trainer_hosts`` hosts in hostfile order, the
+  reference model the next ``ref_hosts``; any further hosts stay unused.
+- Colocated roles: both roles run on the same first ``trainer_hosts`` hosts, which form ONE host
+  mesh that gets two ``spawn_procs`` calls. A host is never listed in two meshes, because Monarch's
+  SSHJob would start two workers on the same port for it, and the second one dies with "Address
+  already in use" while ``job.kill()`` leaks the first ssh (seen with torchmonarch 0.7.0).
+- Every host of one mesh must have the same slots: ``spawn_procs(per_host=...)`` takes one shape
+  for the whole mesh.
+- A hostfile that mixes loopback names (``localhost``, ``127.x``, ``::1``) with other hosts is
+  refused (field case C3): a remote worker cannot reach a loopback address of another machine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from monarch_operator.hostfile import Host
+
+TRAINER = "trainer"
+REF = "ref"
+# Name of the single host mesh used when both roles share hosts.
+COLOCATED_MESH = "workers"
+
+# Names that mean "this machine" without being an IP literal.
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+class PlacementError(ValueError):
+    """The requested roles cannot be placed on the hostfile's hosts; the message says why."""
+
+
+@dataclass(frozen=True)
+class MeshPlan:
+    """One Monarch host mesh: a name and its hosts, each running ``procs_per_host`` procs per role."""
+
+    name: str
+    hosts: tuple[str, ...]
+    procs_per_host: int
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """Where one role (trainer or ref) runs: the mesh it spawns its procs on."""
+
+    role: str
+    mesh: str
+    hosts: int
+    procs_per_host: int
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes (ranks) of this role."""
+        return self.hosts * self.procs_per_host
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole placement: distinct host meshes, the two roles on them, and the unused hosts."""
+
+    meshes: tuple[MeshPlan, ...]
+    trainer: RolePlan
+    ref: RolePlan
+    unused_hosts: tuple[str, ...]
+    colocated: bool
+
+    def mesh(self, name: str) -> MeshPlan:
+        """Return the mesh called ``name``; raises KeyError if the plan has none."""
+        for mesh in self.meshes:
+            if mesh.name == name:
+                return mesh
+        raise KeyError(name)
+
+
+def is_loopback_name(name: str) -> bool:
+    """True if ``name`` is a loopback IP literal or a well-known loopback host name.
+
+    Only the text is inspected; names that resolve to loopback through DNS or /etc/hosts are
+    caught later, by the launcher's address resolution.
+    """
+    if name.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def plan_placement(
+    hosts: list[Host],
+    trainer_hosts: int | None = None,
+    ref_hosts: int | None = None,
+    colocate: bool = False,
+) -> Plan:
+    """Assign hostfile hosts to the trainer and ref meshes.
+
+    Args:
+        hosts: hostfile hosts, in file order (as from :func:`~monarch_operator.hostfile.read_hostfile`).
+        trainer_hosts: hosts for the trainer. Default: separate roles, every host not given to
+            ref; colocated, every host.
+        ref_hosts: hosts for the reference model. Default: 1 when separate; when colocated it
+            must equal ``trainer_hosts`` (both roles on the same hosts).
+        colocate: run both roles on the same hosts, as one host mesh.
+
+    Returns:
+        The :class:`Plan`.
+
+    Raises:
+        PlacementError: counts below 1, more hosts asked for than the hostfile has, colocated
+            roles with different host counts, non-uniform slots within one mesh, or loopback
+            names mixed with other hosts.
+    """
+    _refuse_mixed_loopback(hosts)
+    if colocate:
+        return _plan_colocated(hosts, trainer_hosts, ref_hosts)
+    return _plan_separate(hosts, trainer_hosts, ref_hosts)
+
+
+def _plan_separate(hosts: list[Host], trainer_hosts: int | None, ref_hosts: int | None) -> Plan:
+    ref_count = 1 if ref_hosts is None else ref_hosts
+    trainer_count = len(hosts) - ref_count if trainer_hosts is None else trainer_hosts
+    _require_positive(trainer_count, "trainer hosts", hosts)
+    _require_positive(ref_count, "ref hosts", hosts)
+    needed = trainer_count + ref_count
+    if needed > len(hosts):
+        raise PlacementError(
+            f"plan needs {needed} hosts ({trainer_count} trainer + {ref_count} ref, separate), "
+            f"but the hostfile has {len(hosts)}; lower --trainer-hosts/--ref-hosts or use "
+            "--colocate"
+        )
+    trainer_mesh = _mesh(TRAINER, hosts[:trainer_count])
+    ref_mesh = _mesh(REF, hosts[trainer_count:needed])
+    return Plan(
+        meshes=(trainer_mesh, ref_mesh),
+        trainer=RolePlan(TRAINER, TRAINER, trainer_count, trainer_mesh.procs_per_host),
+        ref=RolePlan(REF, REF, ref_count, ref_mesh.procs_per_host),
+        unused_hosts=tuple(host.name for host in hosts[needed:]),
+        colocated=False,
+    )
+
+
+def _plan_colocated(hosts: list[Host], trainer_hosts: int | None, ref_hosts: int | None) -> Plan:
+    trainer_count = len(hosts) if trainer_hosts is None else trainer_hosts
+    ref_count = trainer_count if ref_hosts is None else ref_hosts
+    _require_positive(trainer_count, "trainer hosts", hosts)
+    if ref_count != trainer_count:
+        raise PlacementError(
+            f"colocated roles share their hosts, so ref hosts ({ref_count}) must equal trainer "
+            f"hosts ({trainer_count})"
+        )
+    if trainer_count > len(hosts):
+        raise PlacementError(
+            f"plan needs {trainer_count} hosts (trainer and ref colocated), but the hostfile "
+            f"has {len(hosts)}"
+        )
+    mesh = _mesh(COLOCATED_MESH, hosts[:trainer_count])
+    return Plan(
+        meshes=(mesh,),
+        trainer=RolePlan(TRAINER, mesh.name, trainer_count, mesh.procs_per_host),
+        ref=RolePlan(REF, mesh.name, trainer_count, mesh.procs_per_host),
+        unused_hosts=tuple(host.name for host in hosts[trainer_count:]),
+        colocated=True,
+    )
+
+
+def _mesh(name: str, hosts: list[Host]) -> MeshPlan:
+    slots = {host.slots for host in hosts}
+    if len(slots) > 1:
+        listing = ", ".join(f"{host.name} slots={host.slots}" for host in hosts)
+        raise PlacementError(
+            f"mesh {name!r} needs the same slots on every host, got: {listing} "
+            "(Monarch spawns one proc shape per mesh)"
+        )
+    return MeshPlan(name=name, hosts=tuple(host.name for host in hosts), procs_per_host=slots.pop())
+
+
+def _require_positive(count: int, what: str, hosts: list[Host]) -> None:
+    if count < 1:
+        raise PlacementError(f"{what} must be at least 1, got {count} (hostfile has {len(hosts)})")
+
+
+def _refuse_mixed_loopback(hosts: list[Host]) -> None:
+    loopback = [host.name for host in hosts if is_loopback_name(host.name)]
+    if loopback and len(loopback) < len(hosts):
+        raise PlacementError(
+            f"hostfile mixes loopback hosts ({', '.join(loopback)}) with other hosts; remote "
+            "workers cannot reach a loopback address, list a routable name or IP instead"
+        )
+
+
+def format_plan(plan: Plan) -> list[str]:
+    """Render the plan as human-readable lines, printed by the launcher before it starts.
+
+    Returns:
+        Lines without newlines, e.g. ``mesh trainer: hosts=a,b procs/host=2``.
+    """
+    lines = [f"plan: {'colocated' if plan.colocated else 'separate'} roles"]
+    for mesh in plan.meshes:
+        lines.append(
+            f"mesh {mesh.name}: hosts={','.join(mesh.hosts)} procs/host={mesh.procs_per_host}"
+        )
+    for role in (plan.trainer, plan.ref):
+        lines.append(
+            f"role {role.role}: mesh={role.mesh} hosts={role.hosts} "
+            f"procs/host={role.procs_per_host} world={role.world_size}"
+        )
+    if plan.unused_hosts:
+        lines.append(f"unused hosts: {','.join(plan.unused_hosts)}")
+    return lines

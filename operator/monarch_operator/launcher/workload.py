@@ -1,0 +1,244 @@
+"""The built-in example workload: a data-parallel trainer and a frozen reference model.
+
+The actor classes live in this installed module (not in the launcher's ``__main__``) so that the
+Monarch procs on every host unpickle them by reference: each host runs the same venv, which has
+``monarch_operator`` installed.
+
+- :class:`Trainer` holds a small ``nn.Linear`` classifier. Each step every rank takes its shard of
+  the batch, computes gradients, averages them across all trainer ranks with a gloo all-reduce
+  and takes an SGD step, so every replica stays identical.
+- :class:`Reference` holds a frozen copy (the trainer's initial weights) and returns
+  log-probabilities for its shard of the same batch.
+- :func:`run_steps` drives both from the launcher and yields per-step loss and
+  KL(trainer || ref), computed in the launcher from the two sets of log-probabilities.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as functional
+from monarch.actor import Actor, current_rank, current_size, endpoint
+
+if TYPE_CHECKING:
+    # Not exported from monarch.actor in torchmonarch 0.7.0; used for annotations only.
+    from monarch._src.actor.actor_mesh import ActorMesh
+
+FEATURES = 8
+CLASSES = 4
+BATCH = 32
+LEARNING_RATE = 0.5
+# Seed for the initial weights (same on every trainer rank) and for the launcher's batches.
+SEED = 1234
+# How long gloo waits for peers during setup and collectives, seconds.
+GLOO_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where one rank of a role runs: rank, the role's world size, host name, pid, ssh address.
+
+    ``ssh_address`` is the server address of the ssh login that started this rank's worker
+    (from ``SSH_CONNECTION``, inherited by the procs), or "-" when not started over ssh. It tells
+    hosts apart even when they share a host name, as loopback test hosts do.
+    """
+
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    ssh_address: str
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step's outcome, as printed by the launcher: mean trainer loss and KL(trainer || ref)."""
+
+    step: int
+    loss: float
+    kl: float
+
+
+def _whoami() -> RankInfo:
+    point = current_rank()
+    return RankInfo(
+        rank=point.rank,
+        world_size=math.prod(current_size().values()),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        ssh_address=_ssh_server_address(),
+    )
+
+
+def _ssh_server_address() -> str:
+    # SSH_CONNECTION is "<client ip> <client port> <server ip> <server port>".
+    fields = os.environ.get("SSH_CONNECTION", "").split()
+    return fields[2] if len(fields) == 4 else "-"
+
+
+def _new_model() -> torch.nn.Linear:
+    torch.manual_seed(SEED)
+    return torch.nn.Linear(FEATURES, CLASSES)
+
+
+class Trainer(Actor):
+    """One data-parallel trainer rank; gradients are averaged over all ranks of its mesh."""
+
+    def __init__(self, fail_at_step: int = 0, fail_exit_code: int = 1) -> None:
+        self._model = _new_model()
+        self._optimizer = torch.optim.SGD(self._model.parameters(), lr=LEARNING_RATE)
+        self._group: dist.ProcessGroupGloo | None = None
+        self._fail_at_step = fail_at_step
+        self._fail_exit_code = fail_exit_code
+
+    @endpoint
+    def whoami(self) -> RankInfo:
+        """Return this rank's :class:`RankInfo`."""
+        return _whoami()
+
+    @endpoint
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Return a copy of the current weights (used to initialise the reference model)."""
+        return {name: tensor.detach().clone() for name, tensor in self._model.state_dict().items()}
+
+    @endpoint
+    def free_port(self, address: str) -> int:
+        """Return a TCP port that is free on ``address`` now (for the gloo rendezvous store)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+            return int(probe.getsockname()[1])
+
+    @endpoint
+    def init_group(self, host_addresses: list[str], master_port: int) -> None:
+        """Join the trainer's gloo process group.
+
+        Args:
+            host_addresses: the address of every trainer host, by host index; host 0 serves
+                the rendezvous store.
+            master_port: the store's port on host 0.
+        """
+        point = current_rank()
+        world_size = math.prod(current_size().values())
+        my_address = host_addresses[point["hosts"]]
+        store = dist.TCPStore(
+            host_addresses[0],
+            master_port,
+            world_size,
+            is_master=point.rank == 0,
+            timeout=timedelta(seconds=GLOO_TIMEOUT_S),
+        )
+        # Bind gloo to the address the launcher chose for this host, instead of gloo's default
+        # (the address gethostname() resolves to, which can be loopback: field case C3).
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=my_address)]
+        options._timeout = timedelta(seconds=GLOO_TIMEOUT_S)
+        self._group = dist.ProcessGroupGloo(store, point.rank, world_size, options)
+
+    @endpoint
+    def step(self, step: int, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+        """Take one optimizer step on this rank's shard of the batch.
+
+        Args:
+            step: 1-based step number (for fault injection).
+            inputs: the whole batch, ``[BATCH, FEATURES]``; this rank uses rows ``rank::world``.
+            labels: class labels, ``[BATCH]``.
+
+        Returns:
+            ``{"loss": float, "rows": int, "logprobs": Tensor[BATCH, CLASSES]}``: the mean loss
+            over this rank's rows, their count, and the whole batch's log-probabilities after
+            the step (identical on every rank when gradients are averaged correctly).
+        """
+        if self._group is None:
+            raise RuntimeError("init_group must be called before step")
+        if step == self._fail_at_step:
+            os._exit(self._fail_exit_code)  # fault injection: a worker process dies with a code
+        point = current_rank()
+        world_size = self._group.size()
+        shard_inputs, shard_labels = inputs[point.rank :: world_size], labels[point.rank :: world_size]
+        self._optimizer.zero_grad()
+        loss = functional.cross_entropy(self._model(shard_inputs), shard_labels)
+        loss.backward()
+        for parameter in self._model.parameters():
+            assert parameter.grad is not None
+            self._group.allreduce([parameter.grad]).wait()
+            parameter.grad /= world_size
+        self._optimizer.step()
+        with torch.no_grad():
+            logprobs = functional.log_softmax(self._model(inputs), dim=-1)
+        return {"loss": loss.item(), "rows": len(shard_labels), "logprobs": logprobs}
+
+
+class Reference(Actor):
+    """One rank of the frozen reference model; scores its shard of each batch."""
+
+    def __init__(self) -> None:
+        self._model = _new_model()
+        self._model.requires_grad_(False)
+
+    @endpoint
+    def whoami(self) -> RankInfo:
+        """Return this rank's :class:`RankInfo`."""
+        return _whoami()
+
+    @endpoint
+    def load(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Replace the weights with ``state_dict`` (the trainer's initial weights)."""
+        self._model.load_state_dict(state_dict)
+
+    @endpoint
+    def logprobs(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Return log-probabilities for rows ``rank::world`` of ``inputs``."""
+        point = current_rank()
+        world_size = math.prod(current_size().values())
+        return functional.log_softmax(self._model(inputs[point.rank :: world_size]), dim=-1)
+
+
+def make_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return step ``step``'s batch: random inputs, labels from a fixed hidden linear rule."""
+    generator = torch.Generator().manual_seed(SEED + step)
+    inputs = torch.randn(BATCH, FEATURES, generator=generator)
+    rule = torch.randn(FEATURES, CLASSES, generator=torch.Generator().manual_seed(SEED))
+    return inputs, (inputs @ rule).argmax(dim=-1)
+
+
+def kl_divergence(logprobs_p: torch.Tensor, logprobs_q: torch.Tensor) -> float:
+    """Mean over rows of KL(p || q), given log-probabilities ``[rows, classes]`` of both."""
+    return float((logprobs_p.exp() * (logprobs_p - logprobs_q)).sum(dim=-1).mean())
+
+
+def _by_rank(values: Any) -> list[Any]:
+    """Return a ValueMesh's values ordered by flat rank."""
+    return [value for _, value in sorted(values.items(), key=lambda item: item[0].rank)]
+
+
+def run_steps(
+    trainer: ActorMesh[Trainer], ref: ActorMesh[Reference], steps: int, timeout_s: float
+) -> Iterator[StepResult]:
+    """Train for ``steps`` steps, yielding each step's result as soon as it is known.
+
+    Raises:
+        RuntimeError: the trainer replicas disagree after a step (gradient averaging broken).
+        monarch.actor.ActorError, SupervisionError, TimeoutError: from the Monarch calls.
+    """
+    for step in range(1, steps + 1):
+        inputs, labels = make_batch(step)
+        trainer_results = _by_rank(trainer.step.call(step, inputs, labels).get(timeout=timeout_s))
+        ref_shards = _by_rank(ref.logprobs.call(inputs).get(timeout=timeout_s))
+        policy = trainer_results[0]["logprobs"]
+        for other in trainer_results[1:]:
+            if not torch.allclose(policy, other["logprobs"], atol=1e-6):
+                raise RuntimeError(f"trainer replicas diverged at step {step}")
+        reference = torch.empty_like(policy)
+        for rank, shard in enumerate(ref_shards):
+            reference[rank :: len(ref_shards)] = shard
+        rows = sum(result["rows"] for result in trainer_results)
+        loss = sum(result["loss"] * result["rows"] for result in trainer_results) / rows
+        yield StepResult(step=step, loss=loss, kl=kl_divergence(policy, reference))

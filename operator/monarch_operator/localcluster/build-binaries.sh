@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Build the pinned upstream binaries of the local control plane from the Go module proxy:
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok.
+# Binaries land in ~/.cache/monarch-operator/bin/<versions>/ and are rebuilt only when missing.
+# Why wrapper modules: k8s.io/kubernetes and etcd's server module carry replace directives, so
+# `go install pkg@version` refuses them (kubernetes/kubernetes#79384, #113302); a module of our own
+# that requires them and maps each staging module to its published version builds fine.
+set -euo pipefail
+
+KUBE_VERSION="${KUBE_VERSION:-v1.36.3}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+CACHE="${MONARCH_OPERATOR_CACHE:-$HOME/.cache/monarch-operator}"
+BIN="$CACHE/bin/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
+WORK="$CACHE/build"
+STAGING_VERSION="v0.${KUBE_VERSION#v1.}"
+export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+mkdir -p "$BIN" "$WORK"
+
+log() { printf '[build-binaries] %s\n' "$*" >&2; }
+have() { [ -x "$BIN/$1" ]; }
+
+build_kubernetes() {
+  local names=(kube-apiserver kube-controller-manager kube-scheduler kubectl) missing=()
+  for n in "${names[@]}"; do have "$n" || missing+=("$n"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "building ${missing[*]} $KUBE_VERSION (first time: 10-25 min on 2 cores)"
+  local dir="$WORK/kubernetes-$KUBE_VERSION"
+  mkdir -p "$dir"
+  (
+    cd "$dir"
+    if [ ! -f go.mod.done ]; then
+      local gomod
+      gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+      {
+        echo "module local/kubebins"
+        echo
+        grep -E '^go [0-9]' "$gomod"
+        echo
+        echo "require k8s.io/kubernetes $KUBE_VERSION"
+        echo
+        echo "replace ("
+        # every staging module k8s.io/X => ./staging/src/k8s.io/X becomes k8s.io/X => k8s.io/X <staging version>
+        grep -oE 'k8s.io/[a-z0-9-]+ => \./staging/src/k8s.io/[a-z0-9-]+' "$gomod" |
+          awk -v v="$STAGING_VERSION" '{print "\t" $1 " => " $1 " " v}'
+        echo ")"
+        for n in "${names[@]}"; do echo "tool k8s.io/kubernetes/cmd/$n"; done
+      } > go.mod
+      go mod tidy
+      touch go.mod.done
+    fi
+    local ts; ts=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+    local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
+    local ld="-s -w"
+    for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+      ld+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+      ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$ts"
+    done
+    for n in "${missing[@]}"; do
+      local t0=$SECONDS
+      go build -trimpath -ldflags "$ld" -o "$BIN/$n.tmp" "k8s.io/kubernetes/cmd/$n"
+      mv "$BIN/$n.tmp" "$BIN/$n"
+      log "built $n in $((SECONDS - t0)) s"
+    done
+  )
+}
+
+build_etcd() {
+  have etcd && return 0
+  log "building etcd $ETCD_VERSION"
+  local dir="$WORK/etcd-$ETCD_VERSION"
+  mkdir -p "$dir"
+  (
+    cd "$dir"
+    if [ ! -f go.mod.done ]; then
+      printf 'module local/etcdbin\n\ngo 1.25.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n\ntool go.etcd.io/etcd/server/v3\n' "$ETCD_VERSION" > go.mod
+      go mod tidy
+      touch go.mod.done
+    fi
+    local t0=$SECONDS
+    go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3
+    mv "$BIN/etcd.tmp" "$BIN/etcd"
+    log "built etcd in $((SECONDS - t0)) s"
+  )
+}
+
+build_kwok() {
+  have kwok && return 0
+  log "building kwok $KWOK_VERSION"
+  local t0=$SECONDS
+  GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  log "built kwok in $((SECONDS - t0)) s"
+}
+
+build_etcd
+build_kwok
+build_kubernetes
+echo "$BIN"

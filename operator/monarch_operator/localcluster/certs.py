@@ -1,0 +1,120 @@
+"""Certificates of the local control plane, made with ``cryptography``.
+
+One CA signs the apiserver's serving certificate (SANs 127.0.0.1, localhost) and the admin
+client certificate (``O=system:masters``); a separate key pair signs service-account tokens.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+VALIDITY = dt.timedelta(days=30)
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _pem_cert(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attributes)
+
+
+def _sign(
+    subject: x509.Name,
+    public_key: ec.EllipticCurvePublicKey,
+    issuer: x509.Name,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    *,
+    is_ca: bool = False,
+    server: bool = False,
+) -> x509.Certificate:
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
+    )
+    if is_ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), True
+        )
+    else:
+        usage = [ExtendedKeyUsageOID.CLIENT_AUTH]
+        if server:
+            usage.append(ExtendedKeyUsageOID.SERVER_AUTH)
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [
+                        x509.DNSName("localhost"),
+                        x509.DNSName("kubernetes.default.svc"),
+                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    ]
+                ),
+                critical=False,
+            )
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def write_pki(directory: Path) -> None:
+    """Write ``ca.crt``, ``apiserver.{crt,key}``, ``admin.{crt,key}``, ``sa.{key,pub}``.
+
+    Args:
+        directory: created if missing; existing files are overwritten.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = _key()
+    ca_name = _name("monarch-localcluster-ca")
+    ca_cert = _sign(ca_name, ca_key.public_key(), ca_name, ca_key, is_ca=True)
+    server_key = _key()
+    server_cert = _sign(
+        _name("kube-apiserver"), server_key.public_key(), ca_name, ca_key, server=True
+    )
+    admin_key = _key()
+    admin_cert = _sign(
+        _name("monarch-localcluster-admin", "system:masters"), admin_key.public_key(),
+        ca_name, ca_key,
+    )
+    sa_key = _key()
+    files = {
+        "ca.crt": _pem_cert(ca_cert),
+        "apiserver.crt": _pem_cert(server_cert),
+        "apiserver.key": _pem_key(server_key),
+        "admin.crt": _pem_cert(admin_cert),
+        "admin.key": _pem_key(admin_key),
+        "sa.key": _pem_key(sa_key),
+        "sa.pub": sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+    }
+    for file_name, content in files.items():
+        path = directory / file_name
+        path.write_bytes(content)
+        path.chmod(0o600)

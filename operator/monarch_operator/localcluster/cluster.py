@@ -1,0 +1,299 @@
+"""Start and stop the local control plane: processes, certificates, kubeconfig, GPU nodes.
+
+Every component binds 127.0.0.1 on a free port; pod IPs come from kwok's ``--cidr`` inside
+127.0.0.0/8, and the service range is inside 127.0.0.0/8 too. ``down`` stops every process it
+started (by process group) and leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from monarch_operator.localcluster import certs
+from monarch_operator.localcluster.binaries import ensure_binaries
+
+POD_CIDR = "127.100.0.0/16"
+SERVICE_CIDR = "127.96.0.0/16"
+STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
+NODE_NAME = "kwok-gpu-{index}"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+Progress = Callable[[str], None]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalCluster:
+    """The local control plane whose files live in ``state_dir``.
+
+    Args:
+        state_dir: certificates, kubeconfig, etcd data, logs, pod files and ``cluster.json``.
+        nodes: number of kwok nodes, each advertising ``gpus_per_node`` ``nvidia.com/gpu``.
+    """
+
+    def __init__(self, state_dir: Path, nodes: int = 3, gpus_per_node: int = 8) -> None:
+        self.state_dir = Path(state_dir).resolve()
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.logs = self.state_dir / "logs"
+        self._record = self.state_dir / "cluster.json"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def up(self, progress: Progress = print) -> None:
+        """Build binaries if needed, start every component and wait until nodes are Ready.
+
+        Raises:
+            RuntimeError: a component exited or did not become healthy in time; its log is named.
+        """
+        if self.is_running():
+            progress(f"local cluster already running ({self.kubeconfig})")
+            return
+        started = time.monotonic()
+        bin_dir = ensure_binaries()
+        self.down(quiet=True)
+        for sub in ("pki", "logs", "etcd"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        certs.write_pki(self.state_dir / "pki")
+        ports = {name: free_port() for name in ("etcd", "etcd_peer", "apiserver", "kcm",
+                                                  "scheduler", "kwok")}
+        self._write_kubeconfig(ports["apiserver"])
+        pids: dict[str, int] = {}
+        self._save(pids, ports)
+        try:
+            pids["etcd"] = self._start("etcd", self._etcd_args(bin_dir, ports))
+            self._save(pids, ports)
+            self._wait_http(f"http://127.0.0.1:{ports['etcd']}/health", "etcd", pids)
+            progress("etcd up")
+            pids["kube-apiserver"] = self._start("kube-apiserver", self._apiserver_args(bin_dir, ports))
+            self._save(pids, ports)
+            self._wait_http(f"https://127.0.0.1:{ports['apiserver']}/readyz", "kube-apiserver", pids)
+            progress("kube-apiserver up")
+            for name, args in (
+                ("kube-controller-manager", self._kcm_args(bin_dir, ports)),
+                ("kube-scheduler", self._scheduler_args(bin_dir, ports)),
+                ("kwok", self._kwok_args(bin_dir, ports)),
+                ("agent", self._agent_args()),
+            ):
+                pids[name] = self._start(name, args)
+                self._save(pids, ports)
+            self._create_nodes(bin_dir)
+            self._wait_ready(bin_dir, pids)
+        except BaseException:
+            self.down(quiet=True)
+            raise
+        progress(f"local cluster up in {time.monotonic() - started:.0f}s: "
+                 f"{self.nodes} nodes x {self.gpus_per_node} GPUs; "
+                 f"export KUBECONFIG={self.kubeconfig}")
+
+    def down(self, quiet: bool = False) -> None:
+        """Stop every process of the cluster (agent first, etcd last) and wait for them."""
+        if not self._record.exists():
+            return
+        record = json.loads(self._record.read_text())
+        for name, pid in reversed(list(record.get("pids", {}).items())):
+            _stop_group(pid)
+            if not quiet:
+                print(f"stopped {name}")
+        self._record.unlink(missing_ok=True)
+
+    def is_running(self) -> bool:
+        """Whether every recorded process of this state dir is alive."""
+        if not self._record.exists():
+            return False
+        pids = json.loads(self._record.read_text()).get("pids", {})
+        return bool(pids) and all(_alive(pid) for pid in pids.values())
+
+    def env(self) -> dict[str, str]:
+        """Environment for clients: ``KUBECONFIG`` and kubectl's directory on ``PATH``."""
+        bin_dir = ensure_binaries()
+        return {"KUBECONFIG": str(self.kubeconfig),
+                "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    # -- component arguments -----------------------------------------------------------------
+    def _etcd_args(self, bin_dir: Path, ports: dict[str, int]) -> list[str]:
+        client, peer = f"http://127.0.0.1:{ports['etcd']}", f"http://127.0.0.1:{ports['etcd_peer']}"
+        return [str(bin_dir / "etcd"), "--name=local", f"--data-dir={self.state_dir / 'etcd'}",
+                f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=local={peer}", "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=2147483648", "--log-level=warn"]
+
+    def _apiserver_args(self, bin_dir: Path, ports: dict[str, int]) -> list[str]:
+        pki = self.state_dir / "pki"
+        return [str(bin_dir / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                f"--secure-port={ports['apiserver']}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+                # Endpoint validation refuses 127/8 addresses; nothing here routes to them anyway.
+                "--endpoint-reconciler-type=none",
+                "--enable-priority-and-fairness=false"]
+
+    def _kcm_args(self, bin_dir: Path, ports: dict[str, int]) -> list[str]:
+        pki = self.state_dir / "pki"
+        return [str(bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--bind-address=127.0.0.1", f"--secure-port={ports['kcm']}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                "--leader-elect=false", "--controllers=*,-nodeipam,-service-lb-controller",
+                "--node-monitor-grace-period=60s"]
+
+    def _scheduler_args(self, bin_dir: Path, ports: dict[str, int]) -> list[str]:
+        return [str(bin_dir / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--bind-address=127.0.0.1", f"--secure-port={ports['scheduler']}",
+                "--leader-elect=false"]
+
+    def _kwok_args(self, bin_dir: Path, ports: dict[str, int]) -> list[str]:
+        return [str(bin_dir / "kwok"), f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=true", f"--cidr={POD_CIDR}", "--node-ip=127.0.0.1",
+                f"--server-address=127.0.0.1:{ports['kwok']}",
+                "--node-lease-duration-seconds=40", f"--config={STAGES_FILE}"]
+
+    def _agent_args(self) -> list[str]:
+        return [sys.executable, "-m", "monarch_operator.localcluster.agent",
+                f"--state-dir={self.state_dir}", f"--kubeconfig={self.kubeconfig}"]
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _start(self, name: str, args: list[str]) -> int:
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (the child keeps it)
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True,
+                                   cwd=self.state_dir, env=_component_env())
+        log.close()
+        return process.pid
+
+    def _save(self, pids: dict[str, int], ports: dict[str, int]) -> None:
+        self._record.write_text(json.dumps({"pids": pids, "ports": ports}, indent=2))
+
+    def _check_alive(self, pids: dict[str, int]) -> None:
+        for name, pid in pids.items():
+            if not _alive(pid):
+                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited during start-up; end of "
+                                   f"{self.logs / (name + '.log')}:\n{tail}")
+
+    def _wait_http(self, url: str, name: str, pids: dict[str, int], timeout: float = 90) -> None:
+        pki = self.state_dir / "pki"
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive(pids)
+            try:
+                with urllib.request.urlopen(url, timeout=3, context=context
+                                            if url.startswith("https") else None) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} not healthy at {url} after {timeout:.0f}s; "
+                                   f"see {self.logs / (name + '.log')}")
+            time.sleep(0.3)
+
+    def _kubectl(self, bin_dir: Path, *args: str, stdin: str | None = None) -> str:
+        result = subprocess.run([str(bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+                                input=stdin, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def _create_nodes(self, bin_dir: Path) -> None:
+        nodes = []
+        for index in range(self.nodes):
+            resources = {"cpu": "64", "memory": "512Gi", "pods": "110",
+                         GPU_RESOURCE: str(self.gpus_per_node)}
+            nodes.append({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": NODE_NAME.format(index=index),
+                             "labels": {"type": "kwok", "kubernetes.io/os": "linux",
+                                        "nvidia.com/gpu.present": "true"},
+                             "annotations": {"kwok.x-k8s.io/node": "fake"}},
+                "status": {"capacity": resources, "allocatable": resources},
+            })
+        self._kubectl(bin_dir, "apply", "-f", "-",
+                      stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
+
+    def _wait_ready(self, bin_dir: Path, pids: dict[str, int], timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive(pids)
+            nodes = json.loads(self._kubectl(bin_dir, "get", "nodes", "-o", "json"))["items"]
+            ready = [n for n in nodes if any(c["type"] == "Ready" and c["status"] == "True"
+                                              for c in n.get("status", {}).get("conditions", []))
+                     and not n.get("spec", {}).get("taints")]
+            accounts = self._kubectl(bin_dir, "get", "serviceaccounts", "-n", "default",
+                                     "-o", "name")
+            if len(ready) == self.nodes and "serviceaccount/default" in accounts:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{len(ready)}/{self.nodes} nodes Ready and untainted after "
+                                   f"{timeout:.0f}s; see {self.logs}")
+            time.sleep(0.5)
+
+
+def _component_env() -> dict[str, str]:
+    # No proxy for loopback traffic, and nothing from the caller's kube context.
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy")}
+    env.pop("KUBECONFIG", None)
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    return env
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of this process still answers kill(0); look at its state.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _stop_group(pid: int, grace: float = 10) -> None:
+    """SIGTERM the process group led by ``pid``, then SIGKILL whatever is left after ``grace``."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            if not _alive(pid):
+                return
+            time.sleep(0.1)

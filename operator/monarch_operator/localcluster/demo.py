@@ -1,0 +1,150 @@
+"""The demo: the sample MonarchJob end to end on the local control plane.
+
+Also the building blocks the cluster and end-to-end tests use: install the CRDs, run the
+operator as a process, apply a manifest, wait for a job's phase with progress output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from monarch_operator.localcluster.cli import DEFAULT_STATE_DIR, pod_log_path
+from monarch_operator.localcluster.cluster import LocalCluster
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+CRDS_DIR = REPO_ROOT / "crds"
+SAMPLE = REPO_ROOT / "crds" / "samples" / "demo.yaml"
+FINAL_PHASES = ("Succeeded", "Failed")
+
+
+class Kubectl:
+    """kubectl against one kubeconfig; every call raises with stderr on failure."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = {**os.environ, **env}
+
+    def __call__(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        result = subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True,
+                                env=self.env, check=False)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self("get", *args, "-o", "json"))
+
+
+def install_crds(kubectl: Kubectl) -> None:
+    """Apply every CRD under ``crds/`` and wait until they are Established."""
+    for crd in sorted(CRDS_DIR.glob("*.yaml")):
+        kubectl("apply", "--server-side", "-f", str(crd))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s",
+            "crd/monarchjobs.monarch-operator.dev")
+
+
+def start_operator(state_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Run ``monarch-operator`` with output to ``<state_dir>/logs/operator.log``."""
+    log_path = state_dir / "logs" / "operator.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "-m", "monarch_operator.controller"],
+            env={**os.environ, **env, "MONARCH_OPERATOR_RESYNC_SECONDS": "1"},
+            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 15) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_for_phase(kubectl: Kubectl, namespace: str, name: str, phases: tuple[str, ...],
+                   timeout: float, progress: Any = print) -> dict[str, Any]:
+    """Poll the MonarchJob until ``status.phase`` is one of ``phases``; print each change.
+
+    Returns:
+        The job object. Raises ``TimeoutError`` naming the last phase and ready count.
+    """
+    deadline = time.monotonic() + timeout
+    last = None
+    job: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        job = kubectl.json("monarchjob", name, "-n", namespace)
+        status = job.get("status") or {}
+        summary = (status.get("phase"), status.get("readyWorkers"))
+        if summary != last:
+            progress(f"[demo] {namespace}/{name}: phase={summary[0] or '-'} "
+                     f"ready={summary[1] or '-'}")
+            last = summary
+        if status.get("phase") in phases:
+            return job
+        time.sleep(1)
+    raise TimeoutError(f"{namespace}/{name} still {last} after {timeout:.0f}s")
+
+
+def launcher_log(kubectl: Kubectl, state_dir: Path, namespace: str, job_name: str) -> str:
+    """Output of the job's launcher process, as the node agent captured it."""
+    pods = kubectl.json("pods", "-n", namespace, "-l", f"job-name={job_name}-launcher")["items"]
+    for pod in pods:
+        path = pod_log_path(state_dir, namespace, pod["metadata"]["name"])
+        if path is not None:
+            return path.read_text(errors="replace")
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns 0 when the sample job Succeeded."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR)
+    parser.add_argument("--namespace", default="team-a")
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--keep", action="store_true", help="leave cluster and operator running")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    cluster = LocalCluster(args.dir)
+    cluster.up(progress=lambda message: print(f"[localcluster] {message}", flush=True))
+    env = cluster.env()
+    kubectl = Kubectl(env)
+    operator = None
+    try:
+        install_crds(kubectl)
+        print("[demo] CRD installed; starting monarch-operator "
+              f"(log: {cluster.state_dir / 'logs' / 'operator.log'})", flush=True)
+        operator = start_operator(cluster.state_dir, env)
+        kubectl("create", "namespace", args.namespace, check=False)
+        kubectl("delete", "monarchjob", "demo", "-n", args.namespace, "--ignore-not-found",
+                "--wait=true")
+        print(kubectl("apply", "-n", args.namespace, "-f", str(SAMPLE)).strip(), flush=True)
+        job = wait_for_phase(kubectl, args.namespace, "demo", FINAL_PHASES, args.timeout,
+                             progress=lambda line: print(line, flush=True))
+        print("\n$ kubectl get monarchjobs -n", args.namespace)
+        print(kubectl("get", "monarchjobs", "-n", args.namespace))
+        print("--- launcher output (trainer / ref meshes) ---")
+        print(launcher_log(kubectl, cluster.state_dir, args.namespace, "demo"))
+        phase = job["status"]["phase"]
+        print(f"[demo] job {phase} in {time.monotonic() - started:.0f}s total", flush=True)
+        return 0 if phase == "Succeeded" else 1
+    finally:
+        if not args.keep:
+            if operator is not None:
+                stop_process(operator)
+            cluster.down(quiet=True)
+            print("[demo] cluster stopped (use --keep to leave it running)", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Every child object name of a MonarchJob, and the limit on job names derived from them.
+
+Children of job ``<job>``:
+- ``<job>-ssh``: Secret with the per-job SSH key pair.
+- ``<job>-worker``: headless Service and StatefulSet; pods ``<job>-worker-<ordinal>``.
+- ``<job>-hostfile``: ConfigMap with the hostfile.
+- ``<job>-launcher``: batch Job running ``monarch-launch``.
+
+Limits (kubernetes/kubernetes#64023, lws #410): the StatefulSet controller labels each pod with
+``controller-revision-hash=<statefulset name>-<10 character hash>``, and a label value holds at
+most 63 characters, so the StatefulSet name may be at most 52 characters. Service names must be
+DNS-1035 labels (start with a letter, no dots). The job-name rule below follows from both and is
+the one enforced by the CRD's CEL rule (a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import re
+
+# Longest label value / DNS label.
+DNS_LABEL_MAX = 63
+# "-" + 10-character hash that the StatefulSet controller appends in controller-revision-hash.
+REVISION_HASH_SUFFIX = 11
+
+WORKER_SUFFIX = "-worker"
+SSH_SUFFIX = "-ssh"
+HOSTFILE_SUFFIX = "-hostfile"
+LAUNCHER_SUFFIX = "-launcher"
+
+# The longest child name that has to fit a limit is the StatefulSet name inside the revision
+# hash label: len(job) + len("-worker") + 11 <= 63.
+MAX_JOB_NAME_LENGTH = DNS_LABEL_MAX - REVISION_HASH_SUFFIX - len(WORKER_SUFFIX)
+# DNS-1035 label: what a Service name (and so every child) accepts.
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_JOB_NAME_RE = re.compile(JOB_NAME_PATTERN)
+
+
+def validate_job_name(job_name: str) -> None:
+    """Check that every child of a job called ``job_name`` gets a valid name.
+
+    Raises:
+        ValueError: the name is longer than :data:`MAX_JOB_NAME_LENGTH` or is not a DNS-1035
+            label (lowercase letters, digits and '-', starting with a letter). The CRD refuses
+            such names at admission; this is the same rule for callers without a cluster.
+    """
+    if len(job_name) > MAX_JOB_NAME_LENGTH:
+        raise ValueError(
+            f"metadata.name {job_name!r} has {len(job_name)} characters; at most "
+            f"{MAX_JOB_NAME_LENGTH} fit every child name (<name>{WORKER_SUFFIX} plus the "
+            "StatefulSet revision hash must stay within 63)"
+        )
+    if not _JOB_NAME_RE.match(job_name):
+        raise ValueError(
+            f"metadata.name {job_name!r} must be a DNS-1035 label: lowercase letters, digits "
+            "and '-', starting with a letter and ending with a letter or digit"
+        )
+
+
+def ssh_secret(job_name: str) -> str:
+    """Name of the Secret holding the job's SSH key pair."""
+    return job_name + SSH_SUFFIX
+
+
+def worker_set(job_name: str) -> str:
+    """Name of the worker StatefulSet and of its headless Service (they share it)."""
+    return job_name + WORKER_SUFFIX
+
+
+def worker_service(job_name: str) -> str:
+    """Name of the headless Service that gives worker pods their DNS names."""
+    return worker_set(job_name)
+
+
+def worker_pod(job_name: str, ordinal: int) -> str:
+    """Name of worker pod ``ordinal`` (0-based) of the StatefulSet."""
+    return f"{worker_set(job_name)}-{ordinal}"
+
+
+def worker_fqdn(job_name: str, namespace: str, ordinal: int, cluster_domain: str) -> str:
+    """Fully qualified DNS name of a worker pod through the headless Service.
+
+    ``<pod>.<service>.<namespace>.svc.<cluster_domain>``, e.g.
+    ``demo-worker-0.demo-worker.team-a.svc.cluster.local``.
+    """
+    return f"{worker_pod(job_name, ordinal)}.{worker_service(job_name)}.{namespace}.svc.{cluster_domain}"
+
+
+def hostfile_configmap(job_name: str) -> str:
+    """Name of the ConfigMap holding the hostfile."""
+    return job_name + HOSTFILE_SUFFIX
+
+
+def launcher_job(job_name: str) -> str:
+    """Name of the batch Job that runs the launcher."""
+    return job_name + LAUNCHER_SUFFIX

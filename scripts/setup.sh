@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh Debian/Ubuntu machine (idempotent, safe to re-run):
+# openssh (sshd for worker pods and SSH tests), util-linux (unshare), a virtualenv in .venv with
+# monarch-operator and its pinned dependencies, and the control-plane binaries built from the
+# Go module proxy into ~/.cache/monarch-operator (10-25 min the first time, seconds after).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+
+need_apt=()
+command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || need_apt+=(openssh-client)
+command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "apt-get install ${need_apt[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+command -v go >/dev/null 2>&1 || { log "Go is required (1.26+) to build the control plane"; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  python3 -m venv .venv
+fi
+stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  log "installing monarch-operator[dev] into .venv (torch CPU+CUDA wheels: a few minutes)"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+
+log "control-plane binaries"
+bash operator/monarch_operator/localcluster/build-binaries.sh >/dev/null
+log "ready"

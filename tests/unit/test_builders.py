@@ -1,0 +1,125 @@
+"""Pure builders: table of named cases, no cluster."""
+
+import copy
+
+import pytest
+
+from monarch_operator import constants
+from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
+from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.secret import build_ssh_secret
+from monarch_operator.controller.builders.service import build_worker_service
+from monarch_operator.controller.builders.statefulset import (
+    build_worker_statefulset,
+    merge_pod_template,
+)
+from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec import JobSpec
+from monarch_operator.hostfile import parse_hostfile
+
+SETTINGS = Settings()
+
+
+def make_job(**spec_overrides):
+    body = {
+        "metadata": {"name": "demo", "namespace": "team-a", "uid": "uid-1", "generation": 1},
+        "spec": {"image": "img:1", "workers": {"replicas": 12, "gpusPerWorker": 4},
+                 "meshes": {"trainer": {"hosts": 8}, "ref": {"hosts": 4}}},
+    }
+    body["spec"].update(spec_overrides)
+    return JobSpec.from_body(body)
+
+
+def all_children(job):
+    return [
+        build_ssh_secret(job, b"private", b"ssh-ed25519 AAAA test\n"),
+        build_worker_service(job),
+        build_worker_statefulset(job, SETTINGS),
+        build_hostfile_configmap(job, SETTINGS),
+        build_launcher_job(job, SETTINGS),
+    ]
+
+
+def test_every_child_is_owned_by_the_job_as_controller():
+    for child in all_children(make_job()):
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert ref["uid"] == "uid-1" and ref["controller"] is True, child["kind"]
+        assert ref["apiVersion"] == f"{constants.GROUP}/{constants.VERSION}"
+        assert child["metadata"]["labels"][constants.LABEL_JOB] == "demo"
+
+
+def test_builders_are_deterministic():
+    assert all_children(make_job()) == all_children(make_job())
+
+
+def test_hostfile_lists_fqdns_in_ordinal_order_with_slots():
+    hosts = parse_hostfile(build_hostfile_configmap(make_job(), SETTINGS)["data"]["hostfile"])
+    assert [h.name.split(".")[0] for h in hosts] == [f"demo-worker-{i}" for i in range(12)]
+    assert hosts[2].name == "demo-worker-2.demo-worker.team-a.svc.cluster.local"
+    assert {h.slots for h in hosts} == {4}
+
+
+def test_statefulset_runs_sshd_in_the_gpu_container():
+    sts = build_worker_statefulset(make_job(), SETTINGS)
+    spec = sts["spec"]
+    assert spec["podManagementPolicy"] == "Parallel"
+    assert spec["serviceName"] == "demo-worker"
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["resources"]["limits"][constants.GPU_RESOURCE] == 4
+    assert container["readinessProbe"]["tcpSocket"]["port"] == constants.SSH_PORT
+    assert container["command"] == ["/usr/local/bin/monarch-worker-entrypoint"]
+    assert pod["enableServiceLinks"] is False
+    assert pod["dnsConfig"]["searches"] == ["demo-worker.team-a.svc.cluster.local"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_worker_template_override_merges_containers_by_name():
+    job = make_job(workers={"replicas": 2, "gpusPerWorker": 8, "template": {
+        "metadata": {"labels": {"team": "a"}},
+        "spec": {"nodeSelector": {"gpu": "h100"},
+                 "containers": [{"name": "worker", "env": [{"name": "X", "value": "1"}]}]}}})
+    template = build_worker_statefulset(job, SETTINGS)["spec"]["template"]
+    assert template["metadata"]["labels"]["team"] == "a"
+    assert template["metadata"]["labels"][constants.LABEL_ROLE] == "worker"
+    assert template["spec"]["nodeSelector"] == {"gpu": "h100"}
+    (container,) = template["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["X"] == "1" and env["SSH_PORT"] == str(constants.SSH_PORT)
+    assert container["readinessProbe"]["tcpSocket"]["port"] == constants.SSH_PORT
+
+
+def test_merge_does_not_modify_inputs():
+    base = {"spec": {"containers": [{"name": "a", "image": "x"}]}}
+    override = {"spec": {"containers": [{"name": "b", "image": "y"}]}}
+    before = copy.deepcopy((base, override))
+    merged = merge_pod_template(base, override)
+    assert (base, override) == before
+    assert [c["name"] for c in merged["spec"]["containers"]] == ["a", "b"]
+
+
+def test_launcher_job_never_retries_and_gets_meshes_and_files():
+    job_manifest = build_launcher_job(make_job(), SETTINGS)
+    assert job_manifest["spec"]["backoffLimit"] == 0
+    pod = job_manifest["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env[constants.ENV_TRAINER_HOSTS] == "8"
+    assert env[constants.ENV_REF_HOSTS] == "4"
+    assert env[constants.ENV_COLOCATE] == "false"
+    assert env[constants.ENV_HOSTFILE] == "/etc/monarch/hostfile/hostfile"
+    assert env[constants.ENV_CLIENT_ADDRESS] == "tcp://$(POD_IP):0"
+    assert pod["containers"][0]["command"] == ["monarch-launch", "--steps", "3"]
+
+
+def test_custom_launcher_command_is_used_as_given():
+    job = make_job(launcher={"command": ["python", "train.py"], "image": "other:2"})
+    container = build_launcher_job(job, SETTINGS)["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "train.py"]
+    assert container["image"] == "other:2"
+
+
+@pytest.mark.parametrize("bad", [{"image": ""}, {"image": None}])
+def test_spec_without_image_is_refused(bad):
+    with pytest.raises(ValueError, match="spec.image"):
+        make_job(**bad)
