@@ -66,7 +66,7 @@ def test_statefulset_runs_sshd_in_the_gpu_container():
     assert spec["serviceName"] == "demo-worker"
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["resources"]["limits"][constants.GPU_RESOURCE] == 4
+    assert container["resources"]["limits"][constants.GPU_RESOURCE] == "4"
     assert container["readinessProbe"]["tcpSocket"]["port"] == constants.SSH_PORT
     assert container["command"] == ["/usr/local/bin/monarch-worker-entrypoint"]
     assert pod["enableServiceLinks"] is False

@@ -12,8 +12,10 @@ from monarch_operator import constants
 from monarch_operator.controller import k8s, reconcile
 from monarch_operator.controller import status as st
 from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec import InvalidSpecError
 
 SETTINGS = Settings.from_env()
+logger = logging.getLogger("monarch_operator")
 _RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
 
 
@@ -23,6 +25,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     k8s.load_config()
     # Only warnings become Kubernetes Events; per-pass INFO logs would flood `kubectl describe`.
     settings.posting.level = logging.WARNING
+    # kopf logs every timer run at INFO; reconcile logs what changed instead.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=f"{constants.GROUP}"
     )
@@ -49,7 +53,7 @@ def _reconcile(body: kopf.Body) -> None:
     manifest = dict(body)
     try:
         events = reconcile.reconcile(manifest, SETTINGS, dt.datetime.now(dt.UTC))
-    except ValueError as error:
+    except InvalidSpecError as error:
         _fail_invalid(manifest, str(error))
         kopf.warn(body, reason=st.REASON_INVALID_SPEC, message=str(error))
         raise kopf.PermanentError(str(error)) from error
@@ -57,6 +61,8 @@ def _reconcile(body: kopf.Body) -> None:
         kopf.warn(body, reason=st.REASON_CHILD_NOT_OWNED, message=str(error))
         raise kopf.TemporaryError(str(error), delay=10) from error
     for event in events:
+        logger.info("%s/%s %s: %s", body.metadata.namespace, body.metadata.name, event.reason,
+                    event.message)
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 

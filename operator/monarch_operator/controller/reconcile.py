@@ -67,7 +67,7 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> lis
         Events for the caller to post.
 
     Raises:
-        ValueError: the spec is invalid (the caller marks the job Failed).
+        InvalidSpecError: the spec is invalid (the caller marks the job Failed).
         k8s.NotOwnedError: a child name is taken by a foreign object (retry later).
     """
     job = JobSpec.from_body(body)

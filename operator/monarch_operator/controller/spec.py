@@ -19,6 +19,10 @@ DEFAULT_MESH_HOSTS = 1
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 600
 
 
+class InvalidSpecError(ValueError):
+    """The MonarchJob cannot be run as written; the message names the field and the rule."""
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What the operator needs from one MonarchJob: identity plus its spec with defaults."""
@@ -44,7 +48,7 @@ class JobSpec:
         """Build from a MonarchJob object (``dict`` as kopf or the API returns it).
 
         Raises:
-            ValueError: a missing ``spec.image`` or an invalid ``metadata.name`` (see
+            InvalidSpecError: a missing ``spec.image`` or an invalid ``metadata.name`` (see
                 :func:`monarch_operator.names.validate_job_name`).
         """
         metadata = body.get("metadata", {})
@@ -54,8 +58,11 @@ class JobSpec:
         meshes = spec.get("meshes") or {}
         image = spec.get("image")
         if not image:
-            raise ValueError("spec.image is required: the worker image with sshd and Monarch")
-        names.validate_job_name(metadata["name"])
+            raise InvalidSpecError("spec.image is required: the worker image with sshd and Monarch")
+        try:
+            names.validate_job_name(metadata["name"])
+        except ValueError as error:
+            raise InvalidSpecError(str(error)) from error
         return cls(
             name=metadata["name"],
             namespace=metadata.get("namespace", "default"),

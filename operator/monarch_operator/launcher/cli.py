@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from monarch_operator import constants
-from monarch_operator.launcher import exitcodes
-from monarch_operator.launcher.runner import LaunchConfig, launch
+from monarch_operator.launcher.runner import LaunchConfig, Terminated, launch
 from monarch_operator.launcher.ssh import SshSettings
 
 _EXAMPLES = """\
@@ -60,50 +59,119 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser; defaults are read from the environment when it is built."""
     parser = argparse.ArgumentParser(
         prog="monarch-launch",
-        description="Start Monarch workers over ssh on the hosts of a hostfile and run a "
-        "trainer mesh plus a reference-model mesh (built-in example workload).",
+        description="Start Monarch workers over ssh on the hosts of a hostfile and run a trainer\n"
+        "mesh plus a reference-model mesh (built-in example workload).",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    hosts = parser.add_argument_group("hosts and placement")
-    hosts.add_argument("--hostfile", default=os.environ.get(constants.ENV_HOSTFILE),
-                       help=f"hostfile path (env {constants.ENV_HOSTFILE}); required")
-    hosts.add_argument("--trainer-hosts", type=int, default=_env_int(constants.ENV_TRAINER_HOSTS),
-                       metavar="N", help="hosts for the trainer, taken first in hostfile order "
-                       f"(env {constants.ENV_TRAINER_HOSTS}; default: all hosts not given to ref)")
-    hosts.add_argument("--ref-hosts", type=int, default=_env_int(constants.ENV_REF_HOSTS),
-                       metavar="M", help="hosts for the reference model, the next M "
-                       f"(env {constants.ENV_REF_HOSTS}; default 1, or N with --colocate)")
-    hosts.add_argument("--colocate", action=argparse.BooleanOptionalAction,
-                       default=_env_bool(constants.ENV_COLOCATE),
-                       help=f"run both roles on the same hosts (env {constants.ENV_COLOCATE})")
-    ssh = parser.add_argument_group("ssh")
-    ssh.add_argument("--ssh-key", default=os.environ.get(constants.ENV_SSH_KEY) or None,
-                     help=f"private key file (env {constants.ENV_SSH_KEY}; default: ssh's own)")
-    ssh.add_argument("--ssh-port", type=int, default=_env_int(constants.ENV_SSH_PORT) or 22,
-                     help=f"sshd port on every host (env {constants.ENV_SSH_PORT}; default 22)")
-    ssh.add_argument("--ssh-user", default=getpass.getuser(),
-                     help="login user on every host (default: the current user)")
-    monarch = parser.add_argument_group("monarch")
-    monarch.add_argument("--monarch-port", type=int, default=constants.MONARCH_WORKER_PORT,
-                         help="port every Monarch worker listens on (default %(default)s)")
-    monarch.add_argument("--client-address", default=os.environ.get(constants.ENV_CLIENT_ADDRESS),
-                         metavar="tcp://IP:PORT", help="where this launcher's Monarch client "
-                         f"listens (env {constants.ENV_CLIENT_ADDRESS}; default: derived from "
-                         "this host's address, tcp://127.0.0.1:0 when all hosts are loopback)")
-    monarch.add_argument("--python-exe", default=sys.executable,
-                         help="worker Python, same path on every host (default %(default)s)")
-    monarch.add_argument("--attach-timeout", type=float, default=30.0, metavar="SECONDS",
-                         help="limit for workers to start and attach (default %(default)s)")
-    monarch.add_argument("--call-timeout", type=float, default=120.0, metavar="SECONDS",
-                         help="limit for each call into the meshes (default %(default)s)")
-    work = parser.add_argument_group("workload")
-    work.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    work.add_argument("--fail-at-step", type=int, default=0, metavar="K",
-                      help="fault injection: every trainer process exits at step K (default: off)")
-    work.add_argument("--fail-exit-code", type=int, default=1, metavar="CODE",
-                      help="exit code used by --fail-at-step (default 1)")
+    _add_placement_flags(parser.add_argument_group("hosts and placement"))
+    _add_ssh_flags(parser.add_argument_group("ssh"))
+    _add_monarch_flags(parser.add_argument_group("monarch"))
+    _add_workload_flags(parser.add_argument_group("workload"))
     return parser
+
+
+def _add_placement_flags(hosts: argparse._ArgumentGroup) -> None:
+    hosts.add_argument(
+        "--hostfile",
+        default=os.environ.get(constants.ENV_HOSTFILE),
+        help=f"hostfile path (env {constants.ENV_HOSTFILE}); required",
+    )
+    hosts.add_argument(
+        "--trainer-hosts",
+        type=int,
+        default=_env_int(constants.ENV_TRAINER_HOSTS),
+        metavar="N",
+        help="hosts for the trainer, taken first in hostfile order "
+        f"(env {constants.ENV_TRAINER_HOSTS}; default: all hosts not given to ref)",
+    )
+    hosts.add_argument(
+        "--ref-hosts",
+        type=int,
+        default=_env_int(constants.ENV_REF_HOSTS),
+        metavar="M",
+        help="hosts for the reference model, the next M "
+        f"(env {constants.ENV_REF_HOSTS}; default 1, or N with --colocate)",
+    )
+    hosts.add_argument(
+        "--colocate",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool(constants.ENV_COLOCATE),
+        help=f"run both roles on the same hosts (env {constants.ENV_COLOCATE})",
+    )
+
+
+def _add_ssh_flags(ssh: argparse._ArgumentGroup) -> None:
+    ssh.add_argument(
+        "--ssh-key",
+        default=os.environ.get(constants.ENV_SSH_KEY) or None,
+        help=f"private key file (env {constants.ENV_SSH_KEY}; default: ssh's own)",
+    )
+    ssh.add_argument(
+        "--ssh-port",
+        type=int,
+        default=_env_int(constants.ENV_SSH_PORT) or 22,
+        help=f"sshd port on every host (env {constants.ENV_SSH_PORT}; default 22)",
+    )
+    ssh.add_argument(
+        "--ssh-user",
+        default=getpass.getuser(),
+        help="login user on every host (default: the current user)",
+    )
+
+
+def _add_monarch_flags(monarch: argparse._ArgumentGroup) -> None:
+    monarch.add_argument(
+        "--monarch-port",
+        type=int,
+        default=constants.MONARCH_WORKER_PORT,
+        help="port every Monarch worker listens on (default %(default)s)",
+    )
+    monarch.add_argument(
+        "--client-address",
+        default=os.environ.get(constants.ENV_CLIENT_ADDRESS),
+        metavar="tcp://IP:PORT",
+        help="where this launcher's Monarch client "
+        f"listens (env {constants.ENV_CLIENT_ADDRESS}; default: derived from "
+        "this host's address, tcp://127.0.0.1:0 when all hosts are loopback)",
+    )
+    monarch.add_argument(
+        "--python-exe",
+        default=sys.executable,
+        help="worker Python, same path on every host (default %(default)s)",
+    )
+    monarch.add_argument(
+        "--attach-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="limit for workers to start and attach (default %(default)s)",
+    )
+    monarch.add_argument(
+        "--call-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="limit for each call into the meshes (default %(default)s)",
+    )
+
+
+def _add_workload_flags(work: argparse._ArgumentGroup) -> None:
+    work.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    work.add_argument(
+        "--fail-at-step",
+        type=int,
+        default=0,
+        metavar="K",
+        help="fault injection: every trainer process exits at step K (default: off)",
+    )
+    work.add_argument(
+        "--fail-exit-code",
+        type=int,
+        default=1,
+        metavar="CODE",
+        help="exit code used by --fail-at-step (default 1)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
@@ -125,10 +193,12 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     )
 
 
-def _exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
     # Raise instead of dying so that the teardown in runner's `finally` stops the remote workers
-    # (a pod being deleted, or a test's wall timeout, sends SIGTERM).
-    raise SystemExit(128 + signum)
+    # (a pod being deleted, or a test's wall timeout, sends SIGTERM). Further SIGTERMs are
+    # ignored so that they cannot cut the teardown short; SIGKILL remains the hard stop.
+    signal.signal(signum, signal.SIG_IGN)
+    raise Terminated(signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -139,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--hostfile is required (or set {constants.ENV_HOSTFILE})")
     if args.steps < 1:
         parser.error("--steps must be at least 1")
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, _raise_terminated)
     return launch(config_from_args(args))
 
 

@@ -7,6 +7,8 @@ Rule (field case C9, mpich #7057, ompi #1344):
 - ``N``: a worker process exited with non-zero code ``N``; the first failure Monarch reported to
   the launcher decides (every rank exiting 3 at once gives 3).
 - ``128 + S``: a worker process was killed by signal ``S`` (shell convention; SIGKILL gives 137).
+- ``128 + S`` also when the launcher itself is stopped by signal ``S`` (SIGTERM: 143, after
+  tearing the workers down).
 - ``1``: any other failure (unreachable host, attach timeout, an actor raising, ...).
 """
 
@@ -18,7 +20,7 @@ from collections.abc import Iterable
 SUCCESS = 0
 FAILURE = 1
 USAGE = 2
-_SIGNAL_BASE = 128
+SIGNAL_BASE = 128
 
 # Wording of Monarch's supervision errors (torchmonarch 0.7.0), e.g. "... the process this actor
 # was running on exited with non-zero code 17" and "... failed: Killed(sig=9)".
@@ -43,7 +45,7 @@ def exit_code_from_message(message: str) -> int | None:
     signal_match = _SIGNAL.search(message)
     if signal_match:
         signal_number = int(signal_match.group(1) or signal_match.group(2))
-        candidates.append((signal_match.start(), _SIGNAL_BASE + signal_number))
+        candidates.append((signal_match.start(), SIGNAL_BASE + signal_number))
     if not candidates:
         return None
     code = min(candidates)[1]

@@ -38,7 +38,9 @@ def resolve_host(name: str) -> str:
     try:
         infos = socket.getaddrinfo(name, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
-        raise NetworkCheckError(f"host {name!r} does not resolve to an IPv4 address: {error}") from None
+        raise NetworkCheckError(
+            f"host {name!r} does not resolve to an IPv4 address: {error}"
+        ) from None
     return str(infos[0][4][0])
 
 
@@ -70,10 +72,14 @@ def resolve_hosts(names: Iterable[str]) -> dict[str, str]:
 def _probe_sshd(address: str, port: int, timeout_s: float) -> str | None:
     """Return None if an SSH server answers on ``address:port``, else the reason it does not."""
     try:
-        with socket.create_connection((address, port), timeout=timeout_s) as connection:
-            banner = connection.recv(64)
+        connection = socket.create_connection((address, port), timeout=timeout_s)
     except OSError as error:
         return str(error) or type(error).__name__
+    with connection:
+        try:
+            banner = connection.recv(64)
+        except OSError as error:
+            return f"port {port} accepts connections, but sent no SSH banner ({error})"
     if not banner.startswith(b"SSH-"):
         return f"port {port} answered, but not with an SSH banner: {banner[:20]!r}"
     return None

@@ -38,7 +38,7 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True)
 class MeshPlan:
-    """One Monarch host mesh: a name and its hosts, each running ``procs_per_host`` procs per role."""
+    """One Monarch host mesh: its name, its hosts and the procs each host runs per role."""
 
     name: str
     hosts: tuple[str, ...]
@@ -101,7 +101,7 @@ def plan_placement(
     """Assign hostfile hosts to the trainer and ref meshes.
 
     Args:
-        hosts: hostfile hosts, in file order (as from :func:`~monarch_operator.hostfile.read_hostfile`).
+        hosts: hostfile hosts in file order (from :func:`monarch_operator.hostfile.read_hostfile`).
         trainer_hosts: hosts for the trainer. Default: separate roles, every host not given to
             ref; colocated, every host.
         ref_hosts: hosts for the reference model. Default: 1 when separate; when colocated it

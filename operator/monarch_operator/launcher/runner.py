@@ -7,6 +7,7 @@ only here and in :mod:`.workload`, and only once the plan and host checks have p
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -24,8 +25,8 @@ from monarch_operator.launcher.network import (
 from monarch_operator.launcher.placement import (
     REF,
     TRAINER,
-    Plan,
     PlacementError,
+    Plan,
     RolePlan,
     format_plan,
     plan_placement,
@@ -61,6 +62,18 @@ class LaunchConfig:
     fail_exit_code: int = 1
 
 
+class Terminated(BaseException):
+    """Raised in the main thread by a signal handler (SIGTERM) so that teardown still runs.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way (ours in
+    teardown, or Monarch's) swallows it and lets the launch report success.
+    """
+
+    def __init__(self, signal_number: int) -> None:
+        super().__init__(f"terminated by signal {signal_number}")
+        self.exit_code = exitcodes.SIGNAL_BASE + signal_number
+
+
 class _FaultRecorder:
     """Monarch's unhandled-fault hook: records each report instead of exiting the client.
 
@@ -75,8 +88,8 @@ class _FaultRecorder:
     def __call__(self, failure: MeshFailure) -> None:
         report = failure.report()
         self.reports.append(report)
-        first_line = report.strip().splitlines()[0] if report.strip() else repr(failure)
-        print(f"monarch-launch: monarch fault: {first_line}", file=sys.stderr, flush=True)
+        summary = _one_line(report) or repr(failure)
+        print(f"monarch-launch: monarch fault: {summary}", file=sys.stderr, flush=True)
 
 
 def _emit(line: str) -> None:
@@ -84,13 +97,19 @@ def _emit(line: str) -> None:
 
 
 class _Progress:
-    """Prints ``monarch-launch: <phase> (+<seconds since start>s)`` lines, to see where time goes."""
+    """Prints ``monarch-launch: <phase> (+<seconds since start>s)`` lines: where the time goes."""
 
     def __init__(self) -> None:
         self._start = time.monotonic()
 
     def __call__(self, phase: str) -> None:
         _emit(f"monarch-launch: {phase} (+{time.monotonic() - self._start:.1f}s)")
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """Collapse ``text`` to one line of at most ``limit`` characters (Monarch errors span many)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _fail(reason: str, code: int) -> int:
@@ -123,8 +142,12 @@ def launch(config: LaunchConfig) -> int:
         preflight(addresses, config.ssh, config.python_exe)
         progress(f"ssh and {config.python_exe} ok on {len(addresses)} hosts")
         _run_on_monarch(config, plan, addresses, recorder, progress)
+    except Terminated as error:
+        return _fail(str(error), error.exit_code)
+    except KeyboardInterrupt:
+        return _fail("interrupted", exitcodes.SIGNAL_BASE + signal.SIGINT)
     except Exception as error:  # noqa: BLE001 - every failure becomes a reported exit status
-        reason = f"{type(error).__name__}: {error}".strip().splitlines()[0]
+        reason = _one_line(f"{type(error).__name__}: {error}")
         return _fail(reason, exitcodes.exit_code_for_failure([*recorder.reports, str(error)]))
     _emit("monarch-launch: succeeded")
     return exitcodes.SUCCESS
@@ -196,17 +219,24 @@ def _started_job(
 
 
 def _teardown(job: SSHJob, host_meshes: dict[str, HostMesh]) -> None:
-    """Shut down each distinct host mesh (ends the remote workers), then kill the ssh clients."""
-    for name, host_mesh in host_meshes.items():
-        try:
-            host_mesh.shutdown().get(timeout=SHUTDOWN_TIMEOUT_S)
-        except Exception as error:  # noqa: BLE001 - teardown goes on; ssh -tt is the backstop
-            print(
-                f"monarch-launch: warning: shutdown of mesh {name} failed: {error}",
-                file=sys.stderr,
-                flush=True,
-            )
-    job.kill()
+    """Shut down each distinct host mesh (ends the remote workers), then kill the ssh clients.
+
+    ``job.kill()`` runs even if a shutdown is interrupted: with ``ssh -tt`` killing the ssh
+    client hangs up the remote worker, so it is the backstop for a worker shutdown missed.
+    """
+    try:
+        for name, host_mesh in host_meshes.items():
+            try:
+                host_mesh.shutdown().get(timeout=SHUTDOWN_TIMEOUT_S)
+            except Exception as error:  # noqa: BLE001 - go on with the other meshes
+                summary = _one_line(str(error))
+                print(
+                    f"monarch-launch: warning: shutdown of mesh {name} failed: {summary}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        job.kill()
 
 
 def _spawn_procs(host_meshes: dict[str, HostMesh], role: RolePlan) -> Any:
@@ -229,7 +259,6 @@ def _prepare_workload(
 ) -> None:
     """Form the trainer's gloo group and give the reference model the trainer's initial weights."""
     trainer_addresses = [addresses[host] for host in plan.mesh(plan.trainer.mesh).hosts]
-    trainer_addresses = trainer_addresses[: plan.trainer.hosts]
     rank0 = trainer.slice(**{"hosts": 0, PROCS_LABEL: 0})
     port = rank0.free_port.call_one(trainer_addresses[0]).get(timeout=timeout_s)
     trainer.init_group.call(trainer_addresses, port).get(timeout=timeout_s)

@@ -75,7 +75,9 @@ def ssh_args(settings: SshSettings, tty: bool = True) -> list[str]:
     return args
 
 
-def _preflight_one(address: str, settings: SshSettings, python_exe: str, timeout_s: float) -> str | None:
+def _preflight_one(
+    address: str, settings: SshSettings, python_exe: str, timeout_s: float
+) -> str | None:
     command = f"{shlex.quote(python_exe)} -c {shlex.quote(_PREFLIGHT_SCRIPT)}"
     try:
         result = subprocess.run(
@@ -90,7 +92,11 @@ def _preflight_one(address: str, settings: SshSettings, python_exe: str, timeout
     if result.returncode == 0:
         return None
     detail = result.stderr.strip().splitlines()[-1:] or ["(no stderr)"]
-    what = "ssh failed" if result.returncode == _SSH_ERROR else f"{python_exe} exited {result.returncode}"
+    what = (
+        "ssh failed"
+        if result.returncode == _SSH_ERROR
+        else f"{python_exe} exited {result.returncode}"
+    )
     return f"{what}: {detail[0]}"
 
 

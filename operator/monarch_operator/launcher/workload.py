@@ -59,6 +59,17 @@ class RankInfo:
 
 
 @dataclass(frozen=True)
+class TrainerStep:
+    """One trainer rank's step: mean loss over its rows, their count, and the whole batch's
+    log-probabilities ``[BATCH, CLASSES]`` after the step (equal on every rank when gradients
+    are averaged correctly)."""
+
+    loss: float
+    rows: int
+    logprobs: torch.Tensor
+
+
+@dataclass(frozen=True)
 class StepResult:
     """One step's outcome, as printed by the launcher: mean trainer loss and KL(trainer || ref)."""
 
@@ -84,7 +95,8 @@ def _ssh_server_address() -> str:
     return fields[2] if len(fields) == 4 else "-"
 
 
-def _new_model() -> torch.nn.Linear:
+def new_model() -> torch.nn.Linear:
+    """Return the workload's initial model; the same weights on every call and every host."""
     torch.manual_seed(SEED)
     return torch.nn.Linear(FEATURES, CLASSES)
 
@@ -93,7 +105,7 @@ class Trainer(Actor):
     """One data-parallel trainer rank; gradients are averaged over all ranks of its mesh."""
 
     def __init__(self, fail_at_step: int = 0, fail_exit_code: int = 1) -> None:
-        self._model = _new_model()
+        self._model = new_model()
         self._optimizer = torch.optim.SGD(self._model.parameters(), lr=LEARNING_RATE)
         self._group: dist.ProcessGroupGloo | None = None
         self._fail_at_step = fail_at_step
@@ -128,7 +140,7 @@ class Trainer(Actor):
         point = current_rank()
         world_size = math.prod(current_size().values())
         my_address = host_addresses[point["hosts"]]
-        store = dist.TCPStore(
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported without __all__
             host_addresses[0],
             master_port,
             world_size,
@@ -137,13 +149,15 @@ class Trainer(Actor):
         )
         # Bind gloo to the address the launcher chose for this host, instead of gloo's default
         # (the address gethostname() resolves to, which can be loopback: field case C3).
-        options = dist.ProcessGroupGloo._Options()
+        # Private in torch 2.13, but the only way to choose gloo's device without an interface
+        # name; init_process_group ignores options for gloo.
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=my_address)]
         options._timeout = timedelta(seconds=GLOO_TIMEOUT_S)
         self._group = dist.ProcessGroupGloo(store, point.rank, world_size, options)
 
     @endpoint
-    def step(self, step: int, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+    def step(self, step: int, inputs: torch.Tensor, labels: torch.Tensor) -> TrainerStep:
         """Take one optimizer step on this rank's shard of the batch.
 
         Args:
@@ -152,9 +166,7 @@ class Trainer(Actor):
             labels: class labels, ``[BATCH]``.
 
         Returns:
-            ``{"loss": float, "rows": int, "logprobs": Tensor[BATCH, CLASSES]}``: the mean loss
-            over this rank's rows, their count, and the whole batch's log-probabilities after
-            the step (identical on every rank when gradients are averaged correctly).
+            This rank's :class:`TrainerStep`.
         """
         if self._group is None:
             raise RuntimeError("init_group must be called before step")
@@ -162,25 +174,28 @@ class Trainer(Actor):
             os._exit(self._fail_exit_code)  # fault injection: a worker process dies with a code
         point = current_rank()
         world_size = self._group.size()
-        shard_inputs, shard_labels = inputs[point.rank :: world_size], labels[point.rank :: world_size]
+        shard_inputs, shard_labels = (
+            inputs[point.rank :: world_size],
+            labels[point.rank :: world_size],
+        )
         self._optimizer.zero_grad()
         loss = functional.cross_entropy(self._model(shard_inputs), shard_labels)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         for parameter in self._model.parameters():
             assert parameter.grad is not None
-            self._group.allreduce([parameter.grad]).wait()
+            self._group.allreduce([parameter.grad]).wait()  # type: ignore[attr-defined]
             parameter.grad /= world_size
         self._optimizer.step()
         with torch.no_grad():
             logprobs = functional.log_softmax(self._model(inputs), dim=-1)
-        return {"loss": loss.item(), "rows": len(shard_labels), "logprobs": logprobs}
+        return TrainerStep(loss=loss.item(), rows=len(shard_labels), logprobs=logprobs)
 
 
 class Reference(Actor):
     """One rank of the frozen reference model; scores its shard of each batch."""
 
     def __init__(self) -> None:
-        self._model = _new_model()
+        self._model = new_model()
         self._model.requires_grad_(False)
 
     @endpoint
@@ -232,13 +247,13 @@ def run_steps(
         inputs, labels = make_batch(step)
         trainer_results = _by_rank(trainer.step.call(step, inputs, labels).get(timeout=timeout_s))
         ref_shards = _by_rank(ref.logprobs.call(inputs).get(timeout=timeout_s))
-        policy = trainer_results[0]["logprobs"]
+        policy = trainer_results[0].logprobs
         for other in trainer_results[1:]:
-            if not torch.allclose(policy, other["logprobs"], atol=1e-6):
+            if not torch.allclose(policy, other.logprobs, atol=1e-6):
                 raise RuntimeError(f"trainer replicas diverged at step {step}")
         reference = torch.empty_like(policy)
         for rank, shard in enumerate(ref_shards):
             reference[rank :: len(ref_shards)] = shard
-        rows = sum(result["rows"] for result in trainer_results)
-        loss = sum(result["loss"] * result["rows"] for result in trainer_results) / rows
+        rows = sum(result.rows for result in trainer_results)
+        loss = sum(result.loss * result.rows for result in trainer_results) / rows
         yield StepResult(step=step, loss=loss, kl=kl_divergence(policy, reference))

@@ -189,6 +189,21 @@ class LocalCluster:
         log.close()
         return process.pid
 
+    def _write_kubeconfig(self, apiserver_port: int) -> None:
+        pki = self.state_dir / "pki"
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "local",
+            "clusters": [{"name": "local", "cluster": {
+                "server": f"https://127.0.0.1:{apiserver_port}",
+                "certificate-authority": str(pki / "ca.crt")}}],
+            "users": [{"name": "admin", "user": {
+                "client-certificate": str(pki / "admin.crt"),
+                "client-key": str(pki / "admin.key")}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+        }
+        self.kubeconfig.write_text(json.dumps(config, indent=2))
+        self.kubeconfig.chmod(0o600)
+
     def _save(self, pids: dict[str, int], ports: dict[str, int]) -> None:
         self._record.write_text(json.dumps({"pids": pids, "ports": ports}, indent=2))
 

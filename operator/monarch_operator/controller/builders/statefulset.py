@@ -85,7 +85,7 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
                     "periodSeconds": 2,
                     "failureThreshold": 1,
                 },
-                "resources": {"limits": {constants.GPU_RESOURCE: job.gpus_per_worker}},
+                "resources": {"limits": {constants.GPU_RESOURCE: str(job.gpus_per_worker)}},
                 "volumeMounts": [
                     {"name": SSH_VOLUME, "mountPath": constants.SSH_DIR, "readOnly": True}
                 ],

@@ -1,0 +1,118 @@
+"""Hostfile reading and writing (field case C1: mpich #6719, simgrid #136).
+
+The C1 inputs are kept byte-exact under tests/data/hostfiles (see its .gitattributes); the first
+test guards those bytes, since a line-ending normalisation would silently weaken every other one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from monarch_operator.hostfile import (
+    DEFAULT_SLOTS,
+    Host,
+    HostfileError,
+    format_hostfile,
+    parse_hostfile,
+    read_hostfile,
+)
+
+HOSTFILES = Path(__file__).resolve().parent.parent / "data" / "hostfiles"
+TWO_WORKERS = [Host("worker-a", 8), Host("worker-b", 8)]
+
+
+def test_case_files_keep_their_exact_bytes() -> None:
+    assert (HOSTFILES / "c1-a.txt").read_bytes() == b"worker-a slots=8\nworker-b slots=8\n"
+    assert (HOSTFILES / "c1-b.txt").read_bytes() == b"worker-a slots=8\nworker-b slots=8"
+    assert (HOSTFILES / "c1-c.txt").read_bytes() == b"worker-a slots=8\r\nworker-b slots=8\r\n"
+    assert (HOSTFILES / "c1-d.txt").read_bytes() == b"localhost\n"
+    e_bytes = (HOSTFILES / "c1-e.txt").read_bytes()
+    assert e_bytes.startswith(b"  worker-a\tslots=8  \n\n# spare: worker-c slots=8\n")
+    assert e_bytes.endswith(b"worker-b slots=8   # rack 2\n")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["c1-a.txt", "c1-b.txt", "c1-c.txt", "c1-e.txt"],
+    ids=["plain", "no-final-newline", "crlf", "spaces-tab-blank-comments"],
+)
+def test_case_c1_files_give_two_workers_in_order(name: str) -> None:
+    hosts = read_hostfile(HOSTFILES / name)
+
+    assert hosts == TWO_WORKERS
+    for host in hosts:
+        assert host.name == host.name.strip() and "\r" not in host.name
+        assert type(host.slots) is int
+
+
+def test_case_c1_bare_host_gets_the_documented_default_slots() -> None:
+    assert DEFAULT_SLOTS == 1  # documented in hostfile.py: one process, as Open MPI and MPICH
+    assert read_hostfile(HOSTFILES / "c1-d.txt") == [Host("localhost", DEFAULT_SLOTS)]
+
+
+@pytest.mark.parametrize("name", ["c1-a.txt", "c1-b.txt", "c1-c.txt", "c1-d.txt", "c1-e.txt"])
+def test_writer_output_reads_back_to_the_same_hosts(name: str) -> None:
+    hosts = read_hostfile(HOSTFILES / name)
+
+    text = format_hostfile(hosts)
+
+    assert parse_hostfile(text) == hosts
+    assert text.endswith("\n") and "\r" not in text
+
+
+def test_old_mac_line_ends_are_accepted() -> None:
+    assert parse_hostfile("worker-a slots=8\rworker-b slots=8") == TWO_WORKERS
+
+
+def test_same_host_with_same_slots_is_kept_once() -> None:
+    hosts = parse_hostfile("worker-a slots=8\nworker-b slots=8\nworker-a slots=8\n")
+
+    assert hosts == TWO_WORKERS
+
+
+def test_same_host_with_other_slots_names_both_lines() -> None:
+    text = "worker-a slots=8\n# comment\nworker-b slots=8\nworker-a slots=4\n"
+
+    with pytest.raises(HostfileError) as caught:
+        parse_hostfile(text, source="hosts.txt")
+
+    message = str(caught.value)
+    assert message.startswith("hosts.txt:4:")
+    assert "'worker-a'" in message and "slots=4" in message
+    assert "line 1 gave slots=8" in message
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("worker-a slots=abc", "not a number"),
+        ("worker-a slots=0", "zero slots"),
+        ("worker-a slots=-2", "negative slots"),
+        ("worker-a slots=", "empty slots"),
+        ("worker-a slots 8", "missing '='"),
+        ("worker-a max_slots=8", "unknown field"),
+        ("worker-a slots=8 extra", "trailing word"),
+    ],
+)
+def test_malformed_line_is_refused_with_its_line_number(line: str, why: str) -> None:
+    with pytest.raises(HostfileError) as caught:
+        parse_hostfile(f"worker-b slots=8\n\n{line}\n", source="hosts.txt")
+
+    assert str(caught.value).startswith("hosts.txt:3:"), why
+    assert repr(line) in str(caught.value), why
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "   \t\r\n"])
+def test_file_without_hosts_is_refused(text: str) -> None:
+    with pytest.raises(HostfileError, match="no hosts found"):
+        parse_hostfile(text, source="hosts.txt")
+
+
+def test_read_hostfile_names_the_path_in_errors(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.txt"
+    path.write_bytes(b"worker-a slots=x\n")
+
+    with pytest.raises(HostfileError, match=f"^{path}:1:"):
+        read_hostfile(path)
