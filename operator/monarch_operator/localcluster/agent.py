@@ -64,6 +64,9 @@ class PodProcess:
     name: str
     process: subprocess.Popen[bytes]
     mount_ns: str
+    # Open fd on the namespace: keeps it alive so its inode number cannot be reused by a new
+    # pod's namespace while we may still kill "every process in mount_ns".
+    mount_ns_fd: int
     probe_port: int | None
     pod_ip: str
     reported_ready: str | None = None
@@ -156,9 +159,19 @@ class Agent:
                  "sh", "-c", SANDBOX_SCRIPT, "pod-sandbox", hostname, *mounts, "--", *command],
                 env=env, cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            mount_ns = _wait_new_mount_ns(process.pid)
+            mount_ns_fd = os.open(f"/proc/{process.pid}/ns/mnt", os.O_RDONLY)
+        except (RuntimeError, OSError) as error:
+            log.error("%s/%s did not start: %s", meta["namespace"], meta["name"], error)
+            process.kill()
+            process.wait()
+            self.failed_uids.add(uid)
+            self._annotate(meta["namespace"], meta["name"], {ANNOTATION_EXIT_CODE: "128"})
+            return
         self.running[uid] = PodProcess(
             namespace=meta["namespace"], name=meta["name"], process=process,
-            mount_ns=_wait_new_mount_ns(process.pid), probe_port=_probe_port(container),
+            mount_ns=mount_ns, mount_ns_fd=mount_ns_fd, probe_port=_probe_port(container),
             pod_ip=pod["status"]["podIP"])
         log.info("started %s/%s (pid %d): %s", meta["namespace"], meta["name"], process.pid,
                  " ".join(command))
@@ -234,6 +247,7 @@ class Agent:
                 pod_process.process.poll()
                 time.sleep(0.05)
         pod_process.process.poll()
+        os.close(pod_process.mount_ns_fd)
 
 
 def _probe_port(container: dict[str, Any]) -> int | None:
