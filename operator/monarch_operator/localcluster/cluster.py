@@ -53,6 +53,8 @@ class LocalCluster:
         self.kubeconfig = self.state_dir / "kubeconfig"
         self.logs = self.state_dir / "logs"
         self._record = self.state_dir / "cluster.json"
+        # Popen objects of the components this instance started (kept so that they are reaped).
+        self._processes: dict[int, subprocess.Popen[bytes]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def up(self, progress: Progress = print) -> None:
@@ -108,6 +110,9 @@ class LocalCluster:
         record = json.loads(self._record.read_text())
         for name, pid in reversed(list(record.get("pids", {}).items())):
             _stop_group(pid)
+            process = self._processes.pop(pid, None)
+            if process is not None:
+                process.poll()
             if not quiet:
                 print(f"stopped {name}")
         self._record.unlink(missing_ok=True)
@@ -187,6 +192,7 @@ class LocalCluster:
                                    stdin=subprocess.DEVNULL, start_new_session=True,
                                    cwd=self.state_dir, env=_component_env())
         log.close()
+        self._processes[process.pid] = process
         return process.pid
 
     def _write_kubeconfig(self, apiserver_port: int) -> None:
