@@ -41,8 +41,11 @@ IMAGE_PATHS = {"/usr/local/bin/monarch-worker-entrypoint": REPO_ROOT / "images/w
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Runs inside the new namespaces: set the hostname, bind-mount volumes, exec the command.
+# It waits on the fd in $1 until the agent holds the namespace (a command that exits at once
+# must not take its namespace with it before the agent can track it).
 SANDBOX_SCRIPT = r"""
 set -e
+go_fd="$1"; shift
 hostname "$1"; shift
 while [ "$1" != "--" ]; do
   src="${1%%=*}"; dst="${1#*=}"; shift
@@ -50,6 +53,7 @@ while [ "$1" != "--" ]; do
   mount --bind "$src" "$dst"
 done
 shift
+eval "read -r _ <&$go_fd; exec $go_fd<&-"
 exec "$@"
 """
 
@@ -153,22 +157,28 @@ class Agent:
             mounts.append(f"{source}={mount['mountPath']}")
         hostname = spec.get("hostname") or meta["name"]
         log_path = workdir / f"{container['name']}.log"
+        go_read, go_write = os.pipe()
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(
                 ["unshare", "--mount", "--uts", "--propagation", "private", "--",
-                 "sh", "-c", SANDBOX_SCRIPT, "pod-sandbox", hostname, *mounts, "--", *command],
+                 "sh", "-c", SANDBOX_SCRIPT, "pod-sandbox", str(go_read), hostname, *mounts,
+                 "--", *command],
                 env=env, cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+                stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(go_read,))
+        os.close(go_read)
         try:
             mount_ns = _wait_new_mount_ns(process.pid)
             mount_ns_fd = os.open(f"/proc/{process.pid}/ns/mnt", os.O_RDONLY)
         except (RuntimeError, OSError) as error:
-            log.error("%s/%s did not start: %s", meta["namespace"], meta["name"], error)
-            process.kill()
-            process.wait()
+            os.close(go_write)
+            code = process.wait(timeout=10)
+            log.error("%s/%s sandbox failed (exit %s): %s; see %s", meta["namespace"],
+                      meta["name"], code, error, log_path)
             self.failed_uids.add(uid)
             self._annotate(meta["namespace"], meta["name"], {ANNOTATION_EXIT_CODE: "128"})
             return
+        os.write(go_write, b"go\n")
+        os.close(go_write)
         self.running[uid] = PodProcess(
             namespace=meta["namespace"], name=meta["name"], process=process,
             mount_ns=mount_ns, mount_ns_fd=mount_ns_fd, probe_port=_probe_port(container),
