@@ -26,7 +26,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  log "installing monarch-operator[dev] into .venv (torch CPU+CUDA wheels: a few minutes)"
+  log "installing monarch-operator[dev] into .venv (first time: torch + CUDA wheels, several minutes)"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[dev]'
   touch "$stamp"

@@ -115,20 +115,22 @@ class Agent:
                 for p in self.core.list_pod_for_all_namespaces().items]
         pods = [p for p in pods if p["spec"].get("nodeName")]
         self._write_hosts(pods)
-        live = set()
-        for pod in pods:
-            uid = pod["metadata"]["uid"]
-            if pod["metadata"].get("deletionTimestamp"):
-                continue
-            live.add(uid)
-            status = pod.get("status") or {}
-            annotations = pod["metadata"].get("annotations") or {}
-            if (uid not in self.running and uid not in self.failed_uids
-                    and status.get("phase") == "Running" and status.get("podIP")
-                    and ANNOTATION_EXIT_CODE not in annotations):
-                self._start(pod)
+        live = {pod["metadata"]["uid"] for pod in pods
+                if not pod["metadata"].get("deletionTimestamp")}
+        # Stop departed pods first: kwok hands a freed pod IP to the next pod at once, and a
+        # new sshd must not find the old one (with another job's key) still on that address.
         for uid in [uid for uid in self.running if uid not in live]:
             self._stop(uid)
+        busy_ips = {pod_process.pod_ip for pod_process in self.running.values()}
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            status = pod.get("status") or {}
+            annotations = pod["metadata"].get("annotations") or {}
+            if (uid in live and uid not in self.running and uid not in self.failed_uids
+                    and status.get("phase") == "Running" and status.get("podIP")
+                    and status["podIP"] not in busy_ips
+                    and ANNOTATION_EXIT_CODE not in annotations):
+                self._start(pod)
         for pod_process in list(self.running.values()):
             self._report(pod_process)
 
