@@ -19,7 +19,7 @@ def test_flags_default_from_the_operator_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("MONARCH_TRAINER_HOSTS", "3")
     monkeypatch.setenv("MONARCH_REF_HOSTS", "1")
     monkeypatch.setenv("MONARCH_COLOCATE", "false")
-    monkeypatch.setenv("MONARCH_CLIENT_ADDRESS", "tcp://10.0.0.5:0")
+    monkeypatch.setenv("MONARCH_CLIENT_ADDRESS", "tcp://192.0.2.5:0")
 
     config = config_from_args(build_parser().parse_args([]))
 
@@ -27,7 +27,7 @@ def test_flags_default_from_the_operator_environment(monkeypatch: pytest.MonkeyP
     assert config.ssh.key == "/etc/monarch/ssh/id_ed25519"
     assert config.ssh.port == 2222
     assert (config.trainer_hosts, config.ref_hosts, config.colocate) == (3, 1, False)
-    assert config.client_address == "tcp://10.0.0.5:0"
+    assert config.client_address == "tcp://192.0.2.5:0"
     assert config.python_exe == sys.executable
     assert config.monarch_port == 22222
 

@@ -29,7 +29,7 @@ def test_name_resolving_to_loopback_next_to_remote_hosts_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Field case C3: host-a's own name resolves to 127.0.1.1 (Debian /etc/hosts).
-    table = {"host-a": "127.0.1.1", "host-b": "10.0.0.2"}
+    table = {"host-a": "127.0.1.1", "host-b": "192.0.2.2"}
     monkeypatch.setattr(network, "resolve_host", lambda name: table[name])
 
     with pytest.raises(NetworkCheckError, match=r"host-a -> 127\.0\.1\.1"):
@@ -96,16 +96,16 @@ def test_all_loopback_workers_use_a_loopback_client() -> None:
 
 
 def test_remote_workers_get_the_hostname_address(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(network, "resolve_host", lambda name: "10.1.2.3")
+    monkeypatch.setattr(network, "resolve_host", lambda name: "192.0.2.13")
 
-    assert client_address(["10.1.2.4"]) == "tcp://10.1.2.3:0"
+    assert client_address(["192.0.2.14"]) == "tcp://192.0.2.13:0"
 
 
 def test_loopback_hostname_falls_back_to_the_route(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(network, "resolve_host", lambda name: "127.0.1.1")
-    monkeypatch.setattr(network, "_routed_source_address", lambda destination: "10.1.2.3")
+    monkeypatch.setattr(network, "_routed_source_address", lambda destination: "192.0.2.13")
 
-    assert client_address(["10.1.2.4"]) == "tcp://10.1.2.3:0"
+    assert client_address(["192.0.2.14"]) == "tcp://192.0.2.13:0"
 
 
 def test_remote_workers_but_only_loopback_here_is_refused(
@@ -115,4 +115,4 @@ def test_remote_workers_but_only_loopback_here_is_refused(
     monkeypatch.setattr(network, "_routed_source_address", lambda destination: "127.0.0.1")
 
     with pytest.raises(NetworkCheckError, match="--client-address"):
-        client_address(["10.1.2.4"])
+        client_address(["192.0.2.14"])

@@ -189,7 +189,7 @@ def test_loopback_mixed_with_remote_hosts_is_refused(loopback: str) -> None:
         ("::1", True),
         ("[::1]", True),
         ("worker-a", False),
-        ("10.0.0.1", False),
+        ("192.0.2.1", False),
         ("127.example.com", False),
     ],
 )
