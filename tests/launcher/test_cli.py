@@ -3,17 +3,24 @@ errors, and the ssh options handed to SSHJob. No ssh, no Monarch."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from monarch_operator.hostfile import Host
 from monarch_operator.launcher.cli import build_parser, config_from_args, main
 from monarch_operator.launcher.ssh import SshSettings, ssh_args
 
 
-def test_flags_default_from_the_operator_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MONARCH_HOSTFILE", "/etc/monarch/hostfile/hostfile")
+def test_flags_default_from_the_operator_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("demo-worker-0.demo-worker.team-a.svc slots=2\n")
+    monkeypatch.setenv("MONARCH_HOSTFILE", str(hostfile))
     monkeypatch.setenv("MONARCH_SSH_KEY", "/etc/monarch/ssh/id_ed25519")
     monkeypatch.setenv("MONARCH_SSH_PORT", "2222")
     monkeypatch.setenv("MONARCH_TRAINER_HOSTS", "3")
@@ -23,13 +30,14 @@ def test_flags_default_from_the_operator_environment(monkeypatch: pytest.MonkeyP
 
     config = config_from_args(build_parser().parse_args([]))
 
-    assert config.hostfile == "/etc/monarch/hostfile/hostfile"
-    assert config.ssh.key == "/etc/monarch/ssh/id_ed25519"
-    assert config.ssh.port == 2222
+    assert config.hosts == [Host("demo-worker-0.demo-worker.team-a.svc", 2)]
+    assert config.source == f"hostfile {hostfile}"
+    assert config.session.ssh.key == "/etc/monarch/ssh/id_ed25519"
+    assert config.session.ssh.port == 2222
     assert (config.trainer_hosts, config.ref_hosts, config.colocate) == (3, 1, False)
-    assert config.client_address == "tcp://192.0.2.5:0"
-    assert config.python_exe == sys.executable
-    assert config.monarch_port == 22222
+    assert config.session.client_address == "tcp://192.0.2.5:0"
+    assert config.session.python_exe == sys.executable
+    assert config.session.monarch_port == 22222
 
 
 def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,11 +81,70 @@ def test_missing_hostfile_is_a_usage_error(
 ) -> None:
     monkeypatch.delenv("MONARCH_HOSTFILE", raising=False)
 
-    with pytest.raises(SystemExit) as caught:
-        main([])
+    assert main([]) == 2
 
-    assert caught.value.code == 2
-    assert "--hostfile is required (or set MONARCH_HOSTFILE)" in capsys.readouterr().err
+    assert "give exactly one host source of --hostfile, --hosts, --slurm; got none" in (
+        capsys.readouterr().err
+    )
+
+
+def test_hosts_flag_wins_over_the_operator_hostfile(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MONARCH_HOSTFILE", "/nonexistent")
+
+    config = config_from_args(
+        build_parser().parse_args(["--hosts", "a,b", "--slots-per-host", "4"])
+    )
+
+    assert config.hosts == [Host("a", 4), Host("b", 4)]
+
+
+def test_env_flags_reach_the_worker_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    environ = {"PATH": "/opt/bin", "NCCL_DEBUG": "INFO", "SECRET": "x", "WANDB_KEY": "k"}
+
+    config = config_from_args(
+        build_parser().parse_args(["--hosts", "a", "--env", "FOO=1", "--env", "WANDB_KEY"]),
+        environ,
+    )
+
+    assert config.session.environment == {
+        "FOO": "1",
+        "NCCL_DEBUG": "INFO",
+        "PATH": "/opt/bin",
+        "WANDB_KEY": "k",
+    }
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--env", "1X=2"], "--env '1X=2': '1X' is not a variable name"),
+        (["--env", "UNSET_HERE"], "--env UNSET_HERE: not set in the launcher's environment"),
+        (["--steps", "0"], "--steps must be at least 1, got 0"),
+        (["--hostfile", "h", "--hosts", "a"], "give exactly one host source"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--hosts", "a", *flags] if "--hosts" not in flags else flags) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_plan_as_json_and_connects_to_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Documentation addresses (RFC 5737): nothing is dialed in a dry run.
+    code = main(
+        ["--hosts", "192.0.2.1,192.0.2.2", "--slots-per-host", "4", "--colocate", "--dry-run",
+         "--json"]
+    )
+
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0
+    assert [record["event"] for record in records] == ["plan", "result"]
+    roles = {role["role"]: role for role in records[0]["plan"]["roles"]}
+    assert (roles["trainer"]["gpus"], roles["ref"]["gpus"]) == ([0, 1], [2, 3])
+    assert records[1]["status"] == "succeeded" and records[1]["dry_run"] is True
 
 
 def test_unreadable_hostfile_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,123 +10,16 @@ gradient averaging over equal shards must equal the full-batch step.
 from __future__ import annotations
 
 import math
-import os
-import re
-import signal
 import subprocess
-import sys
-import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.launcher.conftest import SshCluster
+from monarch_operator.testing.loopback_sshd import SshCluster
+from tests.launcher.launching import Launch, run_launch
 
 pytestmark = pytest.mark.ssh
-
-LAUNCH_WALL_LIMIT_S = 150
-RANK_LINE = re.compile(
-    r"^(?P<role>trainer|ref) rank (?P<rank>\d+)/(?P<world>\d+) host=(?P<host>\S+) "
-    r"pid=(?P<pid>\d+) ssh=(?P<ssh>\S+)$"
-)
-STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<steps>\d+) loss=(?P<loss>\S+) kl=(?P<kl>\S+)$")
-
-
-@dataclass(frozen=True)
-class Launch:
-    """A finished monarch-launch run: exit status, combined output lines, wall seconds."""
-
-    returncode: int
-    lines: list[str]
-    wall_s: float
-
-    def ranks(self, role: str) -> list[re.Match[str]]:
-        matches = [RANK_LINE.match(line) for line in self.lines]
-        return [m for m in matches if m is not None and m["role"] == role]
-
-    def steps(self) -> list[re.Match[str]]:
-        return [m for m in map(STEP_LINE.match, self.lines) if m is not None]
-
-    def describe(self) -> str:
-        return f"rc={self.returncode} after {self.wall_s:.1f}s, output:\n" + "\n".join(self.lines)
-
-
-def run_launch(
-    tmp_path: Path,
-    cluster: SshCluster,
-    hostfile: str,
-    monarch_port: int,
-    *flags: str,
-    sigterm_after: str | None = None,
-) -> Launch:
-    """Run monarch-launch on ``hostfile`` text against the loopback cluster and wait for it.
-
-    With ``sigterm_after``, send SIGTERM once an output line starts with that text.
-    """
-    executable = Path(sys.executable).parent / "monarch-launch"
-    assert executable.exists(), f"{executable} missing: pip install -e '.[dev]'"
-    (tmp_path / "hostfile").write_text(hostfile)
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MONARCH_")}
-    env["MONARCH_CLIENT_ADDRESS"] = "tcp://127.0.0.1:0"
-    # Detect a dead proc in about 0.5 s instead of Monarch's default of several seconds.
-    env["HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"] = "500ms"
-    command = [
-        str(executable),
-        "--hostfile",
-        str(tmp_path / "hostfile"),
-        "--ssh-key",
-        str(cluster.key),
-        "--ssh-port",
-        str(cluster.port),
-        "--ssh-user",
-        "root",
-        "--monarch-port",
-        str(monarch_port),
-        "--attach-timeout",
-        "10",
-        "--call-timeout",
-        "90",
-        *flags,
-    ]
-    output_path = tmp_path / "launch.log"
-    started = time.monotonic()
-    with output_path.open("wb") as output:
-        process = subprocess.Popen(
-            command,
-            cwd=tmp_path,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            if sigterm_after is not None:
-                _wait_for_line(output_path, sigterm_after, process, started)
-                process.send_signal(signal.SIGTERM)
-            process.wait(timeout=LAUNCH_WALL_LIMIT_S - (time.monotonic() - started))
-        except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGTERM)  # the launcher tears down on SIGTERM
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-    wall_s = time.monotonic() - started
-    lines = output_path.read_text(errors="replace").splitlines()
-    return Launch(process.returncode, [line.rstrip("\r") for line in lines], wall_s)
-
-
-def _wait_for_line(
-    path: Path, prefix: str, process: subprocess.Popen[bytes], started: float
-) -> None:
-    while time.monotonic() - started < LAUNCH_WALL_LIMIT_S and process.poll() is None:
-        if any(line.startswith(prefix) for line in path.read_text(errors="replace").splitlines()):
-            return
-        time.sleep(0.1)
-    raise subprocess.TimeoutExpired(str(process.args), LAUNCH_WALL_LIMIT_S)
-
 
 def expected_steps(steps: int) -> list[tuple[float, float]]:
     """(loss, KL) per step of the built-in workload, computed on one process, full batch."""
@@ -186,7 +79,7 @@ def test_trainer_on_two_hosts_and_ref_on_a_third(
     assert_trained(launch, steps=3)
 
 
-def test_colocated_roles_share_hosts_in_one_mesh(
+def test_colocated_roles_share_hosts_with_disjoint_gpus_and_one_worker_per_host(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
     a, b, _ = ssh_cluster.hosts
@@ -194,21 +87,37 @@ def test_colocated_roles_share_hosts_in_one_mesh(
     launch = run_launch(
         tmp_path,
         ssh_cluster,
-        f"{a} slots=1\n{b} slots=1\n",
+        f"{a} slots=3\n{b} slots=3\n",
         monarch_port,
         "--colocate",
+        "--trainer-gpus",
+        "1",
+        "--ref-gpus",
+        "2",
         "--steps",
         "2",
     )
 
     assert launch.returncode == 0, launch.describe()
-    assert "mesh workers: hosts=127.0.0.2,127.0.0.3 procs/host=1" in launch.lines
-    for role in ("trainer", "ref"):
-        ranks = launch.ranks(role)
-        assert sorted((m["rank"], m["world"], m["ssh"]) for m in ranks) == [
-            ("0", "2", a),
-            ("1", "2", b),
-        ], launch.describe()
+    assert "mesh workers: hosts=127.0.0.2,127.0.0.3 procs/host=3" in launch.lines
+    trainer, ref = launch.ranks("trainer"), launch.ranks("ref")
+    assert sorted((m["rank"], m["world"], m["ssh"]) for m in trainer) == [
+        ("0", "2", a),
+        ("1", "2", b),
+    ], launch.describe()
+    assert sorted((m["rank"], m["world"], m["ssh"]) for m in ref) == [
+        ("0", "4", a),
+        ("1", "4", a),
+        ("2", "4", b),
+        ("3", "4", b),
+    ], launch.describe()
+    # Disjoint GPU sets per role, the same on every host.
+    assert {m["gpus"] for m in trainer} == {"0"}
+    assert {m["gpus"] for m in ref} == {"1,2"}
+    # One Monarch worker per host: every proc on a host, of either role, descends from it.
+    workers = {host: {m["worker"] for m in trainer + ref if m["ssh"] == host} for host in (a, b)}
+    assert all(len(pids) == 1 and "-1" not in pids for pids in workers.values()), workers
+    assert workers[a] != workers[b]
     assert_trained(launch, steps=2)
 
 
@@ -270,7 +179,8 @@ def test_host_without_sshd_fails_fast_naming_it(
     assert launch.wall_s < 10, launch.describe()
     failure = launch.lines[-1]
     assert failure.startswith("monarch-launch: failed:"), launch.describe()
-    assert "127.0.0.9" in failure and "Connection refused" in failure
+    assert "127.0.0.9" in failure and "SSHUnreachable" in failure, launch.describe()
+    assert "Connection refused" in failure
     assert a not in failure, "only the bad host is named"
 
 
@@ -287,7 +197,8 @@ def test_refused_key_fails_fast_naming_every_host(
     assert launch.returncode == 1, launch.describe()
     assert launch.wall_s < 10, launch.describe()
     failure = launch.lines[-1]
-    assert "preflight failed" in failure and "Permission denied" in failure, launch.describe()
+    assert "pre-flight failed on 2 of 2 hosts" in failure, launch.describe()
+    assert failure.count("SSHAuthFailed") == 2 and "Permission denied" in failure
     assert a in failure and b in failure
 
 
@@ -307,7 +218,9 @@ def test_missing_worker_python_fails_fast_naming_the_path(
 
     assert launch.returncode == 1, launch.describe()
     assert launch.wall_s < 10, launch.describe()
-    assert "/nonexistent/bin/python exited 127" in launch.lines[-1], launch.describe()
+    failure = launch.lines[-1]
+    assert "PythonNotFound: /nonexistent/bin/python" in failure, launch.describe()
+    assert a in failure and b in failure
 
 
 def test_impossible_plan_is_refused_before_any_ssh(

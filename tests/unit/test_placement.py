@@ -5,6 +5,8 @@ Pure: no Monarch, no sockets. Rules are documented in monarch_operator/launcher/
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -18,6 +20,7 @@ from monarch_operator.launcher.placement import (
     format_plan,
     is_loopback_name,
     plan_placement,
+    plan_to_dict,
 )
 
 
@@ -56,14 +59,15 @@ CASES = [
          unused=("c", "d")),
     Case("separate 1+2, ref takes the next two in file order", hosts("a:1", "b:2", "c:2"), 1, 2,
          False, {TRAINER: (("a",), 1), REF: (("b", "c"), 2)}, trainer_world=1, ref_world=4),
-    Case("colocated defaults: every host, one mesh", hosts("a:2", "b:2"), None, None, True,
-         {COLOCATED_MESH: (("a", "b"), 2)}, trainer_world=4, ref_world=4),
-    Case("colocated on the first host only", hosts("a:8", "b:8"), 1, None, True,
-         {COLOCATED_MESH: (("a",), 8)}, trainer_world=8, ref_world=8, unused=("b",)),
-    Case("colocated with equal explicit counts", hosts("a:1", "b:1", "c:1"), 3, 3, True,
-         {COLOCATED_MESH: (("a", "b", "c"), 1)}, trainer_world=3, ref_world=3),
+    Case("colocated defaults: every host, one mesh, GPUs split 1+1", hosts("a:2", "b:2"), None,
+         None, True, {COLOCATED_MESH: (("a", "b"), 2)}, trainer_world=2, ref_world=2),
+    Case("colocated on the first host only, 4+4 of 8", hosts("a:8", "b:8"), 1, None, True,
+         {COLOCATED_MESH: (("a",), 8)}, trainer_world=4, ref_world=4, unused=("b",)),
+    Case("colocated with equal explicit counts, odd slots: trainer gets the larger half",
+         hosts("a:3", "b:3", "c:3"), 3, 3, True,
+         {COLOCATED_MESH: (("a", "b", "c"), 3)}, trainer_world=6, ref_world=3),
     Case("single loopback host colocated", hosts("localhost:2"), None, None, True,
-         {COLOCATED_MESH: (("localhost",), 2)}, trainer_world=2, ref_world=2),
+         {COLOCATED_MESH: (("localhost",), 2)}, trainer_world=1, ref_world=1),
     Case("all-loopback hosts are fine (local testing)", hosts("127.0.0.2:2", "127.0.0.3:1"),
          1, 1, False, {TRAINER: (("127.0.0.2",), 2), REF: (("127.0.0.3",), 1)},
          trainer_world=2, ref_world=1),
@@ -204,7 +208,80 @@ def test_format_plan_lists_meshes_roles_and_unused_hosts() -> None:
         "plan: separate roles",
         "mesh trainer: hosts=a,b procs/host=2",
         "mesh ref: hosts=c procs/host=1",
-        "role trainer: mesh=trainer hosts=2 procs/host=2 world=4",
-        "role ref: mesh=ref hosts=1 procs/host=1 world=1",
+        "role trainer: mesh=trainer hosts=2 procs/host=2 world=4 CUDA_VISIBLE_DEVICES=0,1",
+        "role ref: mesh=ref hosts=1 procs/host=1 world=1 CUDA_VISIBLE_DEVICES=0",
         "unused hosts: d",
     ]
+
+
+@pytest.mark.parametrize(
+    ("slots", "trainer_gpus", "ref_gpus", "trainer_devices", "ref_devices"),
+    [
+        (2, None, None, (0,), (1,)),
+        (8, None, None, (0, 1, 2, 3), (4, 5, 6, 7)),
+        (3, None, None, (0, 1), (2,)),
+        (8, 6, None, (0, 1, 2, 3, 4, 5), (6, 7)),
+        (8, None, 1, (0, 1, 2, 3, 4, 5, 6), (7,)),
+        (8, 2, 3, (0, 1), (2, 3, 4)),
+    ],
+)
+def test_colocated_roles_get_disjoint_gpu_sets(
+    slots: int,
+    trainer_gpus: int | None,
+    ref_gpus: int | None,
+    trainer_devices: tuple[int, ...],
+    ref_devices: tuple[int, ...],
+) -> None:
+    plan = plan_placement(
+        hosts(f"a:{slots}", f"b:{slots}"),
+        colocate=True,
+        trainer_gpus=trainer_gpus,
+        ref_gpus=ref_gpus,
+    )
+
+    assert (plan.trainer.gpus, plan.ref.gpus) == (trainer_devices, ref_devices)
+    assert not set(plan.trainer.gpus) & set(plan.ref.gpus)
+    assert plan.trainer.procs_per_host == len(trainer_devices)
+    assert plan.ref.cuda_visible_devices == ",".join(map(str, ref_devices))
+    assert len(plan.meshes) == 1, "one host mesh: one Monarch worker per host"
+
+
+@pytest.mark.parametrize(
+    ("slots", "trainer_gpus", "ref_gpus", "message"),
+    [
+        (1, None, None, "1 trainer + 0 ref GPUs per host do not fit 1 slots"),
+        (4, 3, 2, "3 trainer + 2 ref GPUs per host do not fit 4 slots"),
+        (4, 4, None, "4 trainer + 0 ref GPUs per host do not fit 4 slots"),
+        (4, 0, None, "0 trainer + 4 ref GPUs"),
+    ],
+)
+def test_colocated_gpu_split_that_does_not_fit_is_refused(
+    slots: int, trainer_gpus: int | None, ref_gpus: int | None, message: str
+) -> None:
+    with pytest.raises(PlacementError, match=re.escape(message)):
+        plan_placement(
+            hosts(f"a:{slots}"), colocate=True, trainer_gpus=trainer_gpus, ref_gpus=ref_gpus
+        )
+
+
+def test_gpu_split_without_colocation_is_refused() -> None:
+    with pytest.raises(PlacementError, match="without --colocate"):
+        plan_placement(hosts("a:2", "b:2"), 1, 1, trainer_gpus=1)
+
+
+def test_plan_as_json_data() -> None:
+    plan = plan_placement(hosts("a:4", "b:4", "c:4"), 2, colocate=True, trainer_gpus=3)
+
+    data = plan_to_dict(plan)
+
+    assert json.loads(json.dumps(data)) == {
+        "colocated": True,
+        "meshes": [{"name": COLOCATED_MESH, "hosts": ["a", "b"], "slots_per_host": 4}],
+        "roles": [
+            {"role": TRAINER, "mesh": COLOCATED_MESH, "hosts": 2, "procs_per_host": 3,
+             "world_size": 6, "gpus": [0, 1, 2], "cuda_visible_devices": "0,1,2"},
+            {"role": REF, "mesh": COLOCATED_MESH, "hosts": 2, "procs_per_host": 1,
+             "world_size": 2, "gpus": [3], "cuda_visible_devices": "3"},
+        ],
+        "unused_hosts": ["c"],
+    }

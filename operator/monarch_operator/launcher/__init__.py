@@ -5,3 +5,16 @@ Kept import-light on purpose: the ssh preflight checks every worker host with
 are imported only by ``runner`` (lazily) and ``workload``. Nothing here imports the operator's
 controller, kopf or a Kubernetes client.
 """
+
+from typing import Any
+
+__all__ = ["SpmdLauncher", "SpmdRunError", "spmd_launcher"]
+
+
+def __getattr__(name: str) -> Any:
+    # The in-code SPMD API, imported on first use so that the package itself stays light.
+    if name in __all__:
+        from monarch_operator.launcher import spmd
+
+        return getattr(spmd, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

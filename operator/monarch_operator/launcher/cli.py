@@ -1,7 +1,13 @@
 """``monarch-launch``: command line for the standalone launcher.
 
-Every flag that the operator sets on its launcher pod defaults from the environment variable
-named in :mod:`monarch_operator.constants`, so the pod runs ``monarch-launch`` with no arguments.
+Two modes:
+
+- role mode (``monarch-launch [flags]``): the trainer and reference-model meshes of the built-in
+  example workload, placed on the hosts by :mod:`.placement`. Every flag the operator sets on its
+  launcher pod defaults from the environment variable named in :mod:`monarch_operator.constants`,
+  so the pod runs ``monarch-launch`` with no arguments.
+- SPMD mode (``monarch-launch spmd [torchrun flags] script.py args``, also ``monarch-torchrun``):
+  see :mod:`.spmd_cli`.
 """
 
 from __future__ import annotations
@@ -11,11 +17,16 @@ import getpass
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
 
 from monarch_operator import constants
-from monarch_operator.launcher.runner import LaunchConfig, Terminated, launch
+from monarch_operator.hostfile import Host
+from monarch_operator.launcher.environment import EnvSpecError, parse_env_items, worker_environment
+from monarch_operator.launcher.hostsources import HostSourceError, resolve_host_source
+from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.runner import ROLE_MODULES, LaunchConfig, launch
+from monarch_operator.launcher.session import SessionConfig, Terminated
 from monarch_operator.launcher.ssh import SshSettings
 
 _EXAMPLES = """\
@@ -24,15 +35,29 @@ examples:
   monarch-launch --hostfile hosts.txt --ssh-key ~/.ssh/id_ed25519 --ssh-port 2222 \\
       --trainer-hosts 2 --ref-hosts 1
 
-  # both roles on the same 4 hosts (one host mesh, two proc meshes)
-  monarch-launch --hostfile hosts.txt --colocate --trainer-hosts 4
+  # both roles on the same 4 hosts, one worker per host: trainer on GPUs 0-5, ref on 6-7
+  monarch-launch --hostfile hosts.txt --colocate --trainer-gpus 6 --ref-gpus 2
+
+  # inside a Slurm allocation (hosts from SLURM_JOB_NODELIST, GPUs from SLURM_GPUS_ON_NODE)
+  monarch-launch --slurm --env NCCL_DEBUG=INFO
+
+  # show the placement plan as JSON without connecting to anything
+  monarch-launch --hosts node1,node2,node3 --slots-per-host 8 --dry-run --json
+
+  # torchrun-style SPMD: run train.py on 2 ranks per host of the hostfile
+  monarch-launch spmd --hostfile hosts.txt --nproc-per-node 2 train.py --lr 0.1
 
   # inside a MonarchJob launcher pod: everything comes from MONARCH_* variables
   monarch-launch
 
-hostfile format: one '<host> slots=<n>' per line; '#' comments and blank lines are ignored.
-exit status: 0 success; 2 bad flags, hostfile or placement; N a worker exited with code N;
-128+S a worker was killed by signal S; 1 any other failure.
+hostfile format: one '<host> slots=<n>' per line ('slots' = GPUs, default 1); '#' comments and
+blank lines are ignored.
+environment: workers get PATH, LD_LIBRARY_PATH, PYTHONPATH, VIRTUAL_ENV, OMP_NUM_THREADS and
+NCCL_*, CUDA_* (not CUDA_VISIBLE_DEVICES), HF_*, TORCH_*, GLOO_*, HYPERACTOR_* from this
+environment, plus every --env.
+exit status: 0 success; 2 bad flags, hosts or placement, nothing started; N the first failing
+worker exited with code N; 128+S it was killed by signal S (or the launcher was); 1 any other
+failure (a host failing pre-flight, attach timeout, an exception in an actor).
 """
 
 
@@ -56,36 +81,55 @@ def _env_bool(name: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Return the argument parser; defaults are read from the environment when it is built."""
+    """Return the role-mode parser; defaults are read from the environment when it is built."""
     parser = argparse.ArgumentParser(
         prog="monarch-launch",
-        description="Start Monarch workers over ssh on the hosts of a hostfile and run a trainer\n"
-        "mesh plus a reference-model mesh (built-in example workload).",
+        description="Start Monarch workers over ssh, one per host, and run a trainer mesh plus a\n"
+        "reference-model mesh (built-in example workload). 'monarch-launch spmd --help' for the\n"
+        "torchrun-compatible mode.",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_placement_flags(parser.add_argument_group("hosts and placement"))
-    _add_ssh_flags(parser.add_argument_group("ssh"))
-    _add_monarch_flags(parser.add_argument_group("monarch"))
+    add_host_source_flags(parser.add_argument_group("hosts (exactly one source)"))
+    _add_placement_flags(parser.add_argument_group("placement"))
+    add_session_flags(parser)
+    add_output_flags(parser.add_argument_group("output"))
     _add_workload_flags(parser.add_argument_group("workload"))
     return parser
 
 
-def _add_placement_flags(hosts: argparse._ArgumentGroup) -> None:
+def add_host_source_flags(hosts: argparse._ArgumentGroup) -> None:
+    """Add ``--hostfile``, ``--hosts``, ``--slurm`` and ``--slots-per-host``."""
     hosts.add_argument(
         "--hostfile",
-        default=os.environ.get(constants.ENV_HOSTFILE),
-        help=f"hostfile path (env {constants.ENV_HOSTFILE}); required",
+        help=f"'<host> slots=<n>' file (env {constants.ENV_HOSTFILE}, used when no other "
+        "source is given)",
+    )
+    hosts.add_argument("--hosts", metavar="A,B,C", help="comma-separated host names")
+    hosts.add_argument(
+        "--slurm",
+        action="store_true",
+        help="the current Slurm allocation (SLURM_JOB_NODELIST; GPUs per node from "
+        "SLURM_GPUS_ON_NODE / SLURM_GPUS_PER_NODE / SLURM_JOB_GPUS)",
     )
     hosts.add_argument(
+        "--slots-per-host",
+        type=int,
+        metavar="N",
+        help="slots (GPUs) of every host for --hosts (default 1) and --slurm (default: Slurm's)",
+    )
+
+
+def _add_placement_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--trainer-hosts",
         type=int,
         default=_env_int(constants.ENV_TRAINER_HOSTS),
         metavar="N",
-        help="hosts for the trainer, taken first in hostfile order "
+        help="hosts for the trainer, taken first in host order "
         f"(env {constants.ENV_TRAINER_HOSTS}; default: all hosts not given to ref)",
     )
-    hosts.add_argument(
+    group.add_argument(
         "--ref-hosts",
         type=int,
         default=_env_int(constants.ENV_REF_HOSTS),
@@ -93,15 +137,30 @@ def _add_placement_flags(hosts: argparse._ArgumentGroup) -> None:
         help="hosts for the reference model, the next M "
         f"(env {constants.ENV_REF_HOSTS}; default 1, or N with --colocate)",
     )
-    hosts.add_argument(
+    group.add_argument(
         "--colocate",
         action=argparse.BooleanOptionalAction,
         default=_env_bool(constants.ENV_COLOCATE),
-        help=f"run both roles on the same hosts (env {constants.ENV_COLOCATE})",
+        help=f"run both roles on the same hosts, one worker per host, disjoint GPUs "
+        f"(env {constants.ENV_COLOCATE})",
+    )
+    group.add_argument(
+        "--trainer-gpus",
+        type=int,
+        metavar="G",
+        help="with --colocate: GPUs per host for the trainer (default: the larger half)",
+    )
+    group.add_argument(
+        "--ref-gpus",
+        type=int,
+        metavar="G",
+        help="with --colocate: GPUs per host for the reference model (default: the rest)",
     )
 
 
-def _add_ssh_flags(ssh: argparse._ArgumentGroup) -> None:
+def add_session_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the ssh, worker and environment flags shared by both modes."""
+    ssh = parser.add_argument_group("ssh")
     ssh.add_argument(
         "--ssh-key",
         default=os.environ.get(constants.ENV_SSH_KEY) or None,
@@ -118,9 +177,21 @@ def _add_ssh_flags(ssh: argparse._ArgumentGroup) -> None:
         default=getpass.getuser(),
         help="login user on every host (default: the current user)",
     )
-
-
-def _add_monarch_flags(monarch: argparse._ArgumentGroup) -> None:
+    ssh.add_argument(
+        "--host-wait",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="retry hosts whose name does not resolve or whose sshd does not answer yet for "
+        "this long (default %(default)s)",
+    )
+    ssh.add_argument(
+        "--no-clean-stale",
+        dest="clean_stale",
+        action="store_false",
+        help="do not stop Monarch workers of an earlier run that still hold the worker port",
+    )
+    monarch = parser.add_argument_group("monarch")
     monarch.add_argument(
         "--monarch-port",
         type=int,
@@ -148,16 +219,39 @@ def _add_monarch_flags(monarch: argparse._ArgumentGroup) -> None:
         help="limit for workers to start and attach (default %(default)s)",
     )
     monarch.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE]",
+        help="set KEY for every worker (repeatable); without =VALUE, copy it from here",
+    )
+
+
+def add_output_flags(group: argparse._ArgumentGroup) -> None:
+    """Add ``--json``, ``--quiet`` and ``--dry-run``."""
+    group.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line on stdout (plan, progress, results); worker output goes "
+        "to stderr",
+    )
+    group.add_argument(
+        "--quiet", action="store_true", help="print only results, worker output and failures"
+    )
+    group.add_argument(
+        "--dry-run", action="store_true", help="print the plan and exit; connect to nothing"
+    )
+
+
+def _add_workload_flags(work: argparse._ArgumentGroup) -> None:
+    work.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    work.add_argument(
         "--call-timeout",
         type=float,
         default=120.0,
         metavar="SECONDS",
         help="limit for each call into the meshes (default %(default)s)",
     )
-
-
-def _add_workload_flags(work: argparse._ArgumentGroup) -> None:
-    work.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
     work.add_argument(
         "--fail-at-step",
         type=int,
@@ -174,43 +268,109 @@ def _add_workload_flags(work: argparse._ArgumentGroup) -> None:
     )
 
 
-def config_from_args(args: argparse.Namespace) -> LaunchConfig:
-    """Turn parsed arguments into a :class:`LaunchConfig`."""
-    return LaunchConfig(
-        hostfile=args.hostfile,
+class UsageError(ValueError):
+    """Flags that cannot be run as given; the message names the flag and the rule."""
+
+
+def resolve_hosts(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[list[Host], str]:
+    """Return ``(hosts, source description)`` from the host-source flags.
+
+    The operator's ``MONARCH_HOSTFILE`` is used only when no source flag is given.
+
+    Raises:
+        UsageError: no source, several sources, or a source that cannot be read.
+    """
+    hostfile = args.hostfile
+    if hostfile is None and args.hosts is None and not args.slurm:
+        hostfile = environ.get(constants.ENV_HOSTFILE) or None
+    try:
+        return resolve_host_source(hostfile, args.hosts, args.slurm, args.slots_per_host, environ)
+    except HostSourceError as error:
+        raise UsageError(str(error)) from None
+
+
+def session_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str], modules: tuple[str, ...]
+) -> SessionConfig:
+    """Build the :class:`SessionConfig` from the shared flags.
+
+    Raises:
+        UsageError: a malformed ``--env`` item.
+    """
+    try:
+        extra = parse_env_items(args.env, environ)
+    except EnvSpecError as error:
+        raise UsageError(str(error)) from None
+    return SessionConfig(
         ssh=SshSettings(port=args.ssh_port, user=args.ssh_user, key=args.ssh_key),
         python_exe=args.python_exe,
+        monarch_port=args.monarch_port,
+        environment=worker_environment(environ, extra),
+        client_address=args.client_address,
+        attach_timeout_s=args.attach_timeout,
+        host_wait_s=args.host_wait,
+        clean_stale=args.clean_stale,
+        modules=modules,
+    )
+
+
+def config_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> LaunchConfig:
+    """Turn parsed role-mode arguments into a :class:`LaunchConfig`.
+
+    Raises:
+        UsageError: bad host source, ``--env`` item or ``--steps``.
+    """
+    environ = os.environ if environ is None else environ
+    if args.steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    hosts, source = resolve_hosts(args, environ)
+    return LaunchConfig(
+        hosts=hosts,
+        source=source,
+        session=session_from_args(args, environ, ROLE_MODULES),
         trainer_hosts=args.trainer_hosts,
         ref_hosts=args.ref_hosts,
         colocate=args.colocate,
-        monarch_port=args.monarch_port,
-        client_address=args.client_address,
+        trainer_gpus=args.trainer_gpus,
+        ref_gpus=args.ref_gpus,
         steps=args.steps,
-        attach_timeout_s=args.attach_timeout,
         call_timeout_s=args.call_timeout,
         fail_at_step=args.fail_at_step,
         fail_exit_code=args.fail_exit_code,
+        dry_run=args.dry_run,
     )
 
 
 def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
-    # Raise instead of dying so that the teardown in runner's `finally` stops the remote workers
-    # (a pod being deleted, or a test's wall timeout, sends SIGTERM). Further SIGTERMs are
-    # ignored so that they cannot cut the teardown short; SIGKILL remains the hard stop.
+    # Raise instead of dying so that the teardown in the session's `finally` stops the remote
+    # workers (a pod being deleted, or a test's wall timeout, sends SIGTERM). Further SIGTERMs
+    # are ignored so that they cannot cut the teardown short; SIGKILL remains the hard stop.
     signal.signal(signum, signal.SIG_IGN)
     raise Terminated(signum)
 
 
+def install_sigterm_handler() -> None:
+    """Turn SIGTERM into :class:`.session.Terminated` so that teardown runs."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``monarch-launch``; returns the exit status (see ``--help``)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.hostfile:
-        parser.error(f"--hostfile is required (or set {constants.ENV_HOSTFILE})")
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
-    signal.signal(signal.SIGTERM, _raise_terminated)
-    return launch(config_from_args(args))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["spmd"]:
+        from monarch_operator.launcher.spmd_cli import main as spmd_main
+
+        return spmd_main(argv[1:], prog="monarch-launch spmd")
+    args = build_parser().parse_args(argv)
+    reporter = Reporter(json_mode=args.json, quiet=args.quiet)
+    try:
+        config = config_from_args(args)
+    except UsageError as error:
+        return reporter.result(2, str(error))
+    install_sigterm_handler()
+    return launch(config, reporter)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ def resolve_hosts(names: Iterable[str]) -> dict[str, str]:
     return addresses
 
 
-def _probe_sshd(address: str, port: int, timeout_s: float) -> str | None:
+def probe_sshd(address: str, port: int, timeout_s: float) -> str | None:
     """Return None if an SSH server answers on ``address:port``, else the reason it does not."""
     try:
         connection = socket.create_connection((address, port), timeout=timeout_s)
@@ -99,7 +99,7 @@ def check_ssh_reachable(addresses: dict[str, str], port: int, timeout_s: float =
     """
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(addresses)))) as pool:
         futures = {
-            name: pool.submit(_probe_sshd, address, port, timeout_s)
+            name: pool.submit(probe_sshd, address, port, timeout_s)
             for name, address in addresses.items()
         }
         failures = {name: future.result() for name, future in futures.items()}

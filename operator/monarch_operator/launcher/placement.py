@@ -7,9 +7,12 @@ Rules:
 - Separate roles: the trainer takes the first ``trainer_hosts`` hosts in hostfile order, the
   reference model the next ``ref_hosts``; any further hosts stay unused.
 - Colocated roles: both roles run on the same first ``trainer_hosts`` hosts, which form ONE host
-  mesh that gets two ``spawn_procs`` calls. A host is never listed in two meshes, because Monarch's
-  SSHJob would start two workers on the same port for it, and the second one dies with "Address
-  already in use" while ``job.kill()`` leaks the first ssh (seen with torchmonarch 0.7.0).
+  mesh (one Monarch worker per host) that gets one ``spawn_procs`` call per role. The host's
+  slots (GPUs) are split into disjoint sets: the trainer takes devices ``0..t-1``, the reference
+  model ``t..t+r-1``, and each role's procs see only their set through ``CUDA_VISIBLE_DEVICES``.
+  Default split: the trainer gets the larger half (``ceil(slots / 2)``), ref the rest.
+  A host is never listed in two meshes, because Monarch's SSHJob would start two workers on
+  the same port for it, and the second one dies with "Address already in use" while ``job.kill()`` leaks the first ssh (seen with torchmonarch 0.7.0).
 - Every host of one mesh must have the same slots: ``spawn_procs(per_host=...)`` takes one shape
   for the whole mesh.
 - A hostfile that mixes loopback names (``localhost``, ``127.x``, ``::1``) with other hosts is
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from typing import Any
 
 from monarch_operator.hostfile import Host
 
@@ -38,7 +42,7 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True)
 class MeshPlan:
-    """One Monarch host mesh: its name, its hosts and the procs each host runs per role."""
+    """One Monarch host mesh (one worker per host): its name, hosts, and slots per host."""
 
     name: str
     hosts: tuple[str, ...]
@@ -47,12 +51,27 @@ class MeshPlan:
 
 @dataclass(frozen=True)
 class RolePlan:
-    """Where one role (trainer or ref) runs: the mesh it spawns its procs on."""
+    """Where one role (trainer or ref) runs.
+
+    Attributes:
+        role: the role name.
+        mesh: the host mesh it spawns its procs on.
+        hosts: number of hosts (the mesh's hosts, in order).
+        procs_per_host: ranks per host, one per GPU.
+        gpus: device indices on every host of the role, ``len(gpus) == procs_per_host``; set as
+            ``CUDA_VISIBLE_DEVICES`` in each of the role's procs.
+    """
 
     role: str
     mesh: str
     hosts: int
     procs_per_host: int
+    gpus: tuple[int, ...] = ()
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        """The role's ``CUDA_VISIBLE_DEVICES`` value, e.g. ``"2,3"``."""
+        return ",".join(str(index) for index in self.gpus)
 
     @property
     def world_size(self) -> int:
@@ -97,6 +116,8 @@ def plan_placement(
     trainer_hosts: int | None = None,
     ref_hosts: int | None = None,
     colocate: bool = False,
+    trainer_gpus: int | None = None,
+    ref_gpus: int | None = None,
 ) -> Plan:
     """Assign hostfile hosts to the trainer and ref meshes.
 
@@ -107,18 +128,28 @@ def plan_placement(
         ref_hosts: hosts for the reference model. Default: 1 when separate; when colocated it
             must equal ``trainer_hosts`` (both roles on the same hosts).
         colocate: run both roles on the same hosts, as one host mesh.
+        trainer_gpus: colocated only, GPUs (slots) per host for the trainer; default
+            ``ceil(slots / 2)``, or ``slots - ref_gpus`` when only ``ref_gpus`` is given.
+        ref_gpus: colocated only, GPUs per host for the reference model; default the slots the
+            trainer leaves.
 
     Returns:
         The :class:`Plan`.
 
     Raises:
         PlacementError: counts below 1, more hosts asked for than the hostfile has, colocated
-            roles with different host counts, non-uniform slots within one mesh, or loopback
-            names mixed with other hosts.
+            roles with different host counts, GPU counts that do not fit the slots, GPU counts
+            without colocation, non-uniform slots within one mesh, or loopback names mixed with
+            other hosts.
     """
     _refuse_mixed_loopback(hosts)
     if colocate:
-        return _plan_colocated(hosts, trainer_hosts, ref_hosts)
+        return _plan_colocated(hosts, trainer_hosts, ref_hosts, trainer_gpus, ref_gpus)
+    if trainer_gpus is not None or ref_gpus is not None:
+        raise PlacementError(
+            "--trainer-gpus/--ref-gpus split a host's GPUs between colocated roles; without "
+            "--colocate every role takes all slots of its hosts"
+        )
     return _plan_separate(hosts, trainer_hosts, ref_hosts)
 
 
@@ -138,14 +169,43 @@ def _plan_separate(hosts: list[Host], trainer_hosts: int | None, ref_hosts: int 
     ref_mesh = _mesh(REF, hosts[trainer_count:needed])
     return Plan(
         meshes=(trainer_mesh, ref_mesh),
-        trainer=RolePlan(TRAINER, TRAINER, trainer_count, trainer_mesh.procs_per_host),
-        ref=RolePlan(REF, REF, ref_count, ref_mesh.procs_per_host),
+        trainer=_whole_hosts(TRAINER, trainer_mesh),
+        ref=_whole_hosts(REF, ref_mesh),
         unused_hosts=tuple(host.name for host in hosts[needed:]),
         colocated=False,
     )
 
 
-def _plan_colocated(hosts: list[Host], trainer_hosts: int | None, ref_hosts: int | None) -> Plan:
+def _whole_hosts(role: str, mesh: MeshPlan) -> RolePlan:
+    count = mesh.procs_per_host
+    return RolePlan(role, mesh.name, len(mesh.hosts), count, tuple(range(count)))
+
+
+def _split_gpus(slots: int, trainer_gpus: int | None, ref_gpus: int | None) -> tuple[int, int]:
+    """Return (trainer, ref) GPUs per host for colocated roles on hosts with ``slots`` GPUs."""
+    if trainer_gpus is None and ref_gpus is None:
+        trainer_gpus = (slots + 1) // 2
+    if trainer_gpus is None:
+        assert ref_gpus is not None
+        trainer_gpus = slots - ref_gpus
+    if ref_gpus is None:
+        ref_gpus = slots - trainer_gpus
+    if trainer_gpus < 1 or ref_gpus < 1 or trainer_gpus + ref_gpus > slots:
+        raise PlacementError(
+            f"colocated roles need disjoint GPUs: {trainer_gpus} trainer + {ref_gpus} ref GPUs "
+            f"per host do not fit {slots} slots (each role needs at least 1; a host with 1 slot "
+            "cannot be shared)"
+        )
+    return trainer_gpus, ref_gpus
+
+
+def _plan_colocated(
+    hosts: list[Host],
+    trainer_hosts: int | None,
+    ref_hosts: int | None,
+    trainer_gpus: int | None,
+    ref_gpus: int | None,
+) -> Plan:
     trainer_count = len(hosts) if trainer_hosts is None else trainer_hosts
     ref_count = trainer_count if ref_hosts is None else ref_hosts
     _require_positive(trainer_count, "trainer hosts", hosts)
@@ -160,10 +220,13 @@ def _plan_colocated(hosts: list[Host], trainer_hosts: int | None, ref_hosts: int
             f"has {len(hosts)}"
         )
     mesh = _mesh(COLOCATED_MESH, hosts[:trainer_count])
+    trainer_share, ref_share = _split_gpus(mesh.procs_per_host, trainer_gpus, ref_gpus)
+    trainer_devices = tuple(range(trainer_share))
+    ref_devices = tuple(range(trainer_share, trainer_share + ref_share))
     return Plan(
         meshes=(mesh,),
-        trainer=RolePlan(TRAINER, mesh.name, trainer_count, mesh.procs_per_host),
-        ref=RolePlan(REF, mesh.name, trainer_count, mesh.procs_per_host),
+        trainer=RolePlan(TRAINER, mesh.name, trainer_count, trainer_share, trainer_devices),
+        ref=RolePlan(REF, mesh.name, trainer_count, ref_share, ref_devices),
         unused_hosts=tuple(host.name for host in hosts[trainer_count:]),
         colocated=True,
     )
@@ -208,8 +271,38 @@ def format_plan(plan: Plan) -> list[str]:
     for role in (plan.trainer, plan.ref):
         lines.append(
             f"role {role.role}: mesh={role.mesh} hosts={role.hosts} "
-            f"procs/host={role.procs_per_host} world={role.world_size}"
+            f"procs/host={role.procs_per_host} world={role.world_size} "
+            f"CUDA_VISIBLE_DEVICES={role.cuda_visible_devices}"
         )
     if plan.unused_hosts:
         lines.append(f"unused hosts: {','.join(plan.unused_hosts)}")
     return lines
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """Return the plan as plain JSON-ready data (what ``monarch-launch --json`` prints).
+
+    Shape: ``{"colocated": bool, "meshes": [{"name", "hosts": [..], "slots_per_host"}],
+    "roles": [{"role", "mesh", "hosts", "procs_per_host", "world_size", "gpus": [..],
+    "cuda_visible_devices"}], "unused_hosts": [..]}``.
+    """
+    return {
+        "colocated": plan.colocated,
+        "meshes": [
+            {"name": mesh.name, "hosts": list(mesh.hosts), "slots_per_host": mesh.procs_per_host}
+            for mesh in plan.meshes
+        ],
+        "roles": [
+            {
+                "role": role.role,
+                "mesh": role.mesh,
+                "hosts": role.hosts,
+                "procs_per_host": role.procs_per_host,
+                "world_size": role.world_size,
+                "gpus": list(role.gpus),
+                "cuda_visible_devices": role.cuda_visible_devices,
+            }
+            for role in (plan.trainer, plan.ref)
+        ],
+        "unused_hosts": list(plan.unused_hosts),
+    }

@@ -48,7 +48,9 @@ class RankInfo:
 
     ``ssh_address`` is the server address of the ssh login that started this rank's worker
     (from ``SSH_CONNECTION``, inherited by the procs), or "-" when not started over ssh. It tells
-    hosts apart even when they share a host name, as loopback test hosts do.
+    hosts apart even when they share a host name, as loopback test hosts do. ``worker_pid`` is
+    the proc's parent, the host's Monarch worker: colocated roles share it. ``cuda_visible_devices``
+    is the proc's ``CUDA_VISIBLE_DEVICES`` ("-" when unset).
     """
 
     rank: int
@@ -56,6 +58,8 @@ class RankInfo:
     host: str
     pid: int
     ssh_address: str
+    worker_pid: int
+    cuda_visible_devices: str
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,29 @@ def _whoami() -> RankInfo:
         host=socket.gethostname(),
         pid=os.getpid(),
         ssh_address=_ssh_server_address(),
+        worker_pid=_worker_pid(),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", "-"),
     )
+
+
+def _worker_pid() -> int:
+    """Return the pid of the Monarch worker this proc descends from, or -1 if there is none.
+
+    Walks the parent chain in /proc and picks the first ancestor running
+    ``run_worker_loop_forever`` (the process SSHJob starts on each host).
+    """
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if b"run_worker_loop_forever" in cmdline.read():
+                    return pid
+            with open(f"/proc/{pid}/stat") as stat:
+                # Field 4 is the parent pid; field 2 (the name) may hold spaces, so split after ")".
+                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return -1
+    return -1
 
 
 def _ssh_server_address() -> str:

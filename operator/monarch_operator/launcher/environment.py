@@ -1,0 +1,111 @@
+"""Which environment variables the launcher passes to its workers over ssh.
+
+sshd starts every session with a clean environment (``PATH`` from the server's defaults, none of
+the launcher's variables), so a variable set where ``monarch-launch`` runs, such as
+``NCCL_DEBUG`` or ``HF_HOME``, would not reach the workers. The launcher therefore prefixes the
+remote command with ``env KEY=VALUE ...`` built from:
+
+1. the allow-list below, matched against the launcher's own environment;
+2. ``--env KEY=VALUE`` (set explicitly) and ``--env KEY`` (copied from the launcher's
+   environment even if it is not on the allow-list), applied last.
+
+``CUDA_VISIBLE_DEVICES`` is never copied: GPU sets are per host and per role, chosen by the
+placement plan. ``sshd``'s ``AcceptEnv``/``SendEnv`` is not used because it needs a server-side
+setting that preallocated machines rarely have.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shlex
+from collections.abc import Iterable, Mapping
+
+# Names or fnmatch patterns copied from the launcher's environment to every worker.
+ALLOWED_ENV = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "OMP_NUM_THREADS",
+    "NCCL_*",
+    "CUDA_*",
+    "HF_*",
+    "TORCH_*",
+    "GLOO_*",
+    "HYPERACTOR_*",
+)
+# Chosen per role by the placement plan, never inherited from the launcher's machine.
+NEVER_COPIED = frozenset({"CUDA_VISIBLE_DEVICES"})
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class EnvSpecError(ValueError):
+    """A ``--env`` item is malformed; the message names the item and the rule."""
+
+
+def parse_env_items(items: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """Parse ``--env`` items: ``KEY=VALUE`` sets a value, ``KEY`` copies the launcher's value.
+
+    Args:
+        items: the flag values in command-line order; a later item for the same key wins.
+        environ: the launcher's environment, for bare ``KEY`` items.
+
+    Returns:
+        ``{KEY: VALUE}``.
+
+    Raises:
+        EnvSpecError: a key that is not a shell variable name (``[A-Za-z_][A-Za-z0-9_]*``),
+            or a bare ``KEY`` that is not set in the launcher's environment.
+    """
+    result: dict[str, str] = {}
+    for item in items:
+        key, has_value, value = item.partition("=")
+        if not _NAME.match(key):
+            raise EnvSpecError(
+                f"--env {item!r}: {key!r} is not a variable name (letters, digits and '_', not "
+                "starting with a digit)"
+            )
+        if not has_value:
+            if key not in environ:
+                raise EnvSpecError(
+                    f"--env {key}: not set in the launcher's environment; use --env {key}=VALUE"
+                )
+            value = environ[key]
+        result[key] = value
+    return result
+
+
+def worker_environment(
+    environ: Mapping[str, str], extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Return the variables every worker gets: allow-listed ones from ``environ``, then ``extra``.
+
+    Args:
+        environ: the launcher's environment (``os.environ``).
+        extra: explicit values from ``--env``; they override and may name any variable.
+
+    Returns:
+        ``{KEY: VALUE}`` sorted by key, so the remote command line is stable.
+    """
+    chosen = {
+        key: value
+        for key, value in environ.items()
+        if key not in NEVER_COPIED
+        and any(fnmatch.fnmatchcase(key, pattern) for pattern in ALLOWED_ENV)
+    }
+    chosen.update(extra or {})
+    return dict(sorted(chosen.items()))
+
+
+def env_prefix(variables: Mapping[str, str]) -> str:
+    """Return ``env K1=V1 K2=V2 `` (shell-quoted, trailing space) or ``""`` for no variables.
+
+    ``env`` rather than bare ``K=V`` assignments, so that the prefix also works when the login
+    shell is not POSIX (csh, fish).
+    """
+    if not variables:
+        return ""
+    assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in variables.items())
+    return f"env {assignments} "

@@ -1,0 +1,344 @@
+"""Pre-flight: before SSHJob starts anything, check every host and say exactly what is wrong.
+
+For every host, in parallel:
+
+1. its name resolves to an IPv4 address (``DNSNotResolvable`` otherwise);
+2. the address is not loopback while other hosts are remote (``LoopbackAddress``, field case
+   C3: a worker elsewhere could never reach it);
+3. sshd answers on the port with an SSH banner (``SSHUnreachable``);
+4. ssh logs in with our key (``SSHAuthFailed``) and runs the worker Python
+   (``PythonNotFound``), which imports Monarch and the actor module (``ImportFailed``), stops
+   Monarch workers of an earlier run still bound to this host's worker port, and checks that
+   the port is then free (``PortInUse``, naming the process holding it).
+
+Hosts that are still coming up (``DNSNotResolvable``, ``SSHUnreachable``) are retried with
+backoff until ``wait_s`` has passed; the other reasons are final at once. Monarch itself would
+only report an attach timeout without naming the host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from monarch_operator.launcher.environment import env_prefix
+from monarch_operator.launcher.network import NetworkCheckError, probe_sshd, resolve_host
+from monarch_operator.launcher.ssh import SshSettings, ssh_args
+
+DNS_NOT_RESOLVABLE = "DNSNotResolvable"
+LOOPBACK_ADDRESS = "LoopbackAddress"
+SSH_UNREACHABLE = "SSHUnreachable"
+SSH_AUTH_FAILED = "SSHAuthFailed"
+PYTHON_NOT_FOUND = "PythonNotFound"
+IMPORT_FAILED = "ImportFailed"
+PORT_IN_USE = "PortInUse"
+# A host failing for one of these may still be booting: try it again until the wait is over.
+RETRYABLE = frozenset({DNS_NOT_RESOLVABLE, SSH_UNREACHABLE})
+
+# ssh's own exit status for connection and authentication errors; a shell's for "not found".
+_SSH_ERROR = 255
+_NOT_FOUND = 127
+# Seconds between attempts for hosts still coming up: doubles from the first to the last.
+_FIRST_RETRY_S = 0.5
+_MAX_RETRY_S = 4.0
+
+# Runs on each host with the worker Python. argv: address, port, clean ("1"/"0"), modules...
+# Prints one JSON line. Stale workers are found by their command line, which SSHJob writes as
+# "...run_worker_loop_forever(address='...tcp://<address>:<port>'...".
+_REMOTE_CHECK = r"""
+import importlib.util, json, os, re, signal, socket, sys, time
+address, port, clean, modules = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4:]
+def done(reason=None, detail="", cleaned=()):
+    print(json.dumps({"reason": reason, "detail": detail, "cleaned": list(cleaned)}))
+    sys.exit(0)
+missing = []
+for name in modules:
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except ImportError:
+        found = False
+    if not found:
+        missing.append(name)
+if missing:
+    done("ImportFailed", f"{sys.executable} cannot import {', '.join(missing)}")
+bound = re.compile(r"tcp://" + re.escape(address) + ":" + str(port) + r"(?!\d)")
+def workers():
+    found = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "run_worker_loop_forever" in args and bound.search(args):
+            found[int(pid)] = args
+    return found
+cleaned = []
+if clean:
+    stale = workers()
+    for pid in stale:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            cleaned.append(pid)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 5
+    while workers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in workers():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.2 if cleaned else 0)
+probe = socket.socket()
+probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    probe.bind((address, port))
+except OSError as error:
+    holders = workers()
+    who = ("a Monarch worker of another run (pid %s)" % ", ".join(map(str, holders))
+           if holders else "another process")
+    done("PortInUse", f"port {port} on {address} is in use by {who}: {error.strerror}", cleaned)
+finally:
+    probe.close()
+done(None, "", cleaned)
+"""
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """The outcome of one host's pre-flight.
+
+    Attributes:
+        host: the name as given (hostfile, ``--hosts`` or Slurm).
+        address: the IPv4 address it resolved to, or None.
+        reason: None when the host is ready, else one of the reason constants of this module.
+        detail: a human-readable explanation (ssh's or the OS's own words).
+        cleaned: pids of stale Monarch workers stopped on this host.
+    """
+
+    host: str
+    address: str | None
+    reason: str | None = None
+    detail: str = ""
+    cleaned: tuple[int, ...] = field(default=())
+
+    @property
+    def ready(self) -> bool:
+        """True when every check passed."""
+        return self.reason is None
+
+    def describe(self) -> str:
+        """One line for reports, e.g. ``b (10.0.0.2): SSHAuthFailed: Permission denied``."""
+        where = f"{self.host} ({self.address})" if self.address else self.host
+        return f"{where}: {self.reason}: {self.detail}" if self.reason else f"{where}: ready"
+
+
+class PreflightError(RuntimeError):
+    """One or more hosts failed pre-flight; ``failures`` holds each, in host order."""
+
+    def __init__(self, failures: Sequence[HostCheck], total: int, waited_s: float) -> None:
+        self.failures = list(failures)
+        listing = "; ".join(check.describe() for check in self.failures)
+        super().__init__(
+            f"pre-flight failed on {len(self.failures)} of {total} hosts after "
+            f"{waited_s:.1f}s: {listing}"
+        )
+
+
+@dataclass(frozen=True)
+class PreflightSettings:
+    """What the remote check needs besides the host list.
+
+    Attributes:
+        ssh: login settings.
+        python_exe: worker interpreter, the same path on every host.
+        monarch_port: the worker port that must be free on every host.
+        environment: variables the workers will get (prefix of the remote command).
+        modules: modules the worker Python must be able to import.
+        clean_stale: stop Monarch workers of an earlier run bound to the worker port.
+        ssh_timeout_s: wall limit of one ssh check, seconds.
+        tcp_timeout_s: connect and banner limit of the sshd probe, seconds.
+    """
+
+    ssh: SshSettings
+    python_exe: str
+    monarch_port: int
+    environment: Mapping[str, str] = field(default_factory=dict)
+    modules: tuple[str, ...] = ("monarch",)
+    clean_stale: bool = True
+    ssh_timeout_s: float = 20.0
+    tcp_timeout_s: float = 3.0
+
+
+def _is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def _ssh_failure_reason(stderr: str) -> str:
+    lowered = stderr.lower()
+    if "could not resolve hostname" in lowered:
+        return DNS_NOT_RESOLVABLE
+    if "permission denied" in lowered or "too many authentication failures" in lowered:
+        return SSH_AUTH_FAILED
+    return SSH_UNREACHABLE
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def check_login(host: str, address: str, settings: PreflightSettings) -> HostCheck:
+    """Log in to ``address`` over ssh and run the remote check (steps 4 of the module doc).
+
+    Returns:
+        The :class:`HostCheck`; never raises for a failing host.
+    """
+    script_args = [
+        address,
+        str(settings.monarch_port),
+        "1" if settings.clean_stale else "0",
+        *settings.modules,
+    ]
+    command = (
+        f"{env_prefix(settings.environment)}{shlex.quote(settings.python_exe)} -c "
+        f"{shlex.quote(_REMOTE_CHECK)} {shlex.join(script_args)}"
+    )
+    try:
+        result = subprocess.run(
+            ["ssh", *ssh_args(settings.ssh, tty=False), "-n", address, command],
+            capture_output=True,
+            text=True,
+            timeout=settings.ssh_timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return HostCheck(
+            host, address, SSH_UNREACHABLE, f"no answer within {settings.ssh_timeout_s:g}s"
+        )
+    if result.returncode == _SSH_ERROR:
+        stderr = _last_line(result.stderr)
+        return HostCheck(host, address, _ssh_failure_reason(stderr), stderr)
+    if result.returncode == _NOT_FOUND:
+        return HostCheck(
+            host, address, PYTHON_NOT_FOUND, f"{settings.python_exe}: {_last_line(result.stderr)}"
+        )
+    try:
+        report = json.loads(_last_line(result.stdout))
+    except json.JSONDecodeError:
+        return HostCheck(
+            host,
+            address,
+            IMPORT_FAILED,
+            f"{settings.python_exe} exited {result.returncode}: {_last_line(result.stderr)}",
+        )
+    return HostCheck(
+        host, address, report["reason"], report["detail"], tuple(report.get("cleaned", ()))
+    )
+
+
+def check_host(host: str, settings: PreflightSettings) -> HostCheck:
+    """Resolve ``host``, probe its sshd and log in: every per-host check but the loopback rule.
+
+    Returns:
+        The :class:`HostCheck`; never raises for a failing host.
+    """
+    try:
+        address = resolve_host(host)
+    except NetworkCheckError as error:
+        return HostCheck(host, None, DNS_NOT_RESOLVABLE, str(error))
+    problem = probe_sshd(address, settings.ssh.port, settings.tcp_timeout_s)
+    if problem is not None:
+        return HostCheck(host, address, SSH_UNREACHABLE, f"port {settings.ssh.port}: {problem}")
+    return check_login(host, address, settings)
+
+
+def loopback_failures(checks: Mapping[str, HostCheck]) -> dict[str, HostCheck]:
+    """Return hosts that resolved to loopback while others resolved to remote addresses (C3).
+
+    Args:
+        checks: ``{host: check}`` for hosts whose address is known.
+
+    Returns:
+        ``{host: LoopbackAddress check}``; empty when all or none are loopback.
+    """
+    resolved = {host: check for host, check in checks.items() if check.address}
+    loopback = {host for host, check in resolved.items() if _is_loopback(str(check.address))}
+    if not loopback or len(loopback) == len(resolved):
+        return {}
+    return {
+        host: HostCheck(
+            host,
+            resolved[host].address,
+            LOOPBACK_ADDRESS,
+            "resolves to a loopback address while other hosts are remote; a worker on another "
+            "machine cannot reach it (fix /etc/hosts or DNS, or list a routable address)",
+        )
+        for host in loopback
+    }
+
+
+def run_preflight(
+    hosts: Sequence[str],
+    settings: PreflightSettings,
+    wait_s: float = 0.0,
+    on_progress: Callable[[int, int], None] | None = None,
+    on_check: Callable[[HostCheck], None] | None = None,
+) -> dict[str, str]:
+    """Check every host in parallel, retrying hosts still coming up for up to ``wait_s``.
+
+    Args:
+        hosts: host names in plan order (no duplicates).
+        settings: see :class:`PreflightSettings`.
+        wait_s: how long hosts failing with a retryable reason (``DNSNotResolvable``,
+            ``SSHUnreachable``) are retried, seconds; 0 = one attempt.
+        on_progress: called with ``(ready, total)`` after each round in which the count changed.
+        on_check: called with every final :class:`HostCheck` of a ready host (e.g. to report
+            cleaned stale workers).
+
+    Returns:
+        ``{host: IPv4 address}`` in the order given, once every host is ready.
+
+    Raises:
+        PreflightError: listing every host that is not ready, with its reason.
+    """
+    start = time.monotonic()
+    ready: dict[str, HostCheck] = {}
+    pending = list(hosts)
+    failures: dict[str, HostCheck] = {}
+    delay = _FIRST_RETRY_S
+    reported = -1
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
+        while pending:
+            results = dict(zip(pending, pool.map(lambda h: check_host(h, settings), pending)))
+            failures = {host: check for host, check in results.items() if not check.ready}
+            ready.update({host: check for host, check in results.items() if check.ready})
+            if len(ready) != reported and on_progress is not None:
+                on_progress(len(ready), len(hosts))
+            reported = len(ready)
+            retryable = [host for host, check in failures.items() if check.reason in RETRYABLE]
+            final = len(retryable) < len(failures)
+            if not failures or final or time.monotonic() - start + delay > wait_s:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_RETRY_S)
+            pending = retryable
+    known = {**ready, **failures}
+    failures.update(loopback_failures(known))
+    if failures:
+        ordered = [failures[host] for host in hosts if host in failures]
+        raise PreflightError(ordered, len(hosts), time.monotonic() - start)
+    for host in hosts:
+        if on_check is not None:
+            on_check(ready[host])
+    return {host: str(ready[host].address) for host in hosts}

@@ -1,0 +1,120 @@
+"""What the launcher prints: human lines by default, JSON lines with ``--json``, less with ``--quiet``.
+
+Every line the launcher itself writes goes through :class:`Reporter`. Kinds of output:
+
+- ``plan``, ``progress`` and ``hosts_ready`` lines: how far the launch is (hidden by ``--quiet``);
+- ``event`` lines: results of the run, e.g. the ranks and per-step losses (``--quiet`` keeps
+  the ones marked ``essential``);
+- ``warning`` and the final ``result``: always shown, on stderr in text mode when failing.
+
+In JSON mode each line on stdout is one object with ``"event"`` and ``"t"`` (seconds since the
+launcher started), and the workers' own output is sent to stderr so that stdout stays parseable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import IO, Any
+
+PREFIX = "monarch-launch:"
+
+
+class Reporter:
+    """Writes the launcher's output in the chosen mode; see the module doc."""
+
+    def __init__(
+        self,
+        json_mode: bool = False,
+        quiet: bool = False,
+        out: IO[str] | None = None,
+        err: IO[str] | None = None,
+    ) -> None:
+        """Args:
+        json_mode: one JSON object per line on ``out``.
+        quiet: only essential events, warnings and the result.
+        out, err: streams (default: sys.stdout / sys.stderr at call time).
+        """
+        self.json_mode = json_mode
+        self.quiet = quiet
+        self._out = out
+        self._err = err
+        self._start = time.monotonic()
+
+    @property
+    def out(self) -> IO[str]:
+        """The stream for normal output."""
+        return self._out or sys.stdout
+
+    @property
+    def err(self) -> IO[str]:
+        """The stream for warnings and failures."""
+        return self._err or sys.stderr
+
+    @property
+    def worker_stream(self) -> IO[str] | None:
+        """Where worker (ssh) output should go: stderr in JSON mode, else inherited (None)."""
+        return self.err if self.json_mode else None
+
+    def elapsed(self) -> float:
+        """Seconds since this reporter was created."""
+        return time.monotonic() - self._start
+
+    def _json(self, event: str, fields: Mapping[str, Any]) -> None:
+        record = {"event": event, "t": round(self.elapsed(), 3), **fields}
+        print(json.dumps(record, default=str), file=self.out, flush=True)
+
+    def plan(self, lines: list[str], data: Mapping[str, Any]) -> None:
+        """Report the placement plan: ``lines`` in text mode, ``data`` in JSON mode."""
+        if self.json_mode:
+            self._json("plan", {"plan": data})
+        elif not self.quiet:
+            for line in lines:
+                print(line, file=self.out, flush=True)
+
+    def progress(self, phase: str) -> None:
+        """Report a phase reached, e.g. ``mesh trainer attached``, with the elapsed time."""
+        if self.json_mode:
+            self._json("progress", {"phase": phase})
+        elif not self.quiet:
+            print(f"{PREFIX} {phase} (+{self.elapsed():.1f}s)", file=self.out, flush=True)
+
+    def hosts_ready(self, ready: int, total: int) -> None:
+        """Report how many hosts passed pre-flight so far: ``hosts ready 3/4``."""
+        if self.json_mode:
+            self._json("hosts_ready", {"ready": ready, "total": total})
+        elif not self.quiet:
+            print(f"{PREFIX} hosts ready {ready}/{total} (+{self.elapsed():.1f}s)", file=self.out, flush=True)
+
+    def event(self, name: str, text: str, essential: bool = False, **fields: Any) -> None:
+        """Report a result line: ``text`` in text mode, ``{"event": name, **fields}`` in JSON."""
+        if self.json_mode:
+            self._json(name, fields)
+        elif essential or not self.quiet:
+            print(text, file=self.out, flush=True)
+
+    def warning(self, text: str) -> None:
+        """Report a problem that does not stop the launch."""
+        if self.json_mode:
+            self._json("warning", {"message": text})
+        else:
+            print(f"{PREFIX} warning: {text}", file=self.err, flush=True)
+
+    def result(self, exit_code: int, reason: str | None = None, **fields: Any) -> int:
+        """Report the final outcome and return ``exit_code``.
+
+        Text mode: ``monarch-launch: succeeded`` on stdout, or ``monarch-launch: failed:
+        <reason>`` on stderr. JSON mode: ``{"event": "result", "status", "exit_code",
+        "reason", ...fields}`` on stdout.
+        """
+        status = "succeeded" if exit_code == 0 else "failed"
+        if self.json_mode:
+            self._json("result", {"status": status, "exit_code": exit_code, "reason": reason, **fields})
+        elif exit_code == 0:
+            if not self.quiet:
+                print(f"{PREFIX} succeeded", file=self.out, flush=True)
+        else:
+            print(f"{PREFIX} failed: {reason}", file=self.err, flush=True)
+        return exit_code

@@ -1,0 +1,229 @@
+"""One Monarch session over ssh, shared by role mode and SPMD mode: check hosts, start, tear down.
+
+- :func:`check_hosts` runs the pre-flight (:mod:`.preflight`) with progress output.
+- :func:`started_job` starts one worker per host with :class:`.sshjob.LauncherSSHJob`, waits
+  until every host mesh is attached and, whatever happens inside, shuts the meshes down and
+  kills the ssh clients.
+
+Monarch is imported only inside these functions, after the plan and the pre-flight passed.
+Monarch's client state is process-global (one transport per process), so one process runs one
+session at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher.network import client_address
+from monarch_operator.launcher.preflight import HostCheck, PreflightSettings, run_preflight
+from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.ssh import SshSettings, ssh_args
+
+if TYPE_CHECKING:
+    from monarch.actor import HostMesh, MeshFailure
+
+    from monarch_operator.launcher.sshjob import LauncherSSHJob
+
+# Wall limit for each HostMesh.shutdown() during teardown, seconds.
+SHUTDOWN_TIMEOUT_S = 15.0
+# How often Monarch checks that procs are alive: a worker dying mid-run is then seen within
+# about a second instead of at a call timeout (measured: 8.4 s -> 0.35 s for an exiting proc).
+SUPERVISION_POLL = "500ms"
+_SUPERVISION_POLL_ENV = "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How to reach the hosts and start workers; shared by both modes.
+
+    Attributes:
+        ssh: login settings.
+        python_exe: worker interpreter, the same path on every host.
+        monarch_port: the port every worker listens on.
+        environment: variables set for every worker (see :mod:`.environment`).
+        client_address: the launcher's Monarch listen address, or None to derive it.
+        attach_timeout_s: limit for workers to start and attach, seconds.
+        host_wait_s: how long hosts still coming up are retried in pre-flight, seconds.
+        clean_stale: stop workers of an earlier run that still hold the worker port.
+        modules: modules the worker Python must import (pre-flight ``ImportFailed``).
+    """
+
+    ssh: SshSettings
+    python_exe: str
+    monarch_port: int = 22222
+    environment: Mapping[str, str] = field(default_factory=dict)
+    client_address: str | None = None
+    attach_timeout_s: float = 30.0
+    host_wait_s: float = 5.0
+    clean_stale: bool = True
+    modules: tuple[str, ...] = ("monarch",)
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by a signal handler (SIGTERM) so that teardown still runs.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way (ours in
+    teardown, or Monarch's) swallows it and lets the launch report success.
+    """
+
+    def __init__(self, signal_number: int) -> None:
+        super().__init__(f"terminated by signal {signal_number}")
+        self.exit_code = exitcodes.SIGNAL_BASE + signal_number
+
+
+class FaultRecorder:
+    """Monarch's unhandled-fault hook: records each report instead of exiting the client.
+
+    Monarch's default hook calls ``sys.exit(1)``, which reaches the main thread as a
+    KeyboardInterrupt. Returning normally drops the fault, and the call that was waiting on the
+    failed mesh raises SupervisionError instead, which the launcher turns into an exit status.
+    """
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reports: list[str] = []
+        self._reporter = reporter
+
+    def __call__(self, failure: MeshFailure) -> None:
+        report = failure.report()
+        self.reports.append(report)
+        self._reporter.warning(f"monarch fault: {one_line(report) or repr(failure)}")
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """Collapse ``text`` to one line of at most ``limit`` characters (Monarch errors span many)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter) -> dict[str, str]:
+    """Run the pre-flight on ``hosts``, printing ``hosts ready k/n`` and cleaned stale workers.
+
+    Returns:
+        ``{host: IPv4 address}`` in the order given.
+
+    Raises:
+        monarch_operator.launcher.preflight.PreflightError: naming each failing host and reason.
+    """
+    settings = PreflightSettings(
+        ssh=config.ssh,
+        python_exe=config.python_exe,
+        monarch_port=config.monarch_port,
+        environment=config.environment,
+        modules=config.modules,
+        clean_stale=config.clean_stale,
+    )
+
+    def report_cleaned(check: HostCheck) -> None:
+        if check.cleaned:
+            pids = ", ".join(str(pid) for pid in check.cleaned)
+            reporter.warning(
+                f"stopped stale Monarch worker(s) of an earlier run on {check.host} "
+                f"port {config.monarch_port}: pid {pids}"
+            )
+
+    return run_preflight(
+        hosts, settings, config.host_wait_s, reporter.hosts_ready, on_check=report_cleaned
+    )
+
+
+def install_fault_hook(recorder: FaultRecorder) -> None:
+    """Make Monarch report faults to ``recorder`` and poll proc liveness every 500 ms."""
+    os.environ.setdefault(_SUPERVISION_POLL_ENV, SUPERVISION_POLL)
+    import monarch.actor
+
+    monarch.actor.unhandled_fault_hook = recorder
+
+
+@contextmanager
+def started_job(
+    config: SessionConfig,
+    meshes: Sequence[tuple[str, Sequence[str]]],
+    addresses: Mapping[str, str],
+    reporter: Reporter,
+) -> Iterator[dict[str, HostMesh]]:
+    """Start one worker per host over ssh; yield ``{mesh name: HostMesh}`` once all attached.
+
+    Args:
+        config: the session settings.
+        meshes: ``(mesh name, host names)`` pairs; no host in two meshes.
+        addresses: ``{host name: IPv4 address}`` from :func:`check_hosts`.
+        reporter: for progress lines and teardown warnings.
+
+    Raises:
+        Whatever Monarch raises while attaching (e.g. TimeoutError); teardown has run by then.
+    """
+    from monarch.config import configure
+
+    from monarch_operator.launcher.sshjob import LauncherSSHJob
+
+    # SSHJob logs "Applying current job" and the like at INFO; the launcher reports its own.
+    logging.getLogger("monarch._src.job.job").setLevel(logging.WARNING)
+
+    job = LauncherSSHJob(
+        python_exe=config.python_exe,
+        ssh_args=ssh_args(config.ssh),
+        monarch_port=config.monarch_port,
+        environment=config.environment,
+        stdout=reporter.worker_stream,
+    )
+    # Must follow SSHJob(), which enables the hostname-based tcp transport; that transport panics
+    # when the hostname resolves only to loopback, and enabling another one before SSHJob() is
+    # refused ("Only one transport type may be enabled").
+    listen = config.client_address or client_address(addresses.values())
+    configure(default_transport=listen)
+    configure(mesh_attach_config_timeout=f"{max(1, round(config.attach_timeout_s))}s")
+    for name, hosts in meshes:
+        job.add_mesh(name, [addresses[host] for host in hosts])
+    host_meshes: dict[str, HostMesh] = {}
+    try:
+        # cached_path=None: do not pickle the job into ./.monarch, where a later launch in the
+        # same directory would silently re-attach to these workers.
+        state = job.state(cached_path=None)
+        for name, _ in meshes:
+            host_meshes[name] = getattr(state, name)
+        for name, host_mesh in host_meshes.items():
+            _wait_attached(job, name, host_mesh, config.attach_timeout_s)
+            reporter.progress(f"mesh {name} attached")
+        yield host_meshes
+    finally:
+        teardown(job, host_meshes, reporter)
+        reporter.progress("torn down")
+
+
+def _wait_attached(
+    job: LauncherSSHJob, name: str, host_mesh: HostMesh, timeout_s: float
+) -> None:
+    try:
+        host_mesh.initialized.get(timeout=timeout_s + 5)
+    except Exception as error:
+        exited = job.exited_ssh()
+        if exited:
+            listing = ", ".join(f"{host} (ssh exit {code})" for host, code in exited.items())
+            raise RuntimeError(
+                f"mesh {name} did not attach: the worker's ssh session ended on {listing}"
+            ) from error
+        raise
+
+
+def teardown(job: LauncherSSHJob, host_meshes: Mapping[str, HostMesh], reporter: Reporter) -> None:
+    """Shut down each distinct host mesh (ends the remote workers), then kill the ssh clients.
+
+    ``job.kill()`` runs even if a shutdown is interrupted: with ``ssh -tt`` killing the ssh
+    client hangs up the remote worker, so it is the backstop for a worker shutdown missed.
+    """
+    try:
+        for name, host_mesh in host_meshes.items():
+            try:
+                host_mesh.shutdown().get(timeout=SHUTDOWN_TIMEOUT_S)
+            except Exception as error:  # noqa: BLE001 - go on with the other meshes
+                reporter.warning(f"shutdown of mesh {name} failed: {one_line(str(error))}")
+    finally:
+        job.kill()
+        sys.stdout.flush()

@@ -1,0 +1,407 @@
+"""SPMD mode: run one program (or one function) on every slot, as torchrun would, over Monarch.
+
+Two ways in:
+
+- the command line, ``monarch-launch spmd [torchrun flags] script.py args`` (also installed as
+  ``monarch-torchrun``), see :mod:`.spmd_cli`;
+- the in-code API, for notebooks and scripts::
+
+      from monarch_operator.launcher import spmd_launcher
+
+      with spmd_launcher(hostfile="hosts.txt", nproc_per_node=2) as launcher:
+          try:
+              losses = launcher.run(train, cfg)      # train(cfg) on every rank
+          except SpmdRunError as error:               # raised in train on some rank
+              print(error.failures[0].rank, error.failures[0].error)
+
+Every rank gets torchrun's variables (see :mod:`.spmd_actor`). When one rank fails, the others
+are stopped (SIGTERM, then SIGKILL after a grace period) and the run's exit status is that of
+the rank that failed first (by the time it ended; ties go to the lowest rank), ``128 + N`` for a
+signal N, as in field case C9.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from monarch_operator.hostfile import Host
+from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher.hostsources import resolve_host_source
+from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session import (
+    FaultRecorder,
+    SessionConfig,
+    check_hosts,
+    install_fault_hook,
+    one_line,
+    started_job,
+)
+from monarch_operator.launcher.ssh import SshSettings
+
+if TYPE_CHECKING:
+    from monarch_operator.launcher.spmd_actor import RankOutcome
+
+SPMD_MESH = "spmd"
+SPMD_MODULES = ("monarch", "monarch_operator.launcher.spmd_actor")
+# After the first rank fails: how long the others get to stop before they are killed, and how
+# long the launcher waits for their outcomes after that, seconds.
+STOP_GRACE_S = 5.0
+COLLECT_GRACE_S = 10.0
+# Poll interval per pending rank while waiting, seconds.
+_POLL_S = 0.05
+
+
+class SpmdConfigError(ValueError):
+    """The SPMD request does not fit the hosts (counts, slots); the message gives the numbers."""
+
+
+class SpmdRunError(RuntimeError):
+    """One or more ranks failed.
+
+    Attributes:
+        failures: the failed ranks' :class:`.spmd_actor.RankOutcome`, first failure first
+            (ranks the launcher stopped after that first failure are included, last).
+        exit_code: the run's exit status, the first failure's (see the module doc).
+    """
+
+    def __init__(self, failures: Sequence[RankOutcome], world_size: int) -> None:
+        self.failures = list(failures)
+        first = self.failures[0]
+        self.exit_code = first.exit_code or exitcodes.FAILURE
+        others = len(self.failures) - 1
+        tail = f"; {others} other rank(s) failed or were stopped" if others else ""
+        trace = f"\n--- remote traceback of rank {first.rank} ---\n{first.error}" if first.error else ""
+        super().__init__(
+            f"rank {first.rank} of {world_size} (host {first.host}, local rank "
+            f"{first.local_rank}) {describe_exit(first)}{tail}{trace}"
+        )
+        if first.exception is not None:
+            self.__cause__ = first.exception
+
+
+def describe_exit(outcome: RankOutcome) -> str:
+    """Say how a failed rank ended: ``raised ValueError: boom``, ``exited with code 3`` or
+    ``was killed by signal 9 (exit 137)``."""
+    if outcome.error and outcome.error.lstrip().startswith("Traceback"):
+        return "raised " + outcome.error.strip().splitlines()[-1]
+    if outcome.exit_code > exitcodes.SIGNAL_BASE:
+        signal_number = outcome.exit_code - exitcodes.SIGNAL_BASE
+        return f"was killed by signal {signal_number} (exit {outcome.exit_code})"
+    detail = f": {outcome.error}" if outcome.error else ""
+    return f"exited with code {outcome.exit_code}{detail}"
+
+
+def plan_spmd(
+    hosts: Sequence[Host], nnodes: int | None, nproc_per_node: int | None
+) -> tuple[list[Host], int]:
+    """Choose the hosts and ranks per host of an SPMD run.
+
+    Args:
+        hosts: hosts in order (hostfile, ``--hosts`` or Slurm).
+        nnodes: hosts to use, the first ``nnodes``; None = all.
+        nproc_per_node: ranks per host; None = the hosts' slots (GPUs).
+
+    Returns:
+        ``(hosts used, ranks per host)``.
+
+    Raises:
+        SpmdConfigError: more hosts asked for than given, counts below 1, hosts with different
+            slots when no count is given, or more ranks per host than a host has slots.
+    """
+    count = len(hosts) if nnodes is None else nnodes
+    if count < 1:
+        raise SpmdConfigError(f"--nnodes must be at least 1, got {count}")
+    if count > len(hosts):
+        raise SpmdConfigError(
+            f"--nnodes {count} asks for more hosts than the {len(hosts)} given"
+        )
+    used = list(hosts[:count])
+    if nproc_per_node is None:
+        slots = {host.slots for host in used}
+        if len(slots) > 1:
+            listing = ", ".join(f"{host.name} slots={host.slots}" for host in used)
+            raise SpmdConfigError(
+                f"hosts have different slots ({listing}); give --nproc-per-node"
+            )
+        return used, slots.pop()
+    if nproc_per_node < 1:
+        raise SpmdConfigError(f"--nproc-per-node must be at least 1, got {nproc_per_node}")
+    short = [host for host in used if host.slots < nproc_per_node]
+    if short:
+        listing = ", ".join(f"{host.name} slots={host.slots}" for host in short)
+        raise SpmdConfigError(
+            f"--nproc-per-node {nproc_per_node} exceeds the slots of {listing}"
+        )
+    return used, nproc_per_node
+
+
+class SpmdLauncher:
+    """Runs functions or programs on every rank of one set of hosts; see the module doc.
+
+    The workers start on first use (or :meth:`start`) and stay up between runs until
+    :meth:`close` (or the end of a ``with`` block). One launcher per process: Monarch's client
+    transport is process-global.
+    """
+
+    def __init__(
+        self,
+        hosts: Sequence[Host],
+        session: SessionConfig,
+        nproc_per_node: int | None = None,
+        nnodes: int | None = None,
+        master_addr: str | None = None,
+        master_port: int | None = None,
+        run_id: str | None = None,
+        role: str = "spmd",
+        reporter: Reporter | None = None,
+        prefix_output: bool = True,
+    ) -> None:
+        """Plan the run; nothing connects yet.
+
+        Raises:
+            SpmdConfigError: see :func:`plan_spmd`.
+        """
+        self.hosts, self.nproc_per_node = plan_spmd(hosts, nnodes, nproc_per_node)
+        self.world_size = len(self.hosts) * self.nproc_per_node
+        self.session = session
+        self.reporter = reporter or Reporter()
+        self.recorder = FaultRecorder(self.reporter)
+        self._master_addr = master_addr
+        self._master_port = master_port
+        self._run_id = run_id or uuid.uuid4().hex[:12]
+        self._role = role
+        self._prefix_output = prefix_output
+        self._stack: contextlib.ExitStack | None = None
+        self._ranks: Any = None
+        self._control: Any = None
+        self._broken: str | None = None
+
+    def describe(self) -> list[str]:
+        """Lines describing the plan, printed before start."""
+        return [
+            f"plan: spmd hosts={','.join(host.name for host in self.hosts)} "
+            f"nproc_per_node={self.nproc_per_node} world_size={self.world_size}"
+        ]
+
+    def plan_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data."""
+        return {
+            "mode": "spmd",
+            "hosts": [host.name for host in self.hosts],
+            "nproc_per_node": self.nproc_per_node,
+            "world_size": self.world_size,
+        }
+
+    def start(self) -> None:
+        """Check the hosts, start one worker per host and one proc per rank.
+
+        Raises:
+            monarch_operator.launcher.preflight.PreflightError: a host failed pre-flight.
+            Exception: whatever Monarch raises while attaching; nothing is left running.
+        """
+        if self._stack is not None:
+            return
+        from monarch_operator.launcher.spmd_actor import LOCAL_LABEL, SpmdControl, SpmdRank, World
+
+        names = [host.name for host in self.hosts]
+        addresses = check_hosts(self.session, names, self.reporter)
+        self.reporter.progress(f"pre-flight ok on {len(addresses)} hosts")
+        install_fault_hook(self.recorder)
+        stack = contextlib.ExitStack()
+        try:
+            host_meshes = stack.enter_context(
+                started_job(self.session, [(SPMD_MESH, names)], addresses, self.reporter)
+            )
+            procs = host_meshes[SPMD_MESH].spawn_procs(
+                per_host={LOCAL_LABEL: self.nproc_per_node}, name=self._role
+            )
+            master_addr = self._master_addr or addresses[names[0]]
+            world = World(
+                hosts=tuple(names),
+                addresses=tuple(addresses[name] for name in names),
+                nproc_per_node=self.nproc_per_node,
+                master_addr=master_addr,
+                master_port=0,
+                run_id=self._run_id,
+                role=self._role,
+                prefix_output=self._prefix_output,
+                cwd=os.getcwd(),
+            )
+            probe = procs.spawn("spmd_probe", SpmdRank, world)
+            port = self._master_port or probe.slice(hosts=0, **{LOCAL_LABEL: 0}).free_port.call_one(
+                addresses[names[0]]
+            ).get(timeout=self.session.attach_timeout_s)
+            world = dataclasses.replace(world, master_port=port)
+            self._ranks = procs.spawn("spmd_rank", SpmdRank, world)
+            self._control = procs.spawn("spmd_control", SpmdControl)
+            self.reporter.progress(
+                f"{self.world_size} ranks ready, MASTER_ADDR={master_addr} MASTER_PORT={port}"
+            )
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+
+    def close(self) -> None:
+        """Stop every rank and worker and end the ssh sessions; safe to call twice."""
+        stack, self._stack = self._stack, None
+        self._ranks = self._control = None
+        if stack is not None:
+            stack.close()
+
+    def __enter__(self) -> SpmdLauncher:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``function(*args, **kwargs)`` on every rank, with torchrun's variables set.
+
+        ``function`` is pickled by value when defined in ``__main__`` or a notebook, else by
+        reference (its module must be importable on the hosts).
+
+        Returns:
+            The return values, indexed by rank.
+
+        Raises:
+            SpmdRunError: ``function`` raised (or called ``sys.exit`` non-zero) on some rank;
+                ``__cause__`` is the first rank's exception when it could be pickled.
+        """
+        outcomes = self._run("run_function", function, args, kwargs)
+        return [outcome.value for outcome in outcomes]
+
+    def run_command(self, argv: Sequence[str]) -> list[RankOutcome]:
+        """Run the program ``argv`` on every rank, relaying output prefixed ``[role/host/rank]``.
+
+        Returns:
+            Every rank's outcome, by rank, when all exited 0.
+
+        Raises:
+            SpmdRunError: some rank exited non-zero or was killed; the others were stopped.
+        """
+        return self._run("run_command", list(argv))
+
+    def _run(self, endpoint: str, *args: Any) -> list[RankOutcome]:
+        if self._broken:
+            raise RuntimeError(f"this launcher cannot run again: {self._broken}; close() it")
+        self.start()
+        from monarch_operator.launcher.spmd_actor import LOCAL_LABEL
+
+        futures = {}
+        for host_index in range(len(self.hosts)):
+            for local in range(self.nproc_per_node):
+                rank = host_index * self.nproc_per_node + local
+                actor = self._ranks.slice(hosts=host_index, **{LOCAL_LABEL: local})
+                futures[rank] = getattr(actor, endpoint).call_one(*args)
+        outcomes = self._collect(futures, stoppable=endpoint == "run_command")
+        failures = sorted(
+            (outcome for outcome in outcomes if outcome.exit_code != 0),
+            key=lambda outcome: (outcome.ended_at, outcome.rank),
+        )
+        if failures:
+            raise SpmdRunError(failures, self.world_size)
+        return outcomes
+
+    def _outcome_from_error(self, rank: int, error: BaseException) -> RankOutcome:
+        from monarch_operator.launcher.spmd_actor import RankOutcome
+
+        text = str(error)
+        code = exitcodes.exit_code_for_failure([*self.recorder.reports, text])
+        host_index, local = divmod(rank, self.nproc_per_node)
+        return RankOutcome(
+            rank, self.hosts[host_index].name, local, code, time.time(), error=one_line(text, 2000)
+        )
+
+    def _collect(self, futures: dict[int, Any], stoppable: bool) -> list[RankOutcome]:
+        """Wait for every rank; after the first failure stop the rest and wait a bounded time."""
+        outcomes: dict[int, RankOutcome] = {}
+        failed_at: float | None = None
+        while len(outcomes) < len(futures):
+            for rank, future in futures.items():
+                if rank in outcomes:
+                    continue
+                try:
+                    outcome = future.get(timeout=_POLL_S)
+                except TimeoutError:
+                    continue
+                except Exception as error:  # noqa: BLE001 - the proc died: report it as the rank's
+                    outcome = self._outcome_from_error(rank, error)
+                outcomes[rank] = outcome
+                if outcome.exit_code != 0 and failed_at is None:
+                    failed_at = time.monotonic()
+                    self._stop_ranks(stoppable)
+            if failed_at is not None and time.monotonic() - failed_at > STOP_GRACE_S + COLLECT_GRACE_S:
+                missing = sorted(set(futures) - set(outcomes))
+                self._broken = f"ranks {missing} did not finish after rank failures"
+                self.reporter.warning(f"{self._broken}; they are stopped with the workers")
+                break
+        return [outcomes[rank] for rank in sorted(outcomes)]
+
+    def _stop_ranks(self, stoppable: bool) -> None:
+        if stoppable and self._control is not None:
+            self._control.terminate.broadcast(STOP_GRACE_S)
+
+
+def spmd_launcher(
+    hostfile: str | None = None,
+    hosts: str | Sequence[str] | None = None,
+    slurm: bool = False,
+    nproc_per_node: int | None = None,
+    nnodes: int | None = None,
+    ssh_key: str | None = None,
+    ssh_port: int = 22,
+    ssh_user: str | None = None,
+    python_exe: str | None = None,
+    env: dict[str, str] | None = None,
+    monarch_port: int = 22222,
+    master_port: int | None = None,
+    quiet: bool = False,
+    **session: Any,
+) -> SpmdLauncher:
+    """Build an :class:`SpmdLauncher` from the same choices as the command line.
+
+    Args:
+        hostfile, hosts, slurm: exactly one host source (path; ``"a,b"`` or a list; Slurm).
+        nproc_per_node: ranks per host (default: the hosts' slots).
+        nnodes: hosts to use (default: all).
+        ssh_key, ssh_port, ssh_user: how to log in (default user: the current one).
+        python_exe: worker Python, same path on every host (default: this interpreter).
+        env: extra variables for every rank, on top of the allow-list of :mod:`.environment`.
+        monarch_port: the Monarch worker port on every host.
+        master_port: ``MASTER_PORT`` (default: a free port on the first host).
+        quiet: print only failures.
+        **session: further :class:`.session.SessionConfig` fields (e.g. ``attach_timeout_s``).
+
+    Raises:
+        HostSourceError, SpmdConfigError: bad host source or counts.
+    """
+    import getpass
+    import sys
+
+    from monarch_operator.launcher.environment import worker_environment
+
+    host_list = ",".join(hosts) if isinstance(hosts, (list, tuple)) else hosts
+    resolved, _source = resolve_host_source(hostfile, host_list, slurm, None, os.environ)
+    config = SessionConfig(
+        ssh=SshSettings(port=ssh_port, user=ssh_user or getpass.getuser(), key=ssh_key),
+        python_exe=python_exe or sys.executable,
+        monarch_port=monarch_port,
+        environment=worker_environment(os.environ, env),
+        modules=SPMD_MODULES,
+        **session,
+    )
+    return SpmdLauncher(
+        resolved,
+        config,
+        nproc_per_node=nproc_per_node,
+        nnodes=nnodes,
+        master_port=master_port,
+        reporter=Reporter(quiet=quiet),
+    )

@@ -1,0 +1,295 @@
+"""Worker side of SPMD mode: one actor per rank that runs a script or a function as torchrun would.
+
+Imported on every host by the Monarch procs (the actor classes are unpickled by reference), so
+it imports only Monarch and the standard library: no torch, which would cost ~2 s CPU per proc.
+
+Each rank gets the variables torchrun sets (torch.distributed.run, "Environment Variables" in
+https://pytorch.org/docs/stable/elastic/run.html): ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE``,
+``ROLE_NAME``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``,
+``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_MAX_RESTARTS``, and ``OMP_NUM_THREADS=1`` when a
+host runs more than one rank and the variable is not set. Ranks are numbered host-major, as
+torchrun numbers them: rank = group_rank * nproc_per_node + local_rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import math
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+import cloudpickle
+from monarch.actor import Actor, current_rank, current_size, endpoint
+
+# Label of the per-host proc dimension (Monarch's SPMD helpers also read the last label).
+LOCAL_LABEL = "gpus"
+HOSTS_LABEL = "hosts"
+ROLE_NAME = "default"
+# prctl(2) option: signal the child when the thread that forked it exits.
+_PR_SET_PDEATHSIG = 1
+
+# Pids of this proc's running scripts, each the leader of its own process group; shared by
+# SpmdRank (starts them) and SpmdControl (stops them). The two actors run in the same proc but on
+# different asyncio loops, so only pids are shared, never asyncio objects.
+_RUNNING: set[int] = set()
+
+
+@dataclass(frozen=True)
+class World:
+    """The layout every rank needs to compute its variables.
+
+    Attributes:
+        hosts: host names in group-rank order (used in output prefixes).
+        addresses: their IPv4 addresses; ``addresses[0]`` is the default ``MASTER_ADDR``.
+        nproc_per_node: ranks per host.
+        master_addr: ``MASTER_ADDR`` for every rank.
+        master_port: ``MASTER_PORT`` for every rank.
+        run_id: ``TORCHELASTIC_RUN_ID``.
+        role: the role name used in output prefixes.
+        prefix_output: prefix every output line with ``[role/host/rank]``.
+        cwd: working directory for scripts, the launcher's (shared file systems are the norm on
+            preallocated clusters); when a host lacks it, the proc's own (the login's home).
+    """
+
+    hosts: tuple[str, ...]
+    addresses: tuple[str, ...]
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    run_id: str
+    role: str = "spmd"
+    prefix_output: bool = True
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """How one rank ended.
+
+    Attributes:
+        rank: global rank.
+        host: host name of the rank.
+        local_rank: rank within the host.
+        exit_code: the script's exit status (0 = success); ``128 + N`` if killed by signal N;
+            for a function, 0 when it returned and 1 when it raised (or ``SystemExit``'s code).
+        ended_at: wall-clock time (``time.time()``) the rank finished, seconds.
+        value: the function's return value (function mode only).
+        error: the remote traceback text when a function raised, else "".
+        exception: the raised exception itself when it could be pickled, else None.
+    """
+
+    rank: int
+    host: str
+    local_rank: int
+    exit_code: int
+    ended_at: float
+    value: Any = None
+    error: str = ""
+    exception: BaseException | None = None
+
+
+def rank_environment(
+    world: World, group_rank: int, local_rank: int, base: Mapping[str, str]
+) -> dict[str, str]:
+    """Return ``base`` plus the torchrun variables of the rank at ``(group_rank, local_rank)``.
+
+    Args:
+        world: the job layout.
+        group_rank: host index (torchrun's node rank), 0-based.
+        local_rank: rank within the host, 0-based.
+        base: the environment to start from (the proc's own).
+
+    Returns:
+        A new dict; ``base`` is not modified.
+    """
+    nnodes = len(world.hosts)
+    world_size = nnodes * world.nproc_per_node
+    rank = group_rank * world.nproc_per_node + local_rank
+    env = dict(base)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world.nproc_per_node),
+        GROUP_RANK=str(group_rank),
+        GROUP_WORLD_SIZE=str(nnodes),
+        ROLE_RANK=str(rank),
+        ROLE_WORLD_SIZE=str(world_size),
+        ROLE_NAME=ROLE_NAME,
+        MASTER_ADDR=world.master_addr,
+        MASTER_PORT=str(world.master_port),
+        TORCHELASTIC_RUN_ID=world.run_id,
+        TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_MAX_RESTARTS="0",
+    )
+    if world.nproc_per_node > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _coordinates() -> tuple[int, int, int]:
+    """Return (global rank, group rank, local rank) of the calling proc."""
+    point = current_rank()
+    sizes = current_size()
+    group_rank = point[HOSTS_LABEL] if HOSTS_LABEL in sizes else 0
+    local_rank = point[LOCAL_LABEL] if LOCAL_LABEL in sizes else 0
+    return point.rank, group_rank, local_rank
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: if this proc dies (mesh torn down, crash), the
+    # kernel kills the script too, so no rank outlives its launcher.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+async def _pump(stream: asyncio.StreamReader, out: IO[str], prefix: str) -> None:
+    while line := await stream.readline():
+        out.write(prefix + line.decode(errors="replace").rstrip("\n") + "\n")
+        out.flush()
+
+
+def _status(returncode: int) -> int:
+    """asyncio's returncode (negative = killed by that signal) as a shell exit status."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _picklable(error: BaseException) -> BaseException | None:
+    try:
+        cloudpickle.loads(cloudpickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any failure means: send the text only
+        return None
+    return error
+
+
+class SpmdRank(Actor):
+    """One SPMD rank: runs the user's script (CLI) or function (in-code API) with rank variables."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+        # Taken at spawn time: inside an endpoint called on a slice of the mesh, current_rank()
+        # is the position within that slice, not within the whole mesh.
+        self._rank, self._group_rank, self._local_rank = _coordinates()
+
+    @endpoint
+    async def free_port(self, address: str) -> int:
+        """Return a TCP port free on ``address`` now (the default ``MASTER_PORT``)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+            return int(probe.getsockname()[1])
+
+    def _prefix(self, rank: int, group_rank: int) -> str:
+        if not self._world.prefix_output:
+            return ""
+        return f"[{self._world.role}/{self._world.hosts[group_rank]}/{rank}] "
+
+    @endpoint
+    async def run_command(self, argv: Sequence[str]) -> RankOutcome:
+        """Run ``argv`` with this rank's variables, relaying its output line by line.
+
+        Args:
+            argv: the program and its arguments (e.g. ``[python, "-u", "train.py", "--lr", "1"]``).
+
+        Returns:
+            The :class:`RankOutcome` with the program's exit status.
+        """
+        rank, group_rank, local_rank = self._rank, self._group_rank, self._local_rank
+        env = rank_environment(self._world, group_rank, local_rank, os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        prefix = self._prefix(rank, group_rank)
+        host = self._world.hosts[group_rank]
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                preexec_fn=_die_with_parent,
+                start_new_session=True,
+                cwd=self._world.cwd if self._world.cwd and os.path.isdir(self._world.cwd) else None,
+            )
+        except OSError as error:
+            message = f"cannot start {argv[0]!r}: {error}"
+            print(prefix + message, file=sys.stderr, flush=True)
+            return RankOutcome(rank, host, local_rank, 127, time.time(), error=message)
+        _RUNNING.add(process.pid)
+        try:
+            assert process.stdout is not None and process.stderr is not None
+            await asyncio.gather(
+                _pump(process.stdout, sys.stdout, prefix),
+                _pump(process.stderr, sys.stderr, prefix),
+            )
+            returncode = await process.wait()
+        finally:
+            _RUNNING.discard(process.pid)
+        return RankOutcome(rank, host, local_rank, _status(returncode), time.time())
+
+    @endpoint
+    async def run_function(
+        self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> RankOutcome:
+        """Call ``function(*args, **kwargs)`` in this proc with the rank variables in os.environ.
+
+        The function runs in a worker thread, so the proc keeps answering Monarch while it runs.
+
+        Returns:
+            The :class:`RankOutcome`: the return value, or the exception and its traceback. An
+            exception never escapes, so the controller learns which rank raised what.
+        """
+        rank, group_rank, local_rank = self._rank, self._group_rank, self._local_rank
+        os.environ.update(rank_environment(self._world, group_rank, local_rank, {}))
+        host = self._world.hosts[group_rank]
+        try:
+            value = await asyncio.to_thread(function, *args, **kwargs)
+        except SystemExit as error:
+            code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+            return RankOutcome(rank, host, local_rank, code, time.time(), error=f"SystemExit({code})")
+        except BaseException as error:  # noqa: BLE001 - reported to the controller, not lost
+            text = "".join(traceback.format_exception(error))
+            return RankOutcome(
+                rank, host, local_rank, 1, time.time(), error=text, exception=_picklable(error)
+            )
+        return RankOutcome(rank, host, local_rank, 0, time.time(), value=value)
+
+
+class SpmdControl(Actor):
+    """Stops the scripts of its proc; separate from SpmdRank, whose endpoint is busy running one."""
+
+    @endpoint
+    async def terminate(self, grace_s: float) -> int:
+        """SIGTERM the process group of every running script of this proc; SIGKILL after
+        ``grace_s`` seconds those still running.
+
+        Returns:
+            How many scripts were running.
+        """
+        pids = set(_RUNNING)
+        _signal_groups(pids, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and pids & _RUNNING:
+            await asyncio.sleep(0.05)
+        _signal_groups(pids & _RUNNING, signal.SIGKILL)
+        return len(pids)
+
+
+def _signal_groups(pids: set[int], signal_number: int) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, signal_number)
+        except OSError:
+            pass  # already gone
+
+
+def world_size(world: World) -> int:
+    """Number of ranks of ``world``."""
+    return math.prod((len(world.hosts), world.nproc_per_node))

@@ -1,0 +1,89 @@
+"""Monarch's SSHJob with the launcher's environment and output routing.
+
+Imports Monarch at module level: import this module only once the plan and the pre-flight have
+passed (the launcher keeps ``--help`` and bad-input errors fast).
+
+Upstream ``SSHJob._start_host`` (torchmonarch 0.7.0, ``monarch/_src/job/job.py``) runs
+``ssh <args> <host> -n '<python> -c <worker loop>'`` with the launcher's stdout. This subclass
+changes two things and keeps the rest (the worker address, ``-n``, a new session per ssh):
+
+- the remote command is prefixed with ``env K=V ...`` (see :mod:`.environment`), because sshd
+  starts sessions with a clean environment;
+- the ssh client's stdout can go to another stream (``--json`` keeps stdout for JSON lines).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+from monarch._src.job.job import ProcessState, SSHJob, service_proc_addr
+
+from monarch_operator.launcher.environment import env_prefix
+
+
+class LauncherSSHJob(SSHJob):
+    """An SSHJob whose workers get ``environment`` and whose ssh output goes to ``stdout``."""
+
+    def __init__(
+        self,
+        python_exe: str,
+        ssh_args: Sequence[str],
+        monarch_port: int,
+        environment: Mapping[str, str],
+        stdout: IO[Any] | None = None,
+    ) -> None:
+        """Build the job; nothing starts until ``state()``.
+
+        Args:
+            python_exe: worker interpreter path, the same on every host.
+            ssh_args: ssh options before the host (see :func:`.ssh.ssh_args`).
+            monarch_port: the port every worker listens on.
+            environment: variables set in every worker (and so in every proc it spawns).
+            stdout: where the ssh clients (and so the workers) write; None = inherit.
+        """
+        super().__init__(python_exe=python_exe, ssh_args=list(ssh_args), monarch_port=monarch_port)
+        self._worker_env = dict(environment)
+        self._ssh_stdout = stdout
+        self.ssh_processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _start_host(self, host: str) -> ProcessState:
+        address = service_proc_addr(
+            f"{self._scheme}://{host}:{self._port}", self._service_proc_ids_by_host[host]
+        )
+        loop = (
+            "from monarch.actor import run_worker_loop_forever; "
+            f"run_worker_loop_forever(address={address!r}, ca='trust_all_connections')"
+        )
+        command = (
+            f"{env_prefix(self._worker_env)}{shlex.quote(self._python_exe)} -c {shlex.quote(loop)}"
+        )
+        process = subprocess.Popen(
+            ["ssh", *self._ssh_args, host, "-n", command],
+            start_new_session=True,
+            stdout=self._ssh_stdout,
+        )
+        self.ssh_processes[host] = process
+        return ProcessState(process.pid, address)
+
+    def exited_ssh(self) -> dict[str, int]:
+        """Return ``{host: ssh exit status}`` for ssh clients that have already exited.
+
+        Upstream liveness (``os.kill(pid, 0)``) counts an unreaped ssh as alive; this polls the
+        Popen objects, so a worker whose ssh died is seen at once.
+        """
+        return {
+            host: code
+            for host, process in self.ssh_processes.items()
+            if (code := process.poll()) is not None
+        }
+
+    def _kill(self) -> None:
+        super()._kill()
+        for process in self.ssh_processes.values():
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()

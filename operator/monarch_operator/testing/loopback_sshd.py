@@ -1,0 +1,263 @@
+"""An SSH "cluster" on one machine: one real sshd per loopback address, all on one port.
+
+Linux routes all of 127.0.0.0/8 to ``lo``, so 127.0.0.2, 127.0.0.3, ... are distinct hosts to
+ssh and to Monarch without any interface setup. :class:`LoopbackSshd` starts ``count`` sshd
+daemons on them with a generated host key and client key and key-only root login; it needs root
+(sshd must switch to the login user), ``/usr/sbin/sshd`` and ``ssh-keygen``, and raises
+:class:`SshdUnavailable` naming what is missing.
+
+Also here: :func:`free_port` (one port free on every address, as SSHJob's workers all use the
+same ``monarch_port``) and :func:`reap_processes_mentioning`, the leak check that kills any ssh
+client or Monarch worker still holding a port after a job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+SSHD = "/usr/sbin/sshd"
+# 127.0.0.1 is left alone: the machine's own services and hostname live there.
+FIRST_HOST_OCTET = 2
+MAX_HOSTS = 64
+# How long one sshd may take to accept connections after it is started, seconds.
+_LISTEN_TIMEOUT_S = 10.0
+# How long a terminated sshd may take to exit before it is killed, seconds.
+_STOP_GRACE_S = 5.0
+
+_SSHD_CONFIG = """\
+ListenAddress {address}:{port}
+HostKey {dir}/host_key
+PidFile {dir}/sshd-{address}.pid
+AuthorizedKeysFile {dir}/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+# The Debian default is PAM; without a PAM session config here it would refuse logins.
+UsePAM no
+# The keys live under a tmp dir; StrictModes rejects world-writable parents like /tmp.
+StrictModes no
+UseDNS no
+X11Forwarding no
+PrintMotd no
+"""
+
+
+class SshdUnavailable(RuntimeError):
+    """This machine cannot run the loopback cluster; the message says what is missing."""
+
+
+class SshdStartError(RuntimeError):
+    """An sshd exited or did not listen in time; the message quotes its log."""
+
+
+@dataclass(frozen=True)
+class SshCluster:
+    """The running loopback sshd daemons: their addresses, the shared port and client key.
+
+    Attributes:
+        hosts: the sshd addresses, ``("127.0.0.2", ...)``.
+        port: the sshd port, the same on every address.
+        key: the client's private key file; log in as root with it.
+        state_dir: configs, keys, pid files and one log per daemon.
+    """
+
+    hosts: tuple[str, ...]
+    port: int
+    key: Path
+    state_dir: Path
+
+
+def loopback_hosts(count: int) -> tuple[str, ...]:
+    """Return the first ``count`` (1 to :data:`MAX_HOSTS`) addresses from 127.0.0.2 on."""
+    if not 1 <= count <= MAX_HOSTS:
+        raise ValueError(f"host count must be 1 to {MAX_HOSTS}, got {count}")
+    return tuple(f"127.0.0.{FIRST_HOST_OCTET + index}" for index in range(count))
+
+
+def _can_bind(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(hosts: tuple[str, ...]) -> int:
+    """Return a TCP port that is free on every address in ``hosts`` right now.
+
+    Raises:
+        RuntimeError: 50 candidate ports were each taken on some address.
+    """
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((hosts[0], 0))
+            port = int(probe.getsockname()[1])
+        if all(_can_bind(host, port) for host in hosts[1:]):
+            return port
+    raise RuntimeError(f"no common free port on {hosts}")
+
+
+def check_prerequisites() -> None:
+    """Raise :class:`SshdUnavailable` unless sshd, ssh, ssh-keygen and root are all here."""
+    if not Path(SSHD).is_file():
+        raise SshdUnavailable(f"{SSHD} not found (apt-get install openssh-server)")
+    if os.geteuid() != 0:
+        raise SshdUnavailable("needs root: sshd must switch to the login user")
+    if not shutil.which("ssh") or not shutil.which("ssh-keygen"):
+        raise SshdUnavailable("ssh or ssh-keygen not on PATH (apt-get install openssh-client)")
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+
+
+def _wait_listening(host: str, port: int, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + _LISTEN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SshdStartError(
+                f"sshd on {host}:{port} exited {process.returncode}: {log.read_text()}"
+            )
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SshdStartError(
+        f"sshd on {host}:{port} not listening after {_LISTEN_TIMEOUT_S:g} s: {log.read_text()}"
+    )
+
+
+class LoopbackSshd:
+    """``count`` sshd daemons on 127.0.0.2 onwards, sharing one free port.
+
+    Use as a context manager (``with LoopbackSshd(3, tmp) as cluster:``) or call :meth:`start`
+    and :meth:`stop` yourself; :meth:`stop` is safe to call more than once.
+
+    Args:
+        count: number of hosts, 1 to :data:`MAX_HOSTS`.
+        state_dir: an existing directory for keys, configs, pid files and sshd logs.
+    """
+
+    def __init__(self, count: int, state_dir: Path) -> None:
+        self.hosts = loopback_hosts(count)
+        self.state_dir = Path(state_dir)
+        self._daemons: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> SshCluster:
+        """Generate keys, start every sshd and wait until each accepts connections.
+
+        Returns:
+            The running cluster.
+
+        Raises:
+            SshdUnavailable: a prerequisite is missing (see :func:`check_prerequisites`).
+            SshdStartError: a daemon exited or did not listen within 10 s; the daemons already
+                started are stopped again.
+        """
+        check_prerequisites()
+        # Debian's sshd refuses to start without its privilege separation directory.
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        _keygen(self.state_dir / "host_key")
+        _keygen(self.state_dir / "id")
+        shutil.copy(self.state_dir / "id.pub", self.state_dir / "authorized_keys")
+        port = free_port(self.hosts)
+        try:
+            for address in self.hosts:
+                self._daemons.append(self._start_daemon(address, port))
+            for address, daemon in zip(self.hosts, self._daemons, strict=True):
+                _wait_listening(address, port, daemon, self._log(address))
+        except BaseException:
+            self.stop()
+            raise
+        return SshCluster(
+            hosts=self.hosts, port=port, key=self.state_dir / "id", state_dir=self.state_dir
+        )
+
+    def _log(self, address: str) -> Path:
+        return self.state_dir / f"sshd-{address}.log"
+
+    def _start_daemon(self, address: str, port: int) -> subprocess.Popen[bytes]:
+        config = self.state_dir / f"sshd-{address}.conf"
+        config.write_text(_SSHD_CONFIG.format(address=address, port=port, dir=self.state_dir))
+        with self._log(address).open("wb") as log_file:
+            return subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def stop(self) -> None:
+        """Terminate every daemon this instance started, wait, and kill any that lingers."""
+        daemons, self._daemons = self._daemons, []
+        for daemon in daemons:
+            daemon.terminate()
+        for daemon in daemons:
+            try:
+                daemon.wait(timeout=_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait(timeout=_STOP_GRACE_S)
+
+    def __enter__(self) -> SshCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def processes_mentioning(needle: str) -> list[tuple[int, str]]:
+    """Return ``(pid, command line)`` of every process whose arguments contain ``needle``.
+
+    The calling process is left out.
+    """
+    listing = subprocess.run(
+        ["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True
+    ).stdout
+    found = []
+    for line in listing.splitlines():
+        pid_text, _, args = line.strip().partition(" ")
+        if needle in args and int(pid_text) != os.getpid():
+            found.append((int(pid_text), args))
+    return found
+
+
+def reap_processes_mentioning(needle: str, grace_s: float = 5.0) -> list[tuple[int, str]]:
+    """Wait up to ``grace_s`` seconds for processes mentioning ``needle`` to go, then kill them.
+
+    Use it with ``needle=f":{monarch_port}"`` after a job: remote teardown is asynchronous (sshd
+    hangs up the worker), but anything left after the grace is a leaked ssh client or an
+    orphaned worker that would hold the port and break the next job on it.
+
+    Returns:
+        The ``(pid, command line)`` of each process still there after the grace and therefore
+        sent SIGKILL; empty when nothing leaked.
+    """
+    deadline = time.monotonic() + grace_s
+    strays = processes_mentioning(needle)
+    while strays and time.monotonic() < deadline:
+        time.sleep(0.25)
+        strays = processes_mentioning(needle)
+    for pid, _ in strays:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return strays

@@ -1,0 +1,129 @@
+"""Run the installed ``monarch-launch`` against the loopback sshd cluster, as a subprocess.
+
+Monarch's client transport is process-global, and a subprocess can be given a hard wall limit.
+Output goes to a file: leaked ssh clients inherit the launcher's stdout and would keep a pipe open
+forever.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from monarch_operator.testing.loopback_sshd import SshCluster
+
+LAUNCH_WALL_LIMIT_S = 150
+RANK_LINE = re.compile(
+    r"^(?P<role>trainer|ref) rank (?P<rank>\d+)/(?P<world>\d+) host=(?P<host>\S+) "
+    r"pid=(?P<pid>\d+) ssh=(?P<ssh>\S+) worker=(?P<worker>-?\d+) gpus=(?P<gpus>\S+)$"
+)
+STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<steps>\d+) loss=(?P<loss>\S+) kl=(?P<kl>\S+)$")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A finished monarch-launch run: exit status, combined output lines, wall seconds."""
+
+    returncode: int
+    lines: list[str]
+    wall_s: float
+
+    def ranks(self, role: str) -> list[re.Match[str]]:
+        matches = [RANK_LINE.match(line) for line in self.lines]
+        return [m for m in matches if m is not None and m["role"] == role]
+
+    def steps(self) -> list[re.Match[str]]:
+        return [m for m in map(STEP_LINE.match, self.lines) if m is not None]
+
+    def describe(self) -> str:
+        return f"rc={self.returncode} after {self.wall_s:.1f}s, output:\n" + "\n".join(self.lines)
+
+
+def run_launch(
+    tmp_path: Path,
+    cluster: SshCluster,
+    hostfile: str,
+    monarch_port: int,
+    *flags: str,
+    sigterm_after: str | None = None,
+    spmd: bool = False,
+    extra_env: dict[str, str] | None = None,
+) -> Launch:
+    """Run monarch-launch on ``hostfile`` text against the loopback cluster and wait for it.
+
+    Args:
+        flags: further flags; in SPMD mode end them with the script and its arguments.
+        sigterm_after: send SIGTERM once an output line starts with that text.
+        spmd: run ``monarch-launch spmd`` (torchrun-compatible mode) instead of role mode.
+        extra_env: variables added to the launcher's environment.
+    """
+    executable = Path(sys.executable).parent / "monarch-launch"
+    assert executable.exists(), f"{executable} missing: pip install -e '.[dev]'"
+    (tmp_path / "hostfile").write_text(hostfile)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MONARCH_")}
+    env["MONARCH_CLIENT_ADDRESS"] = "tcp://127.0.0.1:0"
+    # Detect a dead proc in about 0.5 s instead of Monarch's default of several seconds.
+    env["HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"] = "500ms"
+    env.update(extra_env or {})
+    mode_flags = ["spmd"] if spmd else ["--call-timeout", "90"]
+    command = [
+        str(executable),
+        *mode_flags,
+        "--hostfile",
+        str(tmp_path / "hostfile"),
+        "--ssh-key",
+        str(cluster.key),
+        "--ssh-port",
+        str(cluster.port),
+        "--ssh-user",
+        "root",
+        "--monarch-port",
+        str(monarch_port),
+        "--attach-timeout",
+        "10",
+        *flags,
+    ]
+    output_path = tmp_path / "launch.log"
+    started = time.monotonic()
+    with output_path.open("wb") as output:
+        process = subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            if sigterm_after is not None:
+                _wait_for_line(output_path, sigterm_after, process, started)
+                process.send_signal(signal.SIGTERM)
+            process.wait(timeout=LAUNCH_WALL_LIMIT_S - (time.monotonic() - started))
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGTERM)  # the launcher tears down on SIGTERM
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    wall_s = time.monotonic() - started
+    lines = output_path.read_text(errors="replace").splitlines()
+    return Launch(process.returncode, [line.rstrip("\r") for line in lines], wall_s)
+
+
+def _wait_for_line(
+    path: Path, prefix: str, process: subprocess.Popen[bytes], started: float
+) -> None:
+    while time.monotonic() - started < LAUNCH_WALL_LIMIT_S and process.poll() is None:
+        if any(line.startswith(prefix) for line in path.read_text(errors="replace").splitlines()):
+            return
+        time.sleep(0.1)
+    raise subprocess.TimeoutExpired(str(process.args), LAUNCH_WALL_LIMIT_S)
+
+
