@@ -3,10 +3,11 @@
 For each host count N the parent starts N sshd daemons on 127.0.0.2 onwards
 (:mod:`monarch_operator.testing.loopback_sshd`) and runs every repeat in a fresh child process
 (``--one N``): Monarch allows one transport per process. The child times, in seconds, what the
-launcher does before attach (``check_ssh_reachable`` and ``preflight``), then SSHJob's attach
-(``job.state()`` until ``hosts.initialized``), ``spawn_procs(per_host={"gpus": 1})`` until its
-procs are up, and teardown (``shutdown()`` plus ``job.kill()``), and writes them to a JSON file.
-After each child the parent kills, and reports, any process still mentioning the Monarch port.
+launcher does before attach (``run_preflight``: resolve, sshd probe, ssh login, imports, port
+check), then SSHJob's attach (``job.state()`` until ``hosts.initialized``),
+``spawn_procs(per_host={"gpus": 1})`` until its procs are up, and teardown (``shutdown()`` plus
+``job.kill()``), and writes them to a JSON file. After each child the parent kills, and
+reports, any process still mentioning the Monarch port.
 
 Run: ``.venv/bin/python bench/attach_hosts.py [--hosts 2 4 8 16] [--repeat 3]`` as root.
 """
@@ -28,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from monarch_operator.launcher.network import check_ssh_reachable
-from monarch_operator.launcher.ssh import SshSettings, preflight, ssh_args
+from monarch_operator.launcher.preflight import PreflightSettings, run_preflight
+from monarch_operator.launcher.ssh import SshSettings, ssh_args
 from monarch_operator.testing.loopback_sshd import (
     LoopbackSshd,
     SshCluster,
@@ -40,7 +41,6 @@ from monarch_operator.testing.loopback_sshd import (
 
 # The phases a child times, in the order it runs them, with their table headings.
 PHASES = {
-    "reach_s": "reach",
     "preflight_s": "preflight",
     "listen_s": "listen",
     "attach_s": "attach",
@@ -130,12 +130,13 @@ def measure_once(
     monarch.actor.unhandled_fault_hook = lambda failure: print(
         f"unhandled monarch fault: {failure}", file=sys.stderr
     )
-    addresses = {host: host for host in loopback_hosts(count)}
     settings = SshSettings(port=ssh_port, user="root", key=str(key))
-    timings = {
-        "reach_s": _timed(lambda: check_ssh_reachable(addresses, ssh_port)),
-        "preflight_s": _timed(lambda: preflight(addresses, settings, sys.executable)),
-    }
+    checks = PreflightSettings(
+        ssh=settings, python_exe=sys.executable, monarch_port=monarch_port, modules=("monarch",)
+    )
+    started = time.monotonic()
+    addresses = run_preflight(loopback_hosts(count), checks)
+    timings = {"preflight_s": time.monotonic() - started}
     started = time.monotonic()
     job = SSHJob(python_exe=sys.executable, ssh_args=ssh_args(settings), monarch_port=monarch_port)
     timings["job_s"] = time.monotonic() - started
@@ -145,7 +146,7 @@ def measure_once(
         default_transport="tcp://127.0.0.1:0",
         mesh_attach_config_timeout=f"{attach_timeout_s:g}s",
     )
-    job.add_mesh("hosts", list(addresses))
+    job.add_mesh("hosts", list(addresses.values()))
     get_timeout_s = attach_timeout_s + 30
     hosts: Any = None
     try:

@@ -125,5 +125,3 @@ def _wait_for_line(
             return
         time.sleep(0.1)
     raise subprocess.TimeoutExpired(str(process.args), LAUNCH_WALL_LIMIT_S)
-
-

@@ -135,8 +135,15 @@ def test_dry_run_prints_the_plan_as_json_and_connects_to_nothing(
 ) -> None:
     # Documentation addresses (RFC 5737): nothing is dialed in a dry run.
     code = main(
-        ["--hosts", "192.0.2.1,192.0.2.2", "--slots-per-host", "4", "--colocate", "--dry-run",
-         "--json"]
+        [
+            "--hosts",
+            "192.0.2.1,192.0.2.2",
+            "--slots-per-host",
+            "4",
+            "--colocate",
+            "--dry-run",
+            "--json",
+        ]
     )
 
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

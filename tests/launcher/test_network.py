@@ -1,5 +1,6 @@
-"""Address checks before Monarch starts: resolution (field case C3), sshd probes, the client
-listen address. Uses loopback sockets only."""
+"""Plain-socket checks before Monarch starts: name resolution, sshd probes, the client listen
+address. Uses loopback sockets only; the per-host pre-flight built on them is tested in
+test_preflight.py."""
 
 from __future__ import annotations
 
@@ -12,33 +13,23 @@ import pytest
 from monarch_operator.launcher import network
 from monarch_operator.launcher.network import (
     NetworkCheckError,
-    check_ssh_reachable,
     client_address,
-    resolve_hosts,
+    probe_sshd,
+    resolve_host,
 )
 
 
-def test_ip_literals_resolve_to_themselves() -> None:
-    assert resolve_hosts(["127.0.0.2", "127.0.0.3"]) == {
-        "127.0.0.2": "127.0.0.2",
-        "127.0.0.3": "127.0.0.3",
-    }
+def test_ip_literal_resolves_to_itself() -> None:
+    assert resolve_host("127.0.0.2") == "127.0.0.2"
 
 
-def test_name_resolving_to_loopback_next_to_remote_hosts_is_refused(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Field case C3: host-a's own name resolves to 127.0.1.1 (Debian /etc/hosts).
-    table = {"host-a": "127.0.1.1", "host-b": "192.0.2.2"}
-    monkeypatch.setattr(network, "resolve_host", lambda name: table[name])
-
-    with pytest.raises(NetworkCheckError, match=r"host-a -> 127\.0\.1\.1"):
-        resolve_hosts(["host-a", "host-b"])
+def test_localhost_resolves_to_ipv4_loopback() -> None:
+    assert resolve_host("localhost").startswith("127.")
 
 
 def test_unresolvable_name_is_named() -> None:
     with pytest.raises(NetworkCheckError, match="'no-such-host.invalid' does not resolve"):
-        resolve_hosts(["no-such-host.invalid"])
+        resolve_host("no-such-host.invalid")
 
 
 @pytest.fixture
@@ -68,27 +59,44 @@ def fake_sshd() -> Iterator[tuple[str, int]]:
 def test_reachable_sshd_passes(fake_sshd: tuple[str, int]) -> None:
     address, port = fake_sshd
 
-    check_ssh_reachable({"worker-a": address}, port)
+    assert probe_sshd(address, port, timeout_s=3.0) is None
 
 
-def test_every_unreachable_host_is_named(fake_sshd: tuple[str, int]) -> None:
-    address, port = fake_sshd
+def test_nothing_listening_is_reported_with_the_socket_error() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.9", 0))
+        port = closed.getsockname()[1]  # bound but not listening: connect is refused
 
-    with pytest.raises(NetworkCheckError) as caught:
-        check_ssh_reachable(
-            {"worker-a": address, "worker-b": "127.0.0.9", "worker-c": "127.0.0.10"}, port
-        )
+        reason = probe_sshd("127.0.0.9", port, timeout_s=3.0)
 
-    message = str(caught.value)
-    assert f"worker-b (127.0.0.9:{port})" in message and "worker-c" in message
-    assert "worker-a" not in message
+    assert reason is not None and "refused" in reason.lower()
 
 
 def test_port_that_is_not_sshd_is_reported() -> None:
     with socket.create_server(("127.0.0.6", 0)) as silent:
         port = silent.getsockname()[1]
-        with pytest.raises(NetworkCheckError, match="sent no SSH banner"):
-            check_ssh_reachable({"worker-a": "127.0.0.6"}, port, timeout_s=0.5)
+
+        reason = probe_sshd("127.0.0.6", port, timeout_s=0.5)
+
+    assert reason is not None and reason.startswith(f"port {port} accepts connections")
+    assert "sent no SSH banner" in reason
+
+
+def test_port_answering_another_protocol_is_reported() -> None:
+    with socket.create_server(("127.0.0.7", 0)) as server:
+        port = server.getsockname()[1]
+
+        def greet() -> None:
+            connection, _ = server.accept()
+            with connection:
+                connection.sendall(b"HTTP/1.1 400 Bad Request\r\n")
+
+        thread = threading.Thread(target=greet, daemon=True)
+        thread.start()
+        reason = probe_sshd("127.0.0.7", port, timeout_s=3.0)
+        thread.join(timeout=5)
+
+    assert reason == f"port {port} answered, but not with an SSH banner: b'HTTP/1.1 400 Bad Req'"
 
 
 def test_all_loopback_workers_use_a_loopback_client() -> None:

@@ -21,6 +21,7 @@ from tests.launcher.launching import Launch, run_launch
 
 pytestmark = pytest.mark.ssh
 
+
 def expected_steps(steps: int) -> list[tuple[float, float]]:
     """(loss, KL) per step of the built-in workload, computed on one process, full batch."""
     import torch

@@ -278,10 +278,24 @@ def test_plan_as_json_data() -> None:
         "colocated": True,
         "meshes": [{"name": COLOCATED_MESH, "hosts": ["a", "b"], "slots_per_host": 4}],
         "roles": [
-            {"role": TRAINER, "mesh": COLOCATED_MESH, "hosts": 2, "procs_per_host": 3,
-             "world_size": 6, "gpus": [0, 1, 2], "cuda_visible_devices": "0,1,2"},
-            {"role": REF, "mesh": COLOCATED_MESH, "hosts": 2, "procs_per_host": 1,
-             "world_size": 2, "gpus": [3], "cuda_visible_devices": "3"},
+            {
+                "role": TRAINER,
+                "mesh": COLOCATED_MESH,
+                "hosts": 2,
+                "procs_per_host": 3,
+                "world_size": 6,
+                "gpus": [0, 1, 2],
+                "cuda_visible_devices": "0,1,2",
+            },
+            {
+                "role": REF,
+                "mesh": COLOCATED_MESH,
+                "hosts": 2,
+                "procs_per_host": 1,
+                "world_size": 2,
+                "gpus": [3],
+                "cuda_visible_devices": "3",
+            },
         ],
         "unused_hosts": ["c"],
     }

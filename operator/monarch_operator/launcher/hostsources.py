@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 
 # ClusterShell (LGPL-2.1-or-later) ships no type hints.
-from ClusterShell.NodeSet import (  # type: ignore[import-untyped]
+from ClusterShell.NodeSet import (
     RESOLVER_NOGROUP,
     NodeSet,
     NodeSetParseError,

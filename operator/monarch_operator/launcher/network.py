@@ -1,12 +1,13 @@
-"""Checks and addresses the launcher needs before it starts Monarch: all plain sockets.
+"""Plain-socket building blocks the launcher needs before it starts Monarch.
 
-- :func:`resolve_hosts` turns hostfile names into the IPv4 addresses the workers bind and
-  advertise, refusing a name that resolves to loopback next to remote hosts (field case C3).
-- :func:`check_ssh_reachable` connects to every host's sshd in parallel and fails fast, naming
-  the host: Monarch's attach would only time out after ``mesh_attach_config_timeout`` without
-  saying which host was down.
+- :func:`resolve_host` turns a hostfile name into the IPv4 address its worker binds and
+  advertises.
+- :func:`probe_sshd` checks that an SSH server answers on a host, with its banner.
 - :func:`client_address` picks the address the launcher's own Monarch client listens on; the
   workers dial back to it.
+
+The per-host pre-flight that combines them (retries, the loopback rule of field case C3, the
+ssh login) lives in :mod:`.preflight`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 
 # The client listens on an ephemeral port unless --client-address pins one.
 _EPHEMERAL = 0
 
 
 class NetworkCheckError(RuntimeError):
-    """A host cannot be resolved or reached; the message names each bad host and why."""
+    """A host name does not resolve, or no usable client address exists; the message says why."""
 
 
 def _is_loopback(address: str) -> bool:
@@ -44,31 +44,6 @@ def resolve_host(name: str) -> str:
     return str(infos[0][4][0])
 
 
-def resolve_hosts(names: Iterable[str]) -> dict[str, str]:
-    """Resolve every host name to the IPv4 address its worker will bind and advertise.
-
-    Args:
-        names: hostfile host names or IPv4 literals.
-
-    Returns:
-        ``{name: address}`` in the order given.
-
-    Raises:
-        NetworkCheckError: a name does not resolve, or some hosts resolve to loopback while
-            others do not (a remote worker would advertise, or dial, an address that only means
-            "this machine"; field case C3). The message names each host and its address.
-    """
-    addresses = {name: resolve_host(name) for name in names}
-    loopback = {name: ip for name, ip in addresses.items() if _is_loopback(ip)}
-    if loopback and len(loopback) < len(addresses):
-        listing = ", ".join(f"{name} -> {ip}" for name, ip in loopback.items())
-        raise NetworkCheckError(
-            f"hosts resolve to loopback next to remote hosts: {listing}; a worker on another "
-            "machine cannot reach them. Fix /etc/hosts or DNS, or list routable addresses"
-        )
-    return addresses
-
-
 def probe_sshd(address: str, port: int, timeout_s: float) -> str | None:
     """Return None if an SSH server answers on ``address:port``, else the reason it does not."""
     try:
@@ -83,33 +58,6 @@ def probe_sshd(address: str, port: int, timeout_s: float) -> str | None:
     if not banner.startswith(b"SSH-"):
         return f"port {port} answered, but not with an SSH banner: {banner[:20]!r}"
     return None
-
-
-def check_ssh_reachable(addresses: dict[str, str], port: int, timeout_s: float = 3.0) -> None:
-    """Connect to the SSH server of every host in parallel and read its banner.
-
-    Args:
-        addresses: ``{host name: address}`` as from :func:`resolve_hosts`.
-        port: the sshd port, the same on every host.
-        timeout_s: per-host connect and banner timeout, seconds.
-
-    Raises:
-        NetworkCheckError: one or more hosts did not answer; the message lists every one of
-            them with its address and the socket error.
-    """
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(addresses)))) as pool:
-        futures = {
-            name: pool.submit(probe_sshd, address, port, timeout_s)
-            for name, address in addresses.items()
-        }
-        failures = {name: future.result() for name, future in futures.items()}
-    bad = [
-        f"{name} ({addresses[name]}:{port}): {reason}"
-        for name, reason in failures.items()
-        if reason is not None
-    ]
-    if bad:
-        raise NetworkCheckError("ssh unreachable on " + "; ".join(bad))
 
 
 def _routed_source_address(destination: str) -> str:

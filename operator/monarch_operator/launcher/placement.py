@@ -12,7 +12,8 @@ Rules:
   model ``t..t+r-1``, and each role's procs see only their set through ``CUDA_VISIBLE_DEVICES``.
   Default split: the trainer gets the larger half (``ceil(slots / 2)``), ref the rest.
   A host is never listed in two meshes, because Monarch's SSHJob would start two workers on
-  the same port for it, and the second one dies with "Address already in use" while ``job.kill()`` leaks the first ssh (seen with torchmonarch 0.7.0).
+  the same port for it, and the second one dies with "Address already in use" while
+  ``job.kill()`` leaks the first ssh (seen with torchmonarch 0.7.0).
 - Every host of one mesh must have the same slots: ``spawn_procs(per_host=...)`` takes one shape
   for the whole mesh.
 - A hostfile that mixes loopback names (``localhost``, ``127.x``, ``::1``) with other hosts is

@@ -320,7 +320,8 @@ def run_preflight(
     reported = -1
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
         while pending:
-            results = dict(zip(pending, pool.map(lambda h: check_host(h, settings), pending)))
+            checked = pool.map(lambda h: check_host(h, settings), pending)
+            results = dict(zip(pending, checked, strict=True))
             failures = {host: check for host, check in results.items() if not check.ready}
             ready.update({host: check for host, check in results.items() if check.ready})
             if len(ready) != reported and on_progress is not None:
@@ -328,9 +329,12 @@ def run_preflight(
             reported = len(ready)
             retryable = [host for host, check in failures.items() if check.reason in RETRYABLE]
             final = len(retryable) < len(failures)
-            if not failures or final or time.monotonic() - start + delay > wait_s:
+            elapsed = time.monotonic() - start
+            if not failures or final or elapsed >= wait_s:
                 break
-            time.sleep(delay)
+            # The last pause is cut short so that one more attempt falls on the deadline itself:
+            # a host that comes up just before it must not be reported as down.
+            time.sleep(min(delay, wait_s - elapsed))
             delay = min(delay * 2, _MAX_RETRY_S)
             pending = retryable
     known = {**ready, **failures}

@@ -1,4 +1,4 @@
-"""What the launcher prints: human lines by default, JSON lines with ``--json``, less with ``--quiet``.
+"""What the launcher prints: human lines, or JSON lines with ``--json``; less with ``--quiet``.
 
 Every line the launcher itself writes goes through :class:`Reporter`. Kinds of output:
 
@@ -86,7 +86,11 @@ class Reporter:
         if self.json_mode:
             self._json("hosts_ready", {"ready": ready, "total": total})
         elif not self.quiet:
-            print(f"{PREFIX} hosts ready {ready}/{total} (+{self.elapsed():.1f}s)", file=self.out, flush=True)
+            print(
+                f"{PREFIX} hosts ready {ready}/{total} (+{self.elapsed():.1f}s)",
+                file=self.out,
+                flush=True,
+            )
 
     def event(self, name: str, text: str, essential: bool = False, **fields: Any) -> None:
         """Report a result line: ``text`` in text mode, ``{"event": name, **fields}`` in JSON."""
@@ -111,7 +115,9 @@ class Reporter:
         """
         status = "succeeded" if exit_code == 0 else "failed"
         if self.json_mode:
-            self._json("result", {"status": status, "exit_code": exit_code, "reason": reason, **fields})
+            self._json(
+                "result", {"status": status, "exit_code": exit_code, "reason": reason, **fields}
+            )
         elif exit_code == 0:
             if not self.quiet:
                 print(f"{PREFIX} succeeded", file=self.out, flush=True)

@@ -197,9 +197,7 @@ def started_job(
         reporter.progress("torn down")
 
 
-def _wait_attached(
-    job: LauncherSSHJob, name: str, host_mesh: HostMesh, timeout_s: float
-) -> None:
+def _wait_attached(job: LauncherSSHJob, name: str, host_mesh: HostMesh, timeout_s: float) -> None:
     try:
         host_mesh.initialized.get(timeout=timeout_s + 5)
     except Exception as error:

@@ -76,7 +76,9 @@ class SpmdRunError(RuntimeError):
         self.exit_code = first.exit_code or exitcodes.FAILURE
         others = len(self.failures) - 1
         tail = f"; {others} other rank(s) failed or were stopped" if others else ""
-        trace = f"\n--- remote traceback of rank {first.rank} ---\n{first.error}" if first.error else ""
+        trace = (
+            f"\n--- remote traceback of rank {first.rank} ---\n{first.error}" if first.error else ""
+        )
         super().__init__(
             f"rank {first.rank} of {world_size} (host {first.host}, local rank "
             f"{first.local_rank}) {describe_exit(first)}{tail}{trace}"
@@ -118,26 +120,20 @@ def plan_spmd(
     if count < 1:
         raise SpmdConfigError(f"--nnodes must be at least 1, got {count}")
     if count > len(hosts):
-        raise SpmdConfigError(
-            f"--nnodes {count} asks for more hosts than the {len(hosts)} given"
-        )
+        raise SpmdConfigError(f"--nnodes {count} asks for more hosts than the {len(hosts)} given")
     used = list(hosts[:count])
     if nproc_per_node is None:
         slots = {host.slots for host in used}
         if len(slots) > 1:
             listing = ", ".join(f"{host.name} slots={host.slots}" for host in used)
-            raise SpmdConfigError(
-                f"hosts have different slots ({listing}); give --nproc-per-node"
-            )
+            raise SpmdConfigError(f"hosts have different slots ({listing}); give --nproc-per-node")
         return used, slots.pop()
     if nproc_per_node < 1:
         raise SpmdConfigError(f"--nproc-per-node must be at least 1, got {nproc_per_node}")
     short = [host for host in used if host.slots < nproc_per_node]
     if short:
         listing = ", ".join(f"{host.name} slots={host.slots}" for host in short)
-        raise SpmdConfigError(
-            f"--nproc-per-node {nproc_per_node} exceeds the slots of {listing}"
-        )
+        raise SpmdConfigError(f"--nproc-per-node {nproc_per_node} exceeds the slots of {listing}")
     return used, nproc_per_node
 
 
@@ -337,7 +333,10 @@ class SpmdLauncher:
                 if outcome.exit_code != 0 and failed_at is None:
                     failed_at = time.monotonic()
                     self._stop_ranks(stoppable)
-            if failed_at is not None and time.monotonic() - failed_at > STOP_GRACE_S + COLLECT_GRACE_S:
+            if (
+                failed_at is not None
+                and time.monotonic() - failed_at > STOP_GRACE_S + COLLECT_GRACE_S
+            ):
                 missing = sorted(set(futures) - set(outcomes))
                 self._broken = f"ranks {missing} did not finish after rank failures"
                 self.reporter.warning(f"{self._broken}; they are stopped with the workers")
@@ -387,7 +386,7 @@ def spmd_launcher(
 
     from monarch_operator.launcher.environment import worker_environment
 
-    host_list = ",".join(hosts) if isinstance(hosts, (list, tuple)) else hosts
+    host_list = hosts if hosts is None or isinstance(hosts, str) else ",".join(hosts)
     resolved, _source = resolve_host_source(hostfile, host_list, slurm, None, os.environ)
     config = SessionConfig(
         ssh=SshSettings(port=ssh_port, user=ssh_user or getpass.getuser(), key=ssh_key),

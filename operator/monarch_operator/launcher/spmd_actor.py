@@ -253,7 +253,9 @@ class SpmdRank(Actor):
             value = await asyncio.to_thread(function, *args, **kwargs)
         except SystemExit as error:
             code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
-            return RankOutcome(rank, host, local_rank, code, time.time(), error=f"SystemExit({code})")
+            return RankOutcome(
+                rank, host, local_rank, code, time.time(), error=f"SystemExit({code})"
+            )
         except BaseException as error:  # noqa: BLE001 - reported to the controller, not lost
             text = "".join(traceback.format_exception(error))
             return RankOutcome(

@@ -143,7 +143,9 @@ def _nproc(value: str | None) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise UsageError(f"--nproc-per-node {value!r}: expected an integer, 'gpu' or 'auto'") from None
+        raise UsageError(
+            f"--nproc-per-node {value!r}: expected an integer, 'gpu' or 'auto'"
+        ) from None
 
 
 def command_argv(args: argparse.Namespace) -> list[str]:
@@ -211,7 +213,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "monarch-torchrun") -> i
             error.exit_code,
             one_line(str(error), 2000),
             failures=[
-                {"rank": f.rank, "host": f.host, "local_rank": f.local_rank, "exit_code": f.exit_code}
+                {
+                    "rank": f.rank,
+                    "host": f.host,
+                    "local_rank": f.local_rank,
+                    "exit_code": f.exit_code,
+                }
                 for f in error.failures
             ],
         )

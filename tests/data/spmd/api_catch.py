@@ -1,0 +1,44 @@
+"""The in-code SPMD API as a notebook would use it: run ``train`` on every rank, then catch the
+exception one rank raises. argv: hosts (a,b), sshd port, key file, Monarch port. Prints one JSON
+line with what the controller saw."""
+
+import json
+import os
+import sys
+
+from monarch_operator.launcher import SpmdRunError, spmd_launcher
+
+
+def train(config: dict) -> float:
+    rank = int(os.environ["RANK"])
+    if rank == config["failing_rank"]:
+        raise ValueError(f"loss is NaN at step 7 on rank {rank}")
+    return rank * config["scale"] + int(os.environ["WORLD_SIZE"]) / 100
+
+
+hosts, ssh_port, key, monarch_port = sys.argv[1:5]
+seen: dict = {}
+with spmd_launcher(
+    hosts=hosts,
+    nproc_per_node=1,
+    ssh_key=key,
+    ssh_port=int(ssh_port),
+    ssh_user="root",
+    monarch_port=int(monarch_port),
+    quiet=True,
+    attach_timeout_s=20.0,
+) as launcher:
+    seen["values"] = launcher.run(train, {"failing_rank": -1, "scale": 10})
+    try:
+        launcher.run(train, {"failing_rank": 1, "scale": 10})
+    except SpmdRunError as error:
+        first = error.failures[0]
+        seen["caught"] = {
+            "ranks": [failure.rank for failure in error.failures],
+            "host": first.host,
+            "cause_type": type(error.__cause__).__name__,
+            "cause": str(error.__cause__),
+            "message": str(error).splitlines()[0],
+            "traceback": first.error,
+        }
+print("RESULT " + json.dumps(seen), flush=True)

@@ -1,0 +1,291 @@
+"""SPMD mode over real ssh: torchrun scripts unchanged, exit codes (field case C9), the in-code API.
+
+Hosts are the loopback sshd daemons of tests/launcher/conftest.py; every rank is a real process
+started by a real Monarch proc. After each run no worker, ssh client or script may be left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monarch_operator.testing.loopback_sshd import SshCluster, processes_mentioning
+from tests.launcher.launching import Launch, run_launch
+
+pytestmark = pytest.mark.ssh
+
+DATA = Path(__file__).parent.parent / "data" / "spmd"
+C9_RUNS = 50
+
+
+def reports(launch: Launch) -> dict[int, tuple[str, dict[str, Any]]]:
+    """``{rank: (output prefix, report)}`` from the ``REPORT {...}`` lines of every rank."""
+    found = {}
+    for line in launch.lines:
+        prefix, marker, payload = line.partition("REPORT ")
+        if marker:
+            report = json.loads(payload)
+            found[int(report["env"]["RANK"])] = (prefix.strip(), report)
+    return found
+
+
+def assert_no_script_left(tmp_path: Path) -> None:
+    """No process started from this test's directory (a rank script) may outlive the run."""
+    deadline = time.monotonic() + 5
+    while (left := processes_mentioning(str(tmp_path))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"rank processes left behind: {left}"
+
+
+def copy_script(tmp_path: Path, name: str) -> Path:
+    """Put a data script in the test's directory, so stray ranks can be found by path."""
+    target = tmp_path / name
+    target.write_text((DATA / name).read_text())
+    return target
+
+
+def test_torchrun_script_runs_unchanged_on_two_hosts_by_two_slots(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    a, b, _ = ssh_cluster.hosts
+    script = copy_script(tmp_path, "torchrun_allreduce.py")
+
+    launch = run_launch(
+        tmp_path,
+        ssh_cluster,
+        f"{a} slots=2\n{b} slots=2\n",
+        monarch_port,
+        "--nnodes",
+        "2",
+        "--nproc_per_node",  # torchrun's underscore spelling is accepted too
+        "2",
+        "--rdzv-id",
+        "run-42",
+        "--env",
+        "EXTRA_FLAG=on",
+        str(script),
+        "--epochs",
+        "3",
+        spmd=True,
+        extra_env={"NCCL_DEBUG": "INFO", "NOT_ALLOWED_SECRET": "hunter2"},
+    )
+
+    assert launch.returncode == 0, launch.describe()
+    assert launch.lines[-1] == "monarch-launch: succeeded", launch.describe()
+    ranks = reports(launch)
+    assert sorted(ranks) == [0, 1, 2, 3], launch.describe()
+    master_ports = {report["env"]["MASTER_PORT"] for _, report in ranks.values()}
+    assert len(master_ports) == 1 and master_ports.pop().isdigit()
+    for rank, (prefix, report) in ranks.items():
+        host = (a, b)[rank // 2]
+        assert report["env"] | {"MASTER_PORT": "-"} == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank % 2),
+            "WORLD_SIZE": "4",
+            "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": str(rank // 2),
+            "GROUP_WORLD_SIZE": "2",
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": "4",
+            "ROLE_NAME": "default",
+            "MASTER_ADDR": a,
+            "MASTER_PORT": "-",
+            "TORCHELASTIC_RUN_ID": "run-42",
+            # Allow-listed and --env variables cross ssh; others do not.
+            "NCCL_DEBUG": "INFO",
+            "EXTRA_FLAG": "on",
+            "NOT_ALLOWED_SECRET": None,
+        }, f"rank {rank}"
+        assert (report["dist_rank"], report["dist_world"], report["sum"]) == (rank, 4, 10.0)
+        assert report["ssh_server"] == host, "rank runs on its host"
+        assert prefix == f"[spmd/{host}/{rank}]", "output is prefixed role/host/rank"
+        assert report["argv"] == ["--epochs", "3"]
+        assert report["cwd"] == str(tmp_path), "ranks start in the launcher's directory"
+    assert_no_script_left(tmp_path)
+
+
+def test_module_and_no_python_forms(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    a, b, _ = ssh_cluster.hosts
+    (tmp_path / "rank_module.py").write_text(
+        "import os\nprint('module rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n"
+    )
+    hostfile = f"{a} slots=1\n{b} slots=1\n"
+
+    module_run = run_launch(
+        tmp_path, ssh_cluster, hostfile, monarch_port, "-m", "rank_module", spmd=True
+    )
+    shell_run = run_launch(
+        tmp_path,
+        ssh_cluster,
+        hostfile,
+        monarch_port,
+        "--no-python",
+        "/bin/sh",
+        "-c",
+        'echo "shell rank $RANK local $LOCAL_RANK"',
+        spmd=True,
+    )
+
+    assert module_run.returncode == 0, module_run.describe()
+    assert sorted(line for line in module_run.lines if "module rank" in line) == [
+        f"[spmd/{a}/0] module rank 0 of 2",
+        f"[spmd/{b}/1] module rank 1 of 2",
+    ]
+    assert shell_run.returncode == 0, shell_run.describe()
+    assert sorted(line for line in shell_run.lines if "shell rank" in line) == [
+        f"[spmd/{a}/0] shell rank 0 local 0",
+        f"[spmd/{b}/1] shell rank 1 local 0",
+    ]
+
+
+def test_c9_every_rank_exits_3_gives_3_in_50_of_50_runs(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    # Field case C9 (mpich #7057, ompi #1344): two hosts, every worker exits 3 at once.
+    a, b, _ = ssh_cluster.hosts
+    script = copy_script(tmp_path, "exit_with.py")
+    codes = []
+    for _ in range(C9_RUNS):
+        launch = run_launch(
+            tmp_path,
+            ssh_cluster,
+            f"{a} slots=1\n{b} slots=1\n",
+            monarch_port,
+            "--quiet",
+            str(script),
+            "3",
+            spmd=True,
+        )
+        codes.append(launch.returncode)
+        if launch.returncode != 3:
+            pytest.fail(f"run {len(codes)} of {C9_RUNS}: {launch.describe()}")
+    assert codes == [3] * C9_RUNS
+    assert "exited with code 3" in launch.lines[-1], launch.describe()
+    assert_no_script_left(tmp_path)
+
+
+def test_all_ranks_exiting_0_gives_0(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    a, b, _ = ssh_cluster.hosts
+    script = copy_script(tmp_path, "exit_with.py")
+
+    launch = run_launch(
+        tmp_path,
+        ssh_cluster,
+        f"{a} slots=1\n{b} slots=1\n",
+        monarch_port,
+        str(script),
+        "0",
+        spmd=True,
+    )
+
+    assert launch.returncode == 0, launch.describe()
+
+
+def test_rank_killed_by_sigkill_gives_137_and_the_others_are_stopped(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    a, b, _ = ssh_cluster.hosts
+    script = copy_script(tmp_path, "exit_with.py")
+
+    launch = run_launch(
+        tmp_path,
+        ssh_cluster,
+        f"{a} slots=1\n{b} slots=1\n",
+        monarch_port,
+        str(script),
+        "kill",
+        "1",
+        spmd=True,
+    )
+
+    assert launch.returncode == 137, launch.describe()
+    failure = launch.lines[-1]
+    assert failure.startswith(
+        f"monarch-launch: failed: rank 1 of 2 (host {b}, local rank 0) "
+        "was killed by signal 9 (exit 137)"
+    ), launch.describe()
+    # Rank 0 slept for 120 s; it was stopped at once, not waited for.
+    assert launch.wall_s < 60, launch.describe()
+    assert_no_script_left(tmp_path)
+
+
+def test_in_code_api_catches_the_exception_raised_in_train(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    a, b, _ = ssh_cluster.hosts
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MONARCH_")}
+    env["HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"] = "500ms"
+    output = tmp_path / "api.log"
+    with output.open("wb") as sink:
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(DATA / "api_catch.py"),
+                f"{a},{b}",
+                str(ssh_cluster.port),
+                str(ssh_cluster.key),
+                str(monarch_port),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            timeout=150,
+            check=False,
+        )
+    text = output.read_text(errors="replace")
+    lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, text
+    seen = json.loads(lines[0].removeprefix("RESULT "))
+
+    assert seen["values"] == [0.02, 10.02], "train's return values, by rank"
+    caught = seen["caught"]
+    assert caught["ranks"] == [1] and caught["host"] == b, text
+    assert caught["cause_type"] == "ValueError"
+    assert caught["cause"] == "loss is NaN at step 7 on rank 1"
+    assert caught["message"] == (
+        f"rank 1 of 2 (host {b}, local rank 0) raised ValueError: loss is NaN at step 7 on rank 1"
+    )
+    assert "in train" in caught["traceback"] and "Traceback" in caught["traceback"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--node-rank", "1"], "--node-rank is not needed"),
+        (["--nnodes", "1:4"], "elastic ranges are not supported"),
+        (["--nnodes", "3"], "--nnodes 3 asks for more hosts than the 2 given"),
+        (["--nproc-per-node", "2"], "--nproc-per-node 2 exceeds the slots of"),
+        (["--max-restarts", "3"], "restarts are not supported"),
+    ],
+)
+def test_unsupported_torchrun_flags_are_refused_before_any_ssh(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int, flags: list[str], message: str
+) -> None:
+    a, b, _ = ssh_cluster.hosts
+
+    launch = run_launch(
+        tmp_path,
+        ssh_cluster,
+        f"{a} slots=1\n{b} slots=1\n",
+        monarch_port,
+        *flags,
+        "train.py",
+        spmd=True,
+    )
+
+    assert launch.returncode == 2, launch.describe()
+    assert message in launch.lines[-1], launch.describe()
+    assert not any("hosts ready" in line for line in launch.lines), "nothing was contacted"
