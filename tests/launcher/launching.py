@@ -52,6 +52,7 @@ def run_launch(
     monarch_port: int,
     *flags: str,
     sigterm_after: str | None = None,
+    stop_signal: int = signal.SIGTERM,
     spmd: bool = False,
     extra_env: dict[str, str] | None = None,
 ) -> Launch:
@@ -59,7 +60,8 @@ def run_launch(
 
     Args:
         flags: further flags; in SPMD mode end them with the script and its arguments.
-        sigterm_after: send SIGTERM once an output line starts with that text.
+        sigterm_after: send ``stop_signal`` once an output line starts with that text.
+        stop_signal: the signal for ``sigterm_after`` (SIGKILL leaves the workers orphaned).
         spmd: run ``monarch-launch spmd`` (torchrun-compatible mode) instead of role mode.
         extra_env: variables added to the launcher's environment.
     """
@@ -103,7 +105,7 @@ def run_launch(
         try:
             if sigterm_after is not None:
                 _wait_for_line(output_path, sigterm_after, process, started)
-                process.send_signal(signal.SIGTERM)
+                process.send_signal(stop_signal)
             process.wait(timeout=LAUNCH_WALL_LIMIT_S - (time.monotonic() - started))
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGTERM)  # the launcher tears down on SIGTERM

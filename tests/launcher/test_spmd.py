@@ -289,3 +289,35 @@ def test_unsupported_torchrun_flags_are_refused_before_any_ssh(
     assert launch.returncode == 2, launch.describe()
     assert message in launch.lines[-1], launch.describe()
     assert not any("hosts ready" in line for line in launch.lines), "nothing was contacted"
+
+
+def test_json_output_reports_plan_progress_and_the_failing_rank(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    a, b, _ = ssh_cluster.hosts
+    script = copy_script(tmp_path, "exit_with.py")
+
+    launch = run_launch(
+        tmp_path,
+        ssh_cluster,
+        f"{a} slots=1\n{b} slots=1\n",
+        monarch_port,
+        "--json",
+        str(script),
+        "5",
+        spmd=True,
+    )
+
+    records = [json.loads(line) for line in launch.lines if line.startswith("{")]
+    events = [record["event"] for record in records]
+    assert launch.returncode == 5, launch.describe()
+    assert events[0] == "progress" and "plan" in events and events[-1] == "result", events
+    assert {"event": "hosts_ready", "ready": 2, "total": 2} in [
+        {key: value for key, value in record.items() if key != "t"} for record in records
+    ]
+    plan = next(record["plan"] for record in records if record["event"] == "plan")
+    assert plan == {"mode": "spmd", "hosts": [a, b], "nproc_per_node": 1, "world_size": 2}
+    result = records[-1]
+    assert (result["status"], result["exit_code"]) == ("failed", 5)
+    assert sorted(failure["rank"] for failure in result["failures"]) == [0, 1]
+    assert all(failure["exit_code"] == 5 for failure in result["failures"])

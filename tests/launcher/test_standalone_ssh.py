@@ -10,13 +10,14 @@ gradient averaging over equal shards must equal the full-batch step.
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from monarch_operator.testing.loopback_sshd import SshCluster
+from monarch_operator.testing.loopback_sshd import SshCluster, processes_mentioning
 from tests.launcher.launching import Launch, run_launch
 
 pytestmark = pytest.mark.ssh
@@ -71,6 +72,7 @@ def test_trainer_on_two_hosts_and_ref_on_a_third(
 
     assert launch.returncode == 0, launch.describe()
     assert launch.lines[-1] == "monarch-launch: succeeded", launch.describe()
+    assert any(line.startswith("monarch-launch: hosts ready 3/3") for line in launch.lines)
     trainer, ref = launch.ranks("trainer"), launch.ranks("ref")
     assert sorted(int(m["rank"]) for m in trainer) == [0, 1, 2, 3], launch.describe()
     assert {int(m["world"]) for m in trainer} == {4}
@@ -167,6 +169,35 @@ def test_sigterm_mid_run_tears_down_and_exits_143(
     assert launch.returncode == 143, launch.describe()
     assert launch.lines[-1] == "monarch-launch: failed: terminated by signal 15"
     assert any(line.startswith("monarch-launch: torn down") for line in launch.lines)
+
+
+def test_next_run_stops_the_stale_workers_of_a_killed_launcher(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    # A launcher killed with SIGKILL cannot tear down: its workers keep the Monarch port on
+    # every host (a new worker would fail with "Address already in use"). The next run on the
+    # same hosts and port stops them in pre-flight and runs normally.
+    a, b, _ = ssh_cluster.hosts
+    hostfile = f"{a} slots=1\n{b} slots=1\n"
+    (tmp_path / "killed").mkdir()
+    killed = run_launch(
+        tmp_path / "killed",
+        ssh_cluster,
+        hostfile,
+        monarch_port,
+        "--steps",
+        "1000000",
+        sigterm_after="step 2/",
+        stop_signal=signal.SIGKILL,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.describe()
+    assert processes_mentioning(f"tcp://{a}:{monarch_port}"), "workers outlived the launcher"
+
+    launch = run_launch(tmp_path, ssh_cluster, hostfile, monarch_port, "--steps", "1")
+
+    assert launch.returncode == 0, launch.describe()
+    cleaned = [line for line in launch.lines if "stopped stale Monarch worker" in line]
+    assert sorted(line.split(" on ")[1].split()[0] for line in cleaned) == [a, b], launch.describe()
 
 
 def test_host_without_sshd_fails_fast_naming_it(

@@ -139,7 +139,8 @@ class HostCheck:
 
     def describe(self) -> str:
         """One line for reports, e.g. ``b (10.0.0.2): SSHAuthFailed: Permission denied``."""
-        where = f"{self.host} ({self.address})" if self.address else self.host
+        shown = self.address and self.address != self.host
+        where = f"{self.host} ({self.address})" if shown else self.host
         return f"{where}: {self.reason}: {self.detail}" if self.reason else f"{where}: ready"
 
 

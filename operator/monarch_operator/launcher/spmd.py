@@ -389,7 +389,11 @@ def spmd_launcher(
     host_list = hosts if hosts is None or isinstance(hosts, str) else ",".join(hosts)
     resolved, _source = resolve_host_source(hostfile, host_list, slurm, None, os.environ)
     config = SessionConfig(
-        ssh=SshSettings(port=ssh_port, user=ssh_user or getpass.getuser(), key=ssh_key),
+        ssh=SshSettings(
+            port=ssh_port,
+            user=ssh_user or getpass.getuser(),
+            key=os.path.expanduser(ssh_key) if ssh_key else None,
+        ),
         python_exe=python_exe or sys.executable,
         monarch_port=monarch_port,
         environment=worker_environment(os.environ, env),

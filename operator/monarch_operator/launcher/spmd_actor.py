@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import math
 import os
 import signal
 import socket
@@ -290,8 +289,3 @@ def _signal_groups(pids: set[int], signal_number: int) -> None:
             os.killpg(pid, signal_number)
         except OSError:
             pass  # already gone
-
-
-def world_size(world: World) -> int:
-    """Number of ranks of ``world``."""
-    return math.prod((len(world.hosts), world.nproc_per_node))

@@ -226,16 +226,21 @@ class LoopbackSshd:
 def processes_mentioning(needle: str) -> list[tuple[int, str]]:
     """Return ``(pid, command line)`` of every process whose arguments contain ``needle``.
 
-    The calling process is left out.
+    The calling process is left out. Reads ``/proc/<pid>/cmdline`` in full: ``ps`` cuts long
+    command lines (an ssh client's remote command with its ``env K=V ...`` prefix is long), and
+    a needle past the cut would go unseen.
     """
-    listing = subprocess.run(
-        ["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True
-    ).stdout
     found = []
-    for line in listing.splitlines():
-        pid_text, _, args = line.strip().partition(" ")
-        if needle in args and int(pid_text) != os.getpid():
-            found.append((int(pid_text), args))
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        args = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        if needle in args:
+            found.append((int(entry.name), args))
     return found
 
 
