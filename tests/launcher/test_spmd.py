@@ -51,6 +51,16 @@ def copy_script(tmp_path: Path, name: str) -> Path:
     return target
 
 
+def spmd_on_two_hosts(
+    tmp_path: Path, cluster: SshCluster, monarch_port: int, *flags: str
+) -> Launch:
+    """``monarch-launch spmd`` on the first two loopback hosts, one slot each."""
+    a, b, _ = cluster.hosts
+    return run_launch(
+        tmp_path, cluster, f"{a} slots=1\n{b} slots=1\n", monarch_port, *flags, spmd=True
+    )
+
+
 def test_torchrun_script_runs_unchanged_on_two_hosts_by_two_slots(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
@@ -118,21 +128,16 @@ def test_module_and_no_python_forms(
     (tmp_path / "rank_module.py").write_text(
         "import os\nprint('module rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n"
     )
-    hostfile = f"{a} slots=1\n{b} slots=1\n"
 
-    module_run = run_launch(
-        tmp_path, ssh_cluster, hostfile, monarch_port, "-m", "rank_module", spmd=True
-    )
-    shell_run = run_launch(
+    module_run = spmd_on_two_hosts(tmp_path, ssh_cluster, monarch_port, "-m", "rank_module")
+    shell_run = spmd_on_two_hosts(
         tmp_path,
         ssh_cluster,
-        hostfile,
         monarch_port,
         "--no-python",
         "/bin/sh",
         "-c",
         'echo "shell rank $RANK local $LOCAL_RANK"',
-        spmd=True,
     )
 
     assert module_run.returncode == 0, module_run.describe()
@@ -151,19 +156,16 @@ def test_c9_every_rank_exits_3_gives_3_in_50_of_50_runs(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
     # Field case C9 (mpich #7057, ompi #1344): two hosts, every worker exits 3 at once.
-    a, b, _ = ssh_cluster.hosts
     script = copy_script(tmp_path, "exit_with.py")
     codes = []
     for _ in range(C9_RUNS):
-        launch = run_launch(
+        launch = spmd_on_two_hosts(
             tmp_path,
             ssh_cluster,
-            f"{a} slots=1\n{b} slots=1\n",
             monarch_port,
             "--quiet",
             str(script),
             "3",
-            spmd=True,
         )
         codes.append(launch.returncode)
         if launch.returncode != 3:
@@ -176,17 +178,14 @@ def test_c9_every_rank_exits_3_gives_3_in_50_of_50_runs(
 def test_all_ranks_exiting_0_gives_0(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
-    a, b, _ = ssh_cluster.hosts
     script = copy_script(tmp_path, "exit_with.py")
 
-    launch = run_launch(
+    launch = spmd_on_two_hosts(
         tmp_path,
         ssh_cluster,
-        f"{a} slots=1\n{b} slots=1\n",
         monarch_port,
         str(script),
         "0",
-        spmd=True,
     )
 
     assert launch.returncode == 0, launch.describe()
@@ -195,18 +194,16 @@ def test_all_ranks_exiting_0_gives_0(
 def test_rank_killed_by_sigkill_gives_137_and_the_others_are_stopped(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
-    a, b, _ = ssh_cluster.hosts
+    _, b, _ = ssh_cluster.hosts
     script = copy_script(tmp_path, "exit_with.py")
 
-    launch = run_launch(
+    launch = spmd_on_two_hosts(
         tmp_path,
         ssh_cluster,
-        f"{a} slots=1\n{b} slots=1\n",
         monarch_port,
         str(script),
         "kill",
         "1",
-        spmd=True,
     )
 
     assert launch.returncode == 137, launch.describe()
@@ -274,16 +271,13 @@ def test_in_code_api_catches_the_exception_raised_in_train(
 def test_unsupported_torchrun_flags_are_refused_before_any_ssh(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int, flags: list[str], message: str
 ) -> None:
-    a, b, _ = ssh_cluster.hosts
 
-    launch = run_launch(
+    launch = spmd_on_two_hosts(
         tmp_path,
         ssh_cluster,
-        f"{a} slots=1\n{b} slots=1\n",
         monarch_port,
         *flags,
         "train.py",
-        spmd=True,
     )
 
     assert launch.returncode == 2, launch.describe()
@@ -297,15 +291,13 @@ def test_json_output_reports_plan_progress_and_the_failing_rank(
     a, b, _ = ssh_cluster.hosts
     script = copy_script(tmp_path, "exit_with.py")
 
-    launch = run_launch(
+    launch = spmd_on_two_hosts(
         tmp_path,
         ssh_cluster,
-        f"{a} slots=1\n{b} slots=1\n",
         monarch_port,
         "--json",
         str(script),
         "5",
-        spmd=True,
     )
 
     records = [json.loads(line) for line in launch.lines if line.startswith("{")]

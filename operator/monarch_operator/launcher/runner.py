@@ -8,7 +8,6 @@ have passed.
 from __future__ import annotations
 
 import functools
-import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,6 @@ from monarch_operator.launcher.placement import (
     plan_placement,
     plan_to_dict,
 )
-from monarch_operator.launcher.preflight import PreflightError
 from monarch_operator.launcher.procenv import set_environment
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session import (
@@ -33,7 +31,7 @@ from monarch_operator.launcher.session import (
     Terminated,
     check_hosts,
     install_fault_hook,
-    one_line,
+    report_failure,
     started_job,
 )
 
@@ -95,24 +93,8 @@ def launch(config: LaunchConfig, reporter: Reporter | None = None) -> int:
         reporter.progress(f"pre-flight ok on {len(addresses)} hosts")
         install_fault_hook(recorder)
         _run_on_monarch(config, plan, addresses, reporter)
-    except PreflightError as error:
-        return reporter.result(
-            exitcodes.FAILURE,
-            str(error),
-            hosts=[
-                {"host": c.host, "address": c.address, "reason": c.reason, "detail": c.detail}
-                for c in error.failures
-            ],
-        )
-    except Terminated as error:
-        return reporter.result(error.exit_code, str(error))
-    except KeyboardInterrupt:
-        return reporter.result(exitcodes.SIGNAL_BASE + signal.SIGINT, "interrupted")
-    except Exception as error:  # noqa: BLE001 - every failure becomes a reported exit status
-        reason = one_line(f"{type(error).__name__}: {error}")
-        return reporter.result(
-            exitcodes.exit_code_for_failure([*recorder.reports, str(error)]), reason
-        )
+    except (Exception, Terminated, KeyboardInterrupt) as error:  # noqa: BLE001 - reported
+        return report_failure(error, recorder, reporter)
     return reporter.result(exitcodes.SUCCESS)
 
 

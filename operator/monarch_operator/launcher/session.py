@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,7 +24,12 @@ from typing import TYPE_CHECKING
 
 from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.network import client_address
-from monarch_operator.launcher.preflight import HostCheck, PreflightSettings, run_preflight
+from monarch_operator.launcher.preflight import (
+    HostCheck,
+    PreflightError,
+    PreflightSettings,
+    run_preflight,
+)
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.ssh import SshSettings, ssh_args
 
@@ -37,6 +44,8 @@ SHUTDOWN_TIMEOUT_S = 15.0
 # about a second instead of at a call timeout (measured: 8.4 s -> 0.35 s for an exiting proc).
 SUPERVISION_POLL = "500ms"
 _SUPERVISION_POLL_ENV = "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"
+# How long a failed launch waits for a fault report that names the exit status, seconds.
+FAULT_SETTLE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,40 @@ def one_line(text: str, limit: int = 400) -> str:
     """Collapse ``text`` to one line of at most ``limit`` characters (Monarch errors span many)."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def report_failure(error: BaseException, recorder: FaultRecorder, reporter: Reporter) -> int:
+    """Report why a launch stopped and return its exit status (rules in :mod:`.exitcodes`).
+
+    Args:
+        error: a :class:`~.preflight.PreflightError` (each host's reason is reported),
+            :class:`Terminated`, KeyboardInterrupt, or any other Exception (its code is read
+            from Monarch's fault reports and the error text).
+        recorder: the faults Monarch reported during the launch.
+        reporter: where the result goes.
+    """
+    if isinstance(error, PreflightError):
+        hosts = [
+            {"host": c.host, "address": c.address, "reason": c.reason, "detail": c.detail}
+            for c in error.failures
+        ]
+        return reporter.result(exitcodes.FAILURE, str(error), hosts=hosts)
+    if isinstance(error, Terminated):
+        return reporter.result(error.exit_code, str(error))
+    if isinstance(error, KeyboardInterrupt):
+        return reporter.result(exitcodes.SIGNAL_BASE + signal.SIGINT, "interrupted")
+    reason = one_line(f"{type(error).__name__}: {error}")
+    code = exitcodes.exit_code_for_failure([*recorder.reports, str(error)])
+    # Under CPU pressure Monarch's supervision can first report a dead proc without its exit
+    # status ("... The process likely crashed"); the report naming the code follows. Give it a
+    # moment before settling for the generic failure status.
+    deadline = time.monotonic() + FAULT_SETTLE_S
+    while code == exitcodes.FAILURE and "Supervision" in type(error).__name__:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+        code = exitcodes.exit_code_for_failure([*recorder.reports, str(error)])
+    return reporter.result(code, reason)
 
 
 def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter) -> dict[str, str]:

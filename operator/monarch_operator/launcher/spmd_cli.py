@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -35,9 +34,8 @@ from monarch_operator.launcher.cli import (
     resolve_hosts,
     session_from_args,
 )
-from monarch_operator.launcher.preflight import PreflightError
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.session import Terminated, one_line
+from monarch_operator.launcher.session import Terminated, one_line, report_failure
 from monarch_operator.launcher.spmd import (
     SPMD_MODULES,
     SpmdConfigError,
@@ -222,17 +220,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "monarch-torchrun") -> i
                 for f in error.failures
             ],
         )
-    except PreflightError as error:
-        return reporter.result(exitcodes.FAILURE, str(error))
-    except Terminated as error:
-        return reporter.result(error.exit_code, str(error))
-    except KeyboardInterrupt:
-        return reporter.result(exitcodes.SIGNAL_BASE + signal.SIGINT, "interrupted")
-    except Exception as error:  # noqa: BLE001 - every failure becomes a reported exit status
-        reason = one_line(f"{type(error).__name__}: {error}")
-        return reporter.result(
-            exitcodes.exit_code_for_failure([*launcher.recorder.reports, str(error)]), reason
-        )
+    except (Exception, Terminated, KeyboardInterrupt) as error:  # noqa: BLE001 - reported
+        return report_failure(error, launcher.recorder, reporter)
     return reporter.result(exitcodes.SUCCESS, None, ranks=len(outcomes))
 
 
