@@ -85,7 +85,8 @@ def test_job_waits_with_ready_count_until_workers_are_ready(kubectl, namespace):
                      "toolarge Failed by startup timeout")
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "StartupTimeout"
-    assert "toolarge-worker-0" in failed["message"]
+    assert "toolarge-worker-0 (Unschedulable:" in failed["message"], failed["message"]
+    assert "Insufficient nvidia.com/gpu" in failed["message"], "the scheduler's reason is kept"
     assert job["status"]["readyWorkers"] == "0/1"
     assert get_json(kubectl, "configmap", "toolarge-hostfile", "-n", namespace) is None
     assert get_json(kubectl, "job", "toolarge-launcher", "-n", namespace) is None
@@ -106,13 +107,24 @@ def test_invalid_specs_refused_at_admission_naming_the_rule(kubectl, namespace):
                                                                   "ref": {"hosts": 1}}),
                             capture_output=True, text=True, env=kubectl.env)
     assert result.returncode != 0 and "must not exceed workers.replicas" in result.stderr
+    assert "spec.meshes: Invalid value" in result.stderr, "the rule names its field"
+    colocated = {"trainer": {"hosts": 2}, "ref": {"hosts": 2}, "colocate": True}
+    for name, spec, fragment in [
+        ("onegpu", {"workers": {"replicas": 2, "gpusPerWorker": 1}, "meshes": colocated},
+         "spec.workers.gpusPerWorker: Invalid value"),
+        ("unequal", {"workers": {"replicas": 2, "gpusPerWorker": 2},
+                     "meshes": {**colocated, "ref": {"hosts": 1}}},
+         "meshes.trainer.hosts and meshes.ref.hosts must be equal"),
+    ]:
+        result = subprocess.run(["kubectl", "apply", "-n", namespace, "-f", "-"],
+                                input=job_manifest(name, **spec), capture_output=True,
+                                text=True, env=kubectl.env)
+        assert result.returncode != 0 and fragment in result.stderr, result.stderr
 
 
 def test_longest_valid_name_is_accepted(kubectl, namespace):
     name = "a" * 45
-    kubectl("apply", "-n", namespace, "-f", "-", stdin=job_manifest(name, workers={
-        "replicas": 1, "gpusPerWorker": 1}, meshes={"trainer": {"hosts": 1}, "ref": {"hosts": 1},
-                                                    "colocate": True}))
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=job_manifest(name))
     wait_until(lambda: get_json(kubectl, "pod", f"{name}-worker-0", "-n", namespace), 60,
                "worker pod of the 45-character job")
 

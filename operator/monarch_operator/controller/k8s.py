@@ -90,13 +90,20 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
             observed = read(api_version, kind, namespace, name)
             if observed is None:  # deleted between the 409 and the read; next pass retries
                 raise
+    check_owner(observed, owner_uid)
+    return observed, created
+
+
+def check_owner(observed: dict[str, Any], owner_uid: str) -> None:
+    """Raise NotOwnedError unless ``observed``'s controller owner reference is ``owner_uid``."""
     owner = controller_uid(observed)
     if owner != owner_uid:
+        metadata = observed.get("metadata", {})
         raise NotOwnedError(
-            f"{kind} {namespace}/{name} exists but is controlled by uid {owner or '<none>'}, "
-            f"not by this job ({owner_uid}); waiting for it to be deleted"
+            f"{observed.get('kind', 'object')} {metadata.get('namespace')}/{metadata.get('name')} "
+            f"exists but is controlled by uid {owner or '<none>'}, not by this job "
+            f"({owner_uid}); waiting for it to be deleted"
         )
-    return observed, created
 
 
 def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:

@@ -31,6 +31,40 @@ def ready_worker_ordinals(job_name: str, replicas: int, pods: list[dict[str, Any
     }
 
 
+def why_not_ready(pod: dict[str, Any] | None) -> str:
+    """Say in a few words why a worker pod is not Ready, from what Kubernetes reports.
+
+    Args:
+        pod: the pod, or None when it does not exist (yet).
+
+    Returns:
+        E.g. ``"Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."``
+        (scheduler), ``"ImagePullBackOff: ..."`` (kubelet), ``"sshd not accepting connections
+        yet"`` (running, readiness probe failing), ``"not created"``.
+    """
+    if pod is None:
+        return "not created"
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return "being deleted"
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return _reason_text(condition)
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting")
+        if waiting:
+            return _reason_text(waiting)
+    phase = status.get("phase") or "Pending"
+    if phase == "Running":
+        return "sshd not accepting connections yet (readiness probe)"
+    return phase
+
+
+def _reason_text(entry: dict[str, Any]) -> str:
+    reason, message = entry.get("reason") or "", " ".join((entry.get("message") or "").split())
+    return f"{reason}: {message}" if reason and message else reason or message or "unknown"
+
+
 @dataclass(frozen=True)
 class LauncherOutcome:
     """How the launcher Job ended: ``finished`` False while it runs."""

@@ -85,11 +85,12 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> lis
 
 def _ensure_workers(state: Pass, settings: Settings) -> None:
     job = state.job
-    if k8s.read("v1", "Secret", job.namespace, names.ssh_secret(job.name)) is None:
+    secret = k8s.read("v1", "Secret", job.namespace, names.ssh_secret(job.name))
+    if secret is None:
         private_key, public_key = generate_ssh_keypair(f"monarch-job {job.namespace}/{job.name}")
         k8s.ensure(build_ssh_secret(job, private_key, public_key), job.uid)
     else:  # exists: keep its key bytes (retries must not rotate keys), but check the owner
-        k8s.ensure(build_ssh_secret(job, b"", b""), job.uid)
+        k8s.check_owner(secret, job.uid)
     k8s.ensure(build_worker_service(job), job.uid)
     k8s.ensure(build_worker_statefulset(job, settings), job.uid)
     pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
@@ -108,8 +109,10 @@ def _ensure_workers(state: Pass, settings: Settings) -> None:
     started = dt.datetime.strptime(state.status["startTime"], "%Y-%m-%dT%H:%M:%SZ").replace(
         tzinfo=dt.UTC)
     if (state.now - started).total_seconds() > job.startup_timeout_seconds:
+        by_name = {pod["metadata"]["name"]: pod for pod in pods}
+        reasons = [f"{name} ({observe.why_not_ready(by_name.get(name))})" for name in not_ready]
         message = (f"workers not ready after {job.startup_timeout_seconds}s "
-                   f"(spec.startupTimeoutSeconds): {_short(not_ready)}")
+                   f"(spec.startupTimeoutSeconds): {_short(reasons)}")
         state.condition(st.FAILED, True, st.REASON_STARTUP_TIMEOUT, message)
         state.events.append(Event("Warning", st.REASON_STARTUP_TIMEOUT, message))
 

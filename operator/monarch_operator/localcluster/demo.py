@@ -108,7 +108,7 @@ def launcher_log(kubectl: Kubectl, state_dir: Path, namespace: str, job_name: st
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns 0 when the sample job Succeeded."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="scripts/demo.sh", description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR)
     parser.add_argument("--namespace", default="team-a")
     parser.add_argument("--timeout", type=float, default=600)
