@@ -90,6 +90,12 @@ class Plan:
     unused_hosts: tuple[str, ...]
     colocated: bool
 
+    @property
+    def roles(self) -> tuple[RolePlan, ...]:
+        """Every role in start order; printing and JSON go through this, so a further role
+        (e.g. a generator) only needs a field here and a rule in :func:`plan_placement`."""
+        return (self.trainer, self.ref)
+
     def mesh(self, name: str) -> MeshPlan:
         """Return the mesh called ``name``; raises KeyError if the plan has none."""
         for mesh in self.meshes:
@@ -269,7 +275,7 @@ def format_plan(plan: Plan) -> list[str]:
         lines.append(
             f"mesh {mesh.name}: hosts={','.join(mesh.hosts)} procs/host={mesh.procs_per_host}"
         )
-    for role in (plan.trainer, plan.ref):
+    for role in plan.roles:
         lines.append(
             f"role {role.role}: mesh={role.mesh} hosts={role.hosts} "
             f"procs/host={role.procs_per_host} world={role.world_size} "
@@ -303,7 +309,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "gpus": list(role.gpus),
                 "cuda_visible_devices": role.cuda_visible_devices,
             }
-            for role in (plan.trainer, plan.ref)
+            for role in plan.roles
         ],
         "unused_hosts": list(plan.unused_hosts),
     }
