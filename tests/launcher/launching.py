@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,7 @@ def run_launch(
     *flags: str,
     sigterm_after: str | None = None,
     stop_signal: int = signal.SIGTERM,
+    then: Callable[[], None] | None = None,
     spmd: bool = False,
     extra_env: dict[str, str] | None = None,
 ) -> Launch:
@@ -62,6 +64,7 @@ def run_launch(
         flags: further flags; in SPMD mode end them with the script and its arguments.
         sigterm_after: send ``stop_signal`` once an output line starts with that text.
         stop_signal: the signal for ``sigterm_after`` (SIGKILL leaves the workers orphaned).
+        then: with ``sigterm_after``, call this instead of signalling the launcher.
         spmd: run ``monarch-launch spmd`` (torchrun-compatible mode) instead of role mode.
         extra_env: variables added to the launcher's environment.
     """
@@ -105,7 +108,10 @@ def run_launch(
         try:
             if sigterm_after is not None:
                 _wait_for_line(output_path, sigterm_after, process, started)
-                process.send_signal(stop_signal)
+                if then is not None:
+                    then()
+                else:
+                    process.send_signal(stop_signal)
             process.wait(timeout=LAUNCH_WALL_LIMIT_S - (time.monotonic() - started))
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGTERM)  # the launcher tears down on SIGTERM

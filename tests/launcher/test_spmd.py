@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -52,12 +53,19 @@ def copy_script(tmp_path: Path, name: str) -> Path:
 
 
 def spmd_on_two_hosts(
-    tmp_path: Path, cluster: SshCluster, monarch_port: int, *flags: str
+    tmp_path: Path, cluster: SshCluster, monarch_port: int, *flags: str, **options: Any
 ) -> Launch:
-    """``monarch-launch spmd`` on the first two loopback hosts, one slot each."""
+    """``monarch-launch spmd`` on the first two loopback hosts, one slot each; ``options`` go
+    to :func:`run_launch`."""
     a, b, _ = cluster.hosts
     return run_launch(
-        tmp_path, cluster, f"{a} slots=1\n{b} slots=1\n", monarch_port, *flags, spmd=True
+        tmp_path,
+        cluster,
+        f"{a} slots=1\n{b} slots=1\n",
+        monarch_port,
+        *flags,
+        spmd=True,
+        **options,
     )
 
 
@@ -313,3 +321,33 @@ def test_json_output_reports_plan_progress_and_the_failing_rank(
     assert (result["status"], result["exit_code"]) == ("failed", 5)
     assert sorted(failure["rank"] for failure in result["failures"]) == [0, 1]
     assert all(failure["exit_code"] == 5 for failure in result["failures"])
+
+
+def test_worker_lost_mid_run_fails_the_ranks_of_that_host(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    _, b, _ = ssh_cluster.hosts
+    script = copy_script(tmp_path, "exit_with.py")
+
+    def kill_worker_on_b() -> None:
+        for pid, args in processes_mentioning(f"tcp://{b}:{monarch_port}"):
+            if "run_worker_loop_forever" in args and not args.startswith("ssh "):
+                os.kill(pid, signal.SIGKILL)
+
+    launch = spmd_on_two_hosts(
+        tmp_path,
+        ssh_cluster,
+        monarch_port,
+        str(script),
+        "kill",
+        "99",  # no such rank: every rank sleeps until stopped
+        sigterm_after="monarch-launch: 2 ranks ready",
+        then=kill_worker_on_b,
+    )
+
+    assert launch.returncode == 1, launch.describe()
+    assert launch.lines[-1] == (
+        f"monarch-launch: failed: rank 1 of 2 (host {b}, local rank 0) exited with code 1: "
+        f"Monarch worker lost mid-run on {b} (ssh exited 255)"
+    ), launch.describe()
+    assert_no_script_left(tmp_path)

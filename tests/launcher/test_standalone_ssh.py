@@ -10,6 +10,7 @@ gradient averaging over equal shards must equal the full-batch step.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import subprocess
 from collections import Counter
@@ -198,6 +199,41 @@ def test_next_run_stops_the_stale_workers_of_a_killed_launcher(
     assert launch.returncode == 0, launch.describe()
     cleaned = [line for line in launch.lines if "stopped stale Monarch worker" in line]
     assert sorted(line.split(" on ")[1].split()[0] for line in cleaned) == [a, b], launch.describe()
+
+
+def test_worker_lost_mid_run_is_detected_in_seconds_naming_the_host(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    # The OOM killer or a node reboot ends a host's Monarch worker while the trainer runs.
+    a, b, _ = ssh_cluster.hosts
+
+    def kill_worker_on_b() -> None:
+        workers = [
+            (pid, args)
+            for pid, args in processes_mentioning(f"tcp://{b}:{monarch_port}")
+            if not args.startswith("ssh ")  # the worker, not the launcher's ssh client
+        ]
+        assert workers, "the worker on b should be running"
+        for pid, _ in workers:
+            os.kill(pid, signal.SIGKILL)
+
+    launch = run_launch(
+        tmp_path,
+        ssh_cluster,
+        f"{a} slots=1\n{b} slots=1\n",
+        monarch_port,
+        "--steps",
+        "1000000",
+        sigterm_after="step 2/",
+        then=kill_worker_on_b,
+    )
+
+    assert launch.returncode == 1, launch.describe()
+    failure = launch.lines[-1]
+    assert failure.startswith(f"monarch-launch: failed: Monarch worker lost mid-run on {b}"), (
+        launch.describe()
+    )
+    assert a not in failure
 
 
 def test_host_without_sshd_fails_fast_naming_it(

@@ -29,6 +29,7 @@ from monarch_operator.launcher.session import (
     FaultRecorder,
     SessionConfig,
     Terminated,
+    WorkerLost,
     check_hosts,
     install_fault_hook,
     report_failure,
@@ -93,7 +94,7 @@ def launch(config: LaunchConfig, reporter: Reporter | None = None) -> int:
         reporter.progress(f"pre-flight ok on {len(addresses)} hosts")
         install_fault_hook(recorder)
         _run_on_monarch(config, plan, addresses, reporter)
-    except (Exception, Terminated, KeyboardInterrupt) as error:  # noqa: BLE001 - reported
+    except (Exception, Terminated, WorkerLost, KeyboardInterrupt) as error:  # noqa: BLE001 - reported
         return report_failure(error, recorder, reporter)
     return reporter.result(exitcodes.SUCCESS)
 

@@ -16,11 +16,12 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.network import client_address
@@ -44,6 +45,8 @@ SHUTDOWN_TIMEOUT_S = 15.0
 # about a second instead of at a call timeout (measured: 8.4 s -> 0.35 s for an exiting proc).
 SUPERVISION_POLL = "500ms"
 _SUPERVISION_POLL_ENV = "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"
+# How often the ssh clients are checked for a worker that ended mid-run, seconds.
+WATCH_INTERVAL_S = 0.5
 # How long a failed launch waits for a fault report that names the exit status, seconds.
 FAULT_SETTLE_S = 3.0
 
@@ -85,6 +88,65 @@ class Terminated(BaseException):
     def __init__(self, signal_number: int) -> None:
         super().__init__(f"terminated by signal {signal_number}")
         self.exit_code = exitcodes.SIGNAL_BASE + signal_number
+
+
+class WorkerLost(BaseException):
+    """A host's Monarch worker ended mid-run (its ssh session closed); raised in the main thread.
+
+    A BaseException for the same reason as :class:`Terminated`.
+
+    Attributes:
+        hosts: ``{host name: ssh exit status}`` of the lost workers.
+    """
+
+    def __init__(self, hosts: Mapping[str, int]) -> None:
+        self.hosts = dict(hosts)
+        listing = ", ".join(f"{host} (ssh exited {code})" for host, code in self.hosts.items())
+        super().__init__(f"Monarch worker lost mid-run on {listing}")
+
+
+class _WorkerWatch:
+    """Polls the ssh clients of a started job; when one exits, raises WorkerLost in the main thread.
+
+    With ``ssh -tt`` the ssh client ends when its remote worker ends, so a worker killed by the
+    OOM killer, a node reboot or a cable pull is seen within ``WATCH_INTERVAL_S`` instead of at
+    the next call's timeout. Only works when the session runs in the main thread (signals);
+    elsewhere it stays off and Monarch's own supervision reports the loss.
+    """
+
+    def __init__(self, job: LauncherSSHJob, names: Mapping[str, str]) -> None:
+        self._job = job
+        self.names = names  # address -> host name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._previous: Any = None
+        self.lost: dict[str, int] = {}
+
+    def start(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._previous = signal.signal(signal.SIGUSR1, self._raise)
+        self._thread = threading.Thread(target=self._run, name="worker-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            signal.signal(signal.SIGUSR1, self._previous)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(WATCH_INTERVAL_S):
+            exited = self._job.exited_ssh()
+            if exited:
+                self.lost = {self.names.get(addr, addr): code for addr, code in exited.items()}
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+                return
+
+    def _raise(self, _signum: int, _frame: Any) -> None:
+        if self.lost and not self._stop.is_set():
+            raise WorkerLost(self.lost)
 
 
 class FaultRecorder:
@@ -129,6 +191,8 @@ def report_failure(error: BaseException, recorder: FaultRecorder, reporter: Repo
         return reporter.result(exitcodes.FAILURE, str(error), hosts=hosts)
     if isinstance(error, Terminated):
         return reporter.result(error.exit_code, str(error))
+    if isinstance(error, WorkerLost):
+        return reporter.result(exitcodes.FAILURE, str(error), lost_hosts=error.hosts)
     if isinstance(error, KeyboardInterrupt):
         return reporter.result(exitcodes.SIGNAL_BASE + signal.SIGINT, "interrupted")
     reason = one_line(f"{type(error).__name__}: {error}")
@@ -225,6 +289,7 @@ def started_job(
     for name, hosts in meshes:
         job.add_mesh(name, [addresses[host] for host in hosts])
     host_meshes: dict[str, HostMesh] = {}
+    watch = _WorkerWatch(job, {address: host for host, address in addresses.items()})
     try:
         # cached_path=None: do not pickle the job into ./.monarch, where a later launch in the
         # same directory would silently re-attach to these workers.
@@ -234,9 +299,17 @@ def started_job(
         for name, host_mesh in host_meshes.items():
             _wait_attached(job, name, host_mesh, config.attach_timeout_s)
             reporter.progress(f"mesh {name} attached")
+        watch.start()
         yield host_meshes
     finally:
-        teardown(job, host_meshes, reporter)
+        watch.stop()
+        lost = {address for address, host in watch.names.items() if host in watch.lost}
+        reachable = {
+            name: mesh
+            for name, mesh in host_meshes.items()
+            if not lost & {addresses[host] for host in dict(meshes)[name]}
+        }
+        teardown(job, reachable, reporter)
         reporter.progress("torn down")
 
 
@@ -255,6 +328,8 @@ def _wait_attached(job: LauncherSSHJob, name: str, host_mesh: HostMesh, timeout_
 
 def teardown(job: LauncherSSHJob, host_meshes: Mapping[str, HostMesh], reporter: Reporter) -> None:
     """Shut down each distinct host mesh (ends the remote workers), then kill the ssh clients.
+
+    Meshes with a lost worker are left out by the caller: their shutdown could only time out.
 
     ``job.kill()`` runs even if a shutdown is interrupted: with ``ssh -tt`` killing the ssh
     client hangs up the remote worker, so it is the backstop for a worker shutdown missed.

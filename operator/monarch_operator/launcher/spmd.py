@@ -37,6 +37,7 @@ from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session import (
     FaultRecorder,
     SessionConfig,
+    WorkerLost,
     check_hosts,
     install_fault_hook,
     one_line,
@@ -77,7 +78,9 @@ class SpmdRunError(RuntimeError):
         others = len(self.failures) - 1
         tail = f"; {others} other rank(s) failed or were stopped" if others else ""
         trace = (
-            f"\n--- remote traceback of rank {first.rank} ---\n{first.error}" if first.error else ""
+            f"\n--- remote traceback of rank {first.rank} ---\n{first.error}"
+            if _is_traceback(first.error)
+            else ""
         )
         super().__init__(
             f"rank {first.rank} of {world_size} (host {first.host}, local rank "
@@ -87,10 +90,14 @@ class SpmdRunError(RuntimeError):
             self.__cause__ = first.exception
 
 
+def _is_traceback(text: str) -> bool:
+    return text.lstrip().startswith("Traceback")
+
+
 def describe_exit(outcome: RankOutcome) -> str:
     """Say how a failed rank ended: ``raised ValueError: boom``, ``exited with code 3`` or
     ``was killed by signal 9 (exit 137)``."""
-    if outcome.error and outcome.error.lstrip().startswith("Traceback"):
+    if _is_traceback(outcome.error):
         return "raised " + outcome.error.strip().splitlines()[-1]
     if outcome.exit_code > exitcodes.SIGNAL_BASE:
         signal_number = outcome.exit_code - exitcodes.SIGNAL_BASE
@@ -296,7 +303,11 @@ class SpmdLauncher:
                 rank = host_index * self.nproc_per_node + local
                 actor = self._ranks.slice(hosts=host_index, **{LOCAL_LABEL: local})
                 futures[rank] = getattr(actor, endpoint).call_one(*args)
-        outcomes = self._collect(futures, stoppable=endpoint == "run_command")
+        try:
+            outcomes = self._collect(futures, stoppable=endpoint == "run_command")
+        except WorkerLost as lost:
+            self._broken = str(lost)
+            raise SpmdRunError(self._lost_ranks(lost), self.world_size) from None
         failures = sorted(
             (outcome for outcome in outcomes if outcome.exit_code != 0),
             key=lambda outcome: (outcome.ended_at, outcome.rank),
@@ -304,6 +315,25 @@ class SpmdLauncher:
         if failures:
             raise SpmdRunError(failures, self.world_size)
         return outcomes
+
+    def _lost_ranks(self, lost: WorkerLost) -> list[RankOutcome]:
+        """Outcomes for every rank on a host whose worker was lost."""
+        from monarch_operator.launcher.spmd_actor import RankOutcome
+
+        now = time.time()
+        return [
+            RankOutcome(
+                index * self.nproc_per_node + local,
+                host.name,
+                local,
+                exitcodes.FAILURE,
+                now,
+                error=str(lost),
+            )
+            for index, host in enumerate(self.hosts)
+            if host.name in lost.hosts
+            for local in range(self.nproc_per_node)
+        ]
 
     def _outcome_from_error(self, rank: int, error: BaseException) -> RankOutcome:
         from monarch_operator.launcher.spmd_actor import RankOutcome

@@ -35,7 +35,7 @@ from monarch_operator.launcher.cli import (
     session_from_args,
 )
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.session import Terminated, one_line, report_failure
+from monarch_operator.launcher.session import Terminated, WorkerLost, one_line, report_failure
 from monarch_operator.launcher.spmd import (
     SPMD_MODULES,
     SpmdConfigError,
@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "monarch-torchrun") -> i
                 for f in error.failures
             ],
         )
-    except (Exception, Terminated, KeyboardInterrupt) as error:  # noqa: BLE001 - reported
+    except (Exception, Terminated, WorkerLost, KeyboardInterrupt) as error:  # noqa: BLE001 - reported
         return report_failure(error, launcher.recorder, reporter)
     return reporter.result(exitcodes.SUCCESS, None, ranks=len(outcomes))
 
