@@ -7,6 +7,7 @@ comes up late) replace the per-host check with a fake; everything else logs in f
 
 from __future__ import annotations
 
+import shlex
 import socket
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from monarch_operator.launcher.preflight import (
     loopback_failures,
     run_preflight,
 )
-from monarch_operator.launcher.ssh import SshSettings
+from monarch_operator.launcher.ssh import SshSettings, ssh_args
 from monarch_operator.testing.loopback_sshd import SshCluster
 
 pytestmark = pytest.mark.ssh
@@ -171,22 +172,29 @@ def test_port_held_by_another_process_is_reported_on_that_host_only(
     assert f"port {monarch_port} on {busy} is in use by another process" in failure.detail
 
 
-@pytest.fixture
-def stale_worker(monarch_port: int) -> Iterator[subprocess.Popen[str]]:
-    """A process that looks like a Monarch worker of an earlier run on STALE_HOST:monarch_port.
+def fake_worker_code(monarch_port: int) -> str:
+    """Python code that looks like a Monarch worker on STALE_HOST:monarch_port.
 
     Its command line carries what SSHJob's worker command has (``run_worker_loop_forever`` and
     ``tcp://<address>:<port>``); it listens on the port and prints ``listening`` once it does.
     """
-    code = (
+    return (
         f"# run_worker_loop_forever(address='tcp://{STALE_HOST}:{monarch_port}')\n"
         "import socket, time\n"
         f"server = socket.create_server(({STALE_HOST!r}, {monarch_port}))\n"
         "print('listening', flush=True)\n"
         "time.sleep(120)\n"
     )
+
+
+@pytest.fixture
+def stale_worker(monarch_port: int) -> Iterator[subprocess.Popen[str]]:
+    """A fake worker of an earlier run: started here, so no sshd among its ancestors (orphan)."""
     dummy = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+        [sys.executable, "-c", fake_worker_code(monarch_port)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert dummy.stdout is not None
@@ -225,9 +233,48 @@ def test_stale_worker_is_named_when_cleanup_is_off(
 
     failure = only_failure(caught.value)
     assert failure.reason == PORT_IN_USE
-    assert f"a Monarch worker of another run (pid {stale_worker.pid})" in failure.detail
+    assert (
+        f"a Monarch worker of an earlier run (pid {stale_worker.pid}; pre-flight cleanup is off)"
+        in (failure.detail)
+    )
     assert failure.cleaned == ()
     assert stale_worker.poll() is None
+
+
+def test_worker_of_a_live_ssh_session_is_never_killed(
+    ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    # Another launcher's run in progress (another terminal, another user): its worker is still
+    # attached to its ssh session. Pre-flight must refuse the port, not kill that run.
+    settings = settings_for(ssh_cluster, monarch_port)
+    live = subprocess.Popen(
+        [
+            "ssh",
+            *ssh_args(settings.ssh),  # -tt: killing this client hangs up the remote worker
+            STALE_HOST,
+            f"{sys.executable} -c {shlex.quote(fake_worker_code(monarch_port))}",
+        ],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert live.stdout is not None
+        assert live.stdout.readline().strip() == "listening", "the live fake worker did not start"
+
+        with pytest.raises(PreflightError) as caught:
+            run_preflight([STALE_HOST], settings)
+
+        failure = only_failure(caught.value)
+        assert failure.reason == PORT_IN_USE
+        assert "a Monarch worker of a run still attached over ssh" in failure.detail
+        assert failure.cleaned == ()
+        assert live.poll() is None, "the live run was left alone"
+    finally:
+        live.kill()
+        live.wait(timeout=DUMMY_TIMEOUT_S)
+        if live.stdout is not None:
+            live.stdout.close()
 
 
 # -- the loopback rule (field case C3) ---------------------------------------------------------

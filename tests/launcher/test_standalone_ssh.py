@@ -18,7 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from monarch_operator.testing.loopback_sshd import SshCluster, processes_mentioning
+from monarch_operator.testing.loopback_sshd import (
+    SshCluster,
+    processes_mentioning,
+    reap_processes_mentioning,
+)
 from tests.launcher.launching import Launch, run_launch
 
 pytestmark = pytest.mark.ssh
@@ -172,12 +176,11 @@ def test_sigterm_mid_run_tears_down_and_exits_143(
     assert any(line.startswith("monarch-launch: torn down") for line in launch.lines)
 
 
-def test_next_run_stops_the_stale_workers_of_a_killed_launcher(
+def test_a_killed_launcher_leaves_no_worker_and_the_next_run_works(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
-    # A launcher killed with SIGKILL cannot tear down: its workers keep the Monarch port on
-    # every host (a new worker would fail with "Address already in use"). The next run on the
-    # same hosts and port stops them in pre-flight and runs normally.
+    # SIGKILL gives the launcher no chance to tear down. Its ssh clients die with it
+    # (PR_SET_PDEATHSIG) and, with -tt, sshd hangs up the remote workers, so the port is free.
     a, b, _ = ssh_cluster.hosts
     hostfile = f"{a} slots=1\n{b} slots=1\n"
     (tmp_path / "killed").mkdir()
@@ -192,13 +195,33 @@ def test_next_run_stops_the_stale_workers_of_a_killed_launcher(
         stop_signal=signal.SIGKILL,
     )
     assert killed.returncode == -signal.SIGKILL, killed.describe()
-    assert processes_mentioning(f"tcp://{a}:{monarch_port}"), "workers outlived the launcher"
+    assert not reap_processes_mentioning(f":{monarch_port}", grace_s=10), "left behind"
 
     launch = run_launch(tmp_path, ssh_cluster, hostfile, monarch_port, "--steps", "1")
 
     assert launch.returncode == 0, launch.describe()
-    cleaned = [line for line in launch.lines if "stopped stale Monarch worker" in line]
-    assert sorted(line.split(" on ")[1].split()[0] for line in cleaned) == [a, b], launch.describe()
+
+
+def test_sighup_tears_down_and_exits_129(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    # The terminal closes or the login node drops the researcher's ssh session.
+    a, b, _ = ssh_cluster.hosts
+
+    launch = run_launch(
+        tmp_path,
+        ssh_cluster,
+        f"{a} slots=1\n{b} slots=1\n",
+        monarch_port,
+        "--steps",
+        "1000000",
+        sigterm_after="step 2/",
+        stop_signal=signal.SIGHUP,
+    )
+
+    assert launch.returncode == 129, launch.describe()
+    assert launch.lines[-1] == "monarch-launch: failed: terminated by signal 1"
+    assert any(line.startswith("monarch-launch: torn down") for line in launch.lines)
 
 
 def test_worker_lost_mid_run_is_detected_in_seconds_naming_the_host(

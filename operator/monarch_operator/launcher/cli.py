@@ -352,8 +352,10 @@ def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
 
 
 def install_sigterm_handler() -> None:
-    """Turn SIGTERM into :class:`.session.Terminated` so that teardown runs."""
+    """Turn SIGTERM and SIGHUP (terminal closed, login dropped) into :class:`.session.Terminated`
+    so that teardown runs; the exit status is then 128 + the signal number."""
     signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGHUP, _raise_terminated)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,10 @@ For every host, in parallel:
 4. ssh logs in with our key (``SSHAuthFailed``) and runs the worker Python
    (``PythonNotFound``), which imports Monarch and the actor module (``ImportFailed``), stops
    Monarch workers of an earlier run still bound to this host's worker port, and checks that
-   the port is then free (``PortInUse``, naming the process holding it).
+   the port is then free (``PortInUse``, naming the process holding it). Only orphaned workers
+   are stopped, those with no sshd process among their ancestors: their launcher is gone. A
+   worker still attached to an ssh session may belong to a run in progress (another user's, or
+   the same user's in another terminal) and is reported, never killed.
 
 Hosts that are still coming up (``DNSNotResolvable``, ``SSHUnreachable``) are retried with
 backoff until ``wait_s`` has passed; the other reasons are final at once. Monarch itself would
@@ -68,6 +71,20 @@ for name in modules:
 if missing:
     done("ImportFailed", f"{sys.executable} cannot import {', '.join(missing)}")
 bound = re.compile(r"tcp://" + re.escape(address) + ":" + str(port) + r"(?!\d)")
+def attached(pid):
+    # Whether an sshd process is among the ancestors: the worker's ssh session is still open, so
+    # its launcher may be running. An orphan (reparented to init) lost its launcher for good.
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            pid = int(fields[1])
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip().startswith("sshd"):
+                    return True
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 def workers():
     found = {}
     for pid in os.listdir("/proc"):
@@ -75,25 +92,29 @@ def workers():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().replace(b"\0", b" ").decode(errors="replace")
+                argv = f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if "run_worker_loop_forever" in args and bound.search(args):
-            found[int(pid)] = args
+        # The worker itself is "<python> -c <code>"; an ssh client carries the same text inside
+        # one remote-command argument and must never match.
+        code = argv[argv.index("-c") + 1] if "-c" in argv[:-1] else ""
+        if "run_worker_loop_forever" in code and bound.search(code):
+            found[int(pid)] = attached(int(pid))
     return found
+def orphans():
+    return [pid for pid, live in workers().items() if not live]
 cleaned = []
 if clean:
-    stale = workers()
-    for pid in stale:
+    for pid in orphans():
         try:
             os.kill(pid, signal.SIGTERM)
             cleaned.append(pid)
         except OSError:
             pass
     deadline = time.monotonic() + 5
-    while workers() and time.monotonic() < deadline:
+    while orphans() and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in workers():
+    for pid in orphans():
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -105,8 +126,17 @@ try:
     probe.bind((address, port))
 except OSError as error:
     holders = workers()
-    who = ("a Monarch worker of another run (pid %s)" % ", ".join(map(str, holders))
-           if holders else "another process")
+    live = sorted(pid for pid, attached_ in holders.items() if attached_)
+    stale = sorted(pid for pid, attached_ in holders.items() if not attached_)
+    if live:
+        who = ("a Monarch worker of a run still attached over ssh (pid %s); it may be another "
+               "launcher's live job: stop that run, or kill the pid if it is abandoned"
+               % ", ".join(map(str, live)))
+    elif stale:
+        who = ("a Monarch worker of an earlier run (pid %s; pre-flight cleanup is off)"
+               % ", ".join(map(str, stale)))
+    else:
+        who = "another process"
     done("PortInUse", f"port {port} on {address} is in use by {who}: {error.strerror}", cleaned)
 finally:
     probe.close()

@@ -9,12 +9,16 @@ changes two things and keeps the rest (the worker address, ``-n``, a new session
 
 - the remote command is prefixed with ``env K=V ...`` (see :mod:`.environment`), because sshd
   starts sessions with a clean environment;
-- the ssh client's stdout can go to another stream (``--json`` keeps stdout for JSON lines).
+- the ssh client's stdout can go to another stream (``--json`` keeps stdout for JSON lines);
+- the ssh client dies with the launcher (``PR_SET_PDEATHSIG``), so a launcher killed with
+  SIGKILL leaves no ssh client, and so (``-tt``) no remote worker, behind.
 """
 
 from __future__ import annotations
 
+import ctypes
 import shlex
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
@@ -22,6 +26,15 @@ from typing import IO, Any
 from monarch._src.job.job import ProcessState, SSHJob, service_proc_addr
 
 from monarch_operator.launcher.environment import env_prefix
+
+# prctl(2) option: deliver a signal to the child when the thread that forked it exits.
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Between fork and exec in the ssh child. The "parent" is the forking thread, so the
+    # session must be started from a thread that lives as long as the launch (the main thread).
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class LauncherSSHJob(SSHJob):
@@ -62,7 +75,12 @@ class LauncherSSHJob(SSHJob):
         )
         process = subprocess.Popen(
             ["ssh", *self._ssh_args, host, "-n", command],
+            # Own session: a Ctrl-C meant for the launcher must not cut the ssh sessions before
+            # the launcher has shut the meshes down.
             start_new_session=True,
+            # But never outlive the launcher: if it is killed (SIGKILL, OOM), the kernel kills
+            # ssh, and with ``-tt`` sshd then hangs up the remote worker.
+            preexec_fn=_die_with_parent,
             stdout=self._ssh_stdout,
         )
         self.ssh_processes[host] = process
