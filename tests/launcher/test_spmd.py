@@ -92,7 +92,11 @@ def test_torchrun_script_runs_unchanged_on_two_hosts_by_two_slots(
         "--epochs",
         "3",
         spmd=True,
-        extra_env={"NCCL_DEBUG": "INFO", "NOT_ALLOWED_SECRET": "hunter2"},
+        extra_env={
+            "NCCL_DEBUG": "INFO",
+            "NOT_ALLOWED_SECRET": "hunter2",
+            "HF_TOKEN": "hf_not_for_ps_eyes",
+        },
     )
 
     assert launch.returncode == 0, launch.describe()
@@ -120,7 +124,10 @@ def test_torchrun_script_runs_unchanged_on_two_hosts_by_two_slots(
             "NCCL_DEBUG": "INFO",
             "EXTRA_FLAG": "on",
             "NOT_ALLOWED_SECRET": None,
+            "HF_TOKEN": "hf_not_for_ps_eyes",
         }, f"rank {rank}"
+        # Tokens reach the ranks without ever being on a command line (visible to all in ps).
+        assert report["token_in_command_lines"] == [], report["token_in_command_lines"]
         assert (report["dist_rank"], report["dist_world"], report["sum"]) == (rank, 4, 10.0)
         assert report["ssh_server"] == host, "rank runs on its host"
         assert prefix == f"[spmd/{host}/{rank}]", "output is prefixed role/host/rank"

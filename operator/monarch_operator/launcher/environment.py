@@ -9,6 +9,13 @@ remote command with ``env KEY=VALUE ...`` built from:
 2. ``--env KEY=VALUE`` (set explicitly) and ``--env KEY`` (copied from the launcher's
    environment even if it is not on the allow-list), applied last.
 
+Only the variables the loader and interpreter need before Python starts (:data:`COMMAND_LINE_ENV`:
+``PATH``, ``LD_LIBRARY_PATH``, ``PYTHONPATH``, ``VIRTUAL_ENV``) travel on the ssh command line.
+Every other variable (tokens such as ``HF_TOKEN`` or an ``--env WANDB_API_KEY``) would be
+readable by any user in ``ps`` there, so it travels on the pre-flight's ssh stdin instead, into
+a file only the login user can read (mode 0600), which the worker loads and deletes when it
+starts: see :func:`private_env_path`.
+
 ``CUDA_VISIBLE_DEVICES`` is never copied: GPU sets are per host and per role, chosen by the
 placement plan. ``sshd``'s ``AcceptEnv``/``SendEnv`` is not used because it needs a server-side
 setting that preallocated machines rarely have.
@@ -35,6 +42,8 @@ ALLOWED_ENV = (
     "GLOO_*",
     "HYPERACTOR_*",
 )
+# Needed before the worker's Python starts, so they are set on the remote command line.
+COMMAND_LINE_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
 # Chosen per role by the placement plan, never inherited from the launcher's machine.
 NEVER_COPIED = frozenset({"CUDA_VISIBLE_DEVICES"})
 
@@ -109,3 +118,22 @@ def env_prefix(variables: Mapping[str, str]) -> str:
         return ""
     assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in variables.items())
     return f"env {assignments} "
+
+
+def split_environment(variables: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Split worker variables into ``(command line, private)``; see the module doc.
+
+    Returns:
+        The :data:`COMMAND_LINE_ENV` variables, and all others.
+    """
+    public = {key: value for key, value in variables.items() if key in COMMAND_LINE_ENV}
+    private = {key: value for key, value in variables.items() if key not in COMMAND_LINE_ENV}
+    return public, private
+
+
+def private_env_path(run_id: str, address: str) -> str:
+    """The remote file (``~``-relative) holding one worker's private variables for one run.
+
+    One file per run and address: loopback test hosts share a home directory.
+    """
+    return f"~/.cache/monarch-launch/env-{run_id}-{address}.json"

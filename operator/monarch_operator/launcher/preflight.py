@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from monarch_operator.launcher.environment import env_prefix
+from monarch_operator.launcher.environment import env_prefix, private_env_path
 from monarch_operator.launcher.network import NetworkCheckError, probe_sshd, resolve_host
 from monarch_operator.launcher.ssh import SshSettings, ssh_args
 
@@ -51,12 +51,19 @@ _NOT_FOUND = 127
 _FIRST_RETRY_S = 0.5
 _MAX_RETRY_S = 4.0
 
-# Runs on each host with the worker Python. argv: address, port, clean ("1"/"0"), modules...
+# Runs on each host with the worker Python. argv: address, port, clean ("1"/"0"), env file path
+# ("-" for none), modules... With an env file path, stdin holds the private variables as JSON.
 # Prints one JSON line. Stale workers are found by their command line, which SSHJob writes as
 # "...run_worker_loop_forever(address='...tcp://<address>:<port>'...".
 _REMOTE_CHECK = r"""
 import importlib.util, json, os, re, signal, socket, sys, time
-address, port, clean, modules = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4:]
+address, port, clean = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+env_file, modules = sys.argv[4], sys.argv[5:]
+if env_file != "-":
+    path = os.path.expanduser(env_file)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(sys.stdin.read())
 def done(reason=None, detail="", cleaned=()):
     print(json.dumps({"reason": reason, "detail": detail, "cleaned": list(cleaned)}))
     sys.exit(0)
@@ -195,6 +202,9 @@ class PreflightSettings:
         python_exe: worker interpreter, the same path on every host.
         monarch_port: the worker port that must be free on every host.
         environment: variables the workers will get (prefix of the remote command).
+        private_environment: variables written to each host's private env file (see
+            :mod:`.environment`), never on a command line.
+        run_id: names the private env files of this run.
         modules: modules the worker Python must be able to import.
         clean_stale: stop Monarch workers of an earlier run bound to the worker port.
         ssh_timeout_s: wall limit of one ssh check, seconds.
@@ -205,6 +215,8 @@ class PreflightSettings:
     python_exe: str
     monarch_port: int
     environment: Mapping[str, str] = field(default_factory=dict)
+    private_environment: Mapping[str, str] = field(default_factory=dict)
+    run_id: str = "run"
     modules: tuple[str, ...] = ("monarch",)
     clean_stale: bool = True
     ssh_timeout_s: float = 20.0
@@ -235,10 +247,12 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
     Returns:
         The :class:`HostCheck`; never raises for a failing host.
     """
+    private = settings.private_environment
     script_args = [
         address,
         str(settings.monarch_port),
         "1" if settings.clean_stale else "0",
+        private_env_path(settings.run_id, address) if private else "-",
         *settings.modules,
     ]
     command = (
@@ -247,7 +261,8 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
     )
     try:
         result = subprocess.run(
-            ["ssh", *ssh_args(settings.ssh, tty=False), "-n", address, command],
+            ["ssh", *ssh_args(settings.ssh, tty=False), address, command],
+            input=json.dumps(dict(private)) if private else "",
             capture_output=True,
             text=True,
             timeout=settings.ssh_timeout_s,

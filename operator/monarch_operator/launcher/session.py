@@ -12,18 +12,21 @@ session at a time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher.environment import private_env_path, split_environment
 from monarch_operator.launcher.network import client_address
 from monarch_operator.launcher.preflight import (
     HostCheck,
@@ -65,6 +68,7 @@ class SessionConfig:
         host_wait_s: how long hosts still coming up are retried in pre-flight, seconds.
         clean_stale: stop workers of an earlier run that still hold the worker port.
         modules: modules the worker Python must import (pre-flight ``ImportFailed``).
+        run_id: names this session's private env files on the hosts.
     """
 
     ssh: SshSettings
@@ -76,6 +80,7 @@ class SessionConfig:
     host_wait_s: float = 5.0
     clean_stale: bool = True
     modules: tuple[str, ...] = ("monarch",)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
 class Terminated(BaseException):
@@ -218,11 +223,14 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
     Raises:
         monarch_operator.launcher.preflight.PreflightError: naming each failing host and reason.
     """
+    public, private = split_environment(config.environment)
     settings = PreflightSettings(
         ssh=config.ssh,
         python_exe=config.python_exe,
         monarch_port=config.monarch_port,
-        environment=config.environment,
+        environment=public,
+        private_environment=private,
+        run_id=config.run_id,
         modules=config.modules,
         clean_stale=config.clean_stale,
     )
@@ -273,12 +281,14 @@ def started_job(
     # SSHJob logs "Applying current job" and the like at INFO; the launcher reports its own.
     logging.getLogger("monarch._src.job.job").setLevel(logging.WARNING)
 
+    public, private = split_environment(config.environment)
     job = LauncherSSHJob(
         python_exe=config.python_exe,
         ssh_args=ssh_args(config.ssh),
         monarch_port=config.monarch_port,
-        environment=config.environment,
+        environment=public,
         stdout=reporter.worker_stream,
+        private_env_file=(functools.partial(private_env_path, config.run_id) if private else None),
     )
     # Must follow SSHJob(), which enables the hostname-based tcp transport; that transport panics
     # when the hostname resolves only to loopback, and enabling another one before SSHJob() is

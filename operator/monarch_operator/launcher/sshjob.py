@@ -20,7 +20,7 @@ import ctypes
 import shlex
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from monarch._src.job.job import ProcessState, SSHJob, service_proc_addr
@@ -37,6 +37,18 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+# Prepended to the worker's code when it has private variables: load them, delete the file.
+_LOAD_PRIVATE_ENV = """import json, os, sys
+path = os.path.expanduser({path!r})
+try:
+    with open(path) as env_file:
+        os.environ.update(json.load(env_file))
+    os.unlink(path)
+except OSError as error:
+    sys.exit(f"monarch worker: cannot load its environment from {{path}}: {{error}}")
+"""
+
+
 class LauncherSSHJob(SSHJob):
     """An SSHJob whose workers get ``environment`` and whose ssh output goes to ``stdout``."""
 
@@ -47,6 +59,7 @@ class LauncherSSHJob(SSHJob):
         monarch_port: int,
         environment: Mapping[str, str],
         stdout: IO[Any] | None = None,
+        private_env_file: Callable[[str], str] | None = None,
     ) -> None:
         """Build the job; nothing starts until ``state()``.
 
@@ -56,10 +69,14 @@ class LauncherSSHJob(SSHJob):
             monarch_port: the port every worker listens on.
             environment: variables set in every worker (and so in every proc it spawns).
             stdout: where the ssh clients (and so the workers) write; None = inherit.
+            private_env_file: ``address -> remote file`` holding the worker's private variables
+                (written by the pre-flight); the worker loads it, deletes it, and refuses to
+                start without it. None: no private variables.
         """
         super().__init__(python_exe=python_exe, ssh_args=list(ssh_args), monarch_port=monarch_port)
         self._worker_env = dict(environment)
         self._ssh_stdout = stdout
+        self._private_env_file = private_env_file
         self.ssh_processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def _start_host(self, host: str) -> ProcessState:
@@ -67,9 +84,11 @@ class LauncherSSHJob(SSHJob):
             f"{self._scheme}://{host}:{self._port}", self._service_proc_ids_by_host[host]
         )
         loop = (
-            "from monarch.actor import run_worker_loop_forever; "
+            "from monarch.actor import run_worker_loop_forever\n"
             f"run_worker_loop_forever(address={address!r}, ca='trust_all_connections')"
         )
+        if self._private_env_file is not None:
+            loop = _LOAD_PRIVATE_ENV.format(path=self._private_env_file(host)) + loop
         command = (
             f"{env_prefix(self._worker_env)}{shlex.quote(self._python_exe)} -c {shlex.quote(loop)}"
         )

@@ -24,7 +24,22 @@ TORCHRUN_VARIABLES = (
     "MASTER_PORT",
     "TORCHELASTIC_RUN_ID",
 )
-PASSED_THROUGH = ("NCCL_DEBUG", "EXTRA_FLAG", "NOT_ALLOWED_SECRET")
+PASSED_THROUGH = ("NCCL_DEBUG", "EXTRA_FLAG", "NOT_ALLOWED_SECRET", "HF_TOKEN")
+
+
+def command_lines_showing(value: str) -> list[str]:
+    """Command lines of every process on this machine that contain ``value`` (as ps shows)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                text = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if value in text:
+            found.append(text[:200])
+    return found
+
 
 dist.init_process_group("gloo")
 total = torch.tensor([float(dist.get_rank() + 1)])
@@ -37,6 +52,7 @@ report = {
     "ssh_server": (os.environ.get("SSH_CONNECTION", "").split() or ["-"] * 3)[2],
     "argv": sys.argv[1:],
     "cwd": os.getcwd(),
+    "token_in_command_lines": command_lines_showing(os.environ.get("HF_TOKEN") or "<unset>"),
 }
 print("REPORT " + json.dumps(report), flush=True)
 dist.destroy_process_group()
