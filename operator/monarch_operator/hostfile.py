@@ -77,9 +77,21 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> list[Host]:
 
 
 def read_hostfile(path: str | Path) -> list[Host]:
-    """Read and parse the hostfile at ``path``; see :func:`parse_hostfile` for rules and errors."""
+    """Read and parse the hostfile at ``path``; see :func:`parse_hostfile` for rules and errors.
+
+    Raises:
+        HostfileError: also when the file is not UTF-8 text (e.g. a binary file given by mistake).
+        OSError: the file cannot be read.
+    """
     path = Path(path)
-    return parse_hostfile(path.read_text(encoding="utf-8"), source=str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise HostfileError(
+            f"{path}: not a UTF-8 text file (byte {error.start}: {error.reason}); expected "
+            "'<host> slots=<n>' lines"
+        ) from None
+    return parse_hostfile(text, source=str(path))
 
 
 def format_hostfile(hosts: list[Host]) -> str:

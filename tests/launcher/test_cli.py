@@ -21,7 +21,9 @@ def test_flags_default_from_the_operator_environment(
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("demo-worker-0.demo-worker.team-a.svc slots=2\n")
     monkeypatch.setenv("MONARCH_HOSTFILE", str(hostfile))
-    monkeypatch.setenv("MONARCH_SSH_KEY", "/etc/monarch/ssh/id_ed25519")
+    key = tmp_path / "id_ed25519"
+    key.write_text("not a real key; only its existence is checked here\n")
+    monkeypatch.setenv("MONARCH_SSH_KEY", str(key))
     monkeypatch.setenv("MONARCH_SSH_PORT", "2222")
     monkeypatch.setenv("MONARCH_TRAINER_HOSTS", "3")
     monkeypatch.setenv("MONARCH_REF_HOSTS", "1")
@@ -32,7 +34,7 @@ def test_flags_default_from_the_operator_environment(
 
     assert config.hosts == [Host("demo-worker-0.demo-worker.team-a.svc", 2)]
     assert config.source == f"hostfile {hostfile}"
-    assert config.session.ssh.key == "/etc/monarch/ssh/id_ed25519"
+    assert config.session.ssh.key == str(key)
     assert config.session.ssh.port == 2222
     assert (config.trainer_hosts, config.ref_hosts, config.colocate) == (3, 1, False)
     assert config.session.client_address == "tcp://192.0.2.5:0"
@@ -194,3 +196,19 @@ def test_ssh_args_for_sshjob() -> None:
     ]
     assert "-tt" not in ssh_args(settings, tty=False)
     assert "-i" not in ssh_args(SshSettings(port=22, user="u"))
+
+
+def test_missing_ssh_key_file_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--hosts", "192.0.2.1", "--ssh-key", "/nonexistent/key"]) == 2
+    assert "--ssh-key /nonexistent/key: no such file" in capsys.readouterr().err
+
+
+def test_quiet_dry_run_still_prints_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    # Documentation addresses (RFC 5737): a dry run dials nothing.
+    code = main(["--hosts", "192.0.2.1,192.0.2.2", "--dry-run", "--quiet"])
+
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0] == "hosts: --hosts"
+    assert "mesh trainer: hosts=192.0.2.1 procs/host=1" in out
+    assert out[-1] == "monarch-launch: dry run: plan only, nothing started"

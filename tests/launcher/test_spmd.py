@@ -271,6 +271,17 @@ def test_in_code_api_catches_the_exception_raised_in_train(
         f"rank 1 of 2 (host {b}, local rank 0) raised ValueError: loss is NaN at step 7 on rank 1"
     )
     assert "in train" in caught["traceback"] and "Traceback" in caught["traceback"]
+    assert seen["exits"] == {
+        "message": f"rank 0 of 2 (host {a}, local rank 0) exited with code 4: SystemExit(4)",
+        "cause": "SystemExit(4)",
+        "code": 4,
+    }
+    assert "is not picklable" in seen["lock"]["message"], seen["lock"]
+    assert seen["dies"]["code"] == 9 and f"rank 1 of 2 (host {b}" in seen["dies"]["message"]
+    assert seen["after_death"] == {
+        "runtime_error": f"this launcher cannot run again: the process of rank 1 on {b} died; "
+        "close() it and make a new one"
+    }
 
 
 @pytest.mark.parametrize(

@@ -332,6 +332,6 @@ def test_impossible_plan_is_refused_before_any_ssh(
 
     assert launch.returncode == 2, launch.describe()
     assert launch.lines == [
-        "monarch-launch: failed: plan needs 3 hosts (2 trainer + 1 ref, separate), but the "
-        "hostfile has 2; lower --trainer-hosts/--ref-hosts or use --colocate"
+        "monarch-launch: failed: plan needs 3 hosts (2 trainer + 1 ref, separate), but 2 are "
+        "given; lower --trainer-hosts/--ref-hosts or use --colocate"
     ]

@@ -116,3 +116,11 @@ def test_read_hostfile_names_the_path_in_errors(tmp_path: Path) -> None:
 
     with pytest.raises(HostfileError, match=f"^{path}:1:"):
         read_hostfile(path)
+
+
+def test_binary_file_is_a_hostfile_error_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.bin"
+    path.write_bytes(b"\xff\xfe garbage\n")
+
+    with pytest.raises(HostfileError, match=r"hosts.bin: not a UTF-8 text file \(byte 0"):
+        read_hostfile(path)

@@ -295,12 +295,14 @@ def session_from_args(
     """Build the :class:`SessionConfig` from the shared flags.
 
     Raises:
-        UsageError: a malformed ``--env`` item.
+        UsageError: a malformed ``--env`` item, or an ``--ssh-key`` file that does not exist.
     """
     try:
         extra = parse_env_items(args.env, environ)
     except EnvSpecError as error:
         raise UsageError(str(error)) from None
+    if args.ssh_key and not os.path.isfile(os.path.expanduser(args.ssh_key)):
+        raise UsageError(f"--ssh-key {args.ssh_key}: no such file")
     return SessionConfig(
         ssh=SshSettings(port=args.ssh_port, user=args.ssh_user, key=args.ssh_key),
         python_exe=args.python_exe,

@@ -169,7 +169,7 @@ def _plan_separate(hosts: list[Host], trainer_hosts: int | None, ref_hosts: int 
     if needed > len(hosts):
         raise PlacementError(
             f"plan needs {needed} hosts ({trainer_count} trainer + {ref_count} ref, separate), "
-            f"but the hostfile has {len(hosts)}; lower --trainer-hosts/--ref-hosts or use "
+            f"but {len(hosts)} are given; lower --trainer-hosts/--ref-hosts or use "
             "--colocate"
         )
     trainer_mesh = _mesh(TRAINER, hosts[:trainer_count])
@@ -223,8 +223,8 @@ def _plan_colocated(
         )
     if trainer_count > len(hosts):
         raise PlacementError(
-            f"plan needs {trainer_count} hosts (trainer and ref colocated), but the hostfile "
-            f"has {len(hosts)}"
+            f"plan needs {trainer_count} hosts (trainer and ref colocated), but only "
+            f"{len(hosts)} are given"
         )
     mesh = _mesh(COLOCATED_MESH, hosts[:trainer_count])
     trainer_share, ref_share = _split_gpus(mesh.procs_per_host, trainer_gpus, ref_gpus)
@@ -252,7 +252,7 @@ def _mesh(name: str, hosts: list[Host]) -> MeshPlan:
 
 def _require_positive(count: int, what: str, hosts: list[Host]) -> None:
     if count < 1:
-        raise PlacementError(f"{what} must be at least 1, got {count} (hostfile has {len(hosts)})")
+        raise PlacementError(f"{what} must be at least 1, got {count} ({len(hosts)} hosts given)")
 
 
 def _refuse_mixed_loopback(hosts: list[Host]) -> None:

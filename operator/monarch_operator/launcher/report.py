@@ -31,12 +31,15 @@ class Reporter:
         quiet: bool = False,
         out: IO[str] | None = None,
         err: IO[str] | None = None,
+        prefix: str = PREFIX,
     ) -> None:
         """Args:
         json_mode: one JSON object per line on ``out``.
         quiet: only essential events, warnings and the result.
         out, err: streams (default: sys.stdout / sys.stderr at call time).
+        prefix: starts every launcher line, e.g. ``monarch-torchrun:``.
         """
+        self.prefix = prefix
         self.json_mode = json_mode
         self.quiet = quiet
         self._out = out
@@ -66,11 +69,12 @@ class Reporter:
         record = {"event": event, "t": round(self.elapsed(), 3), **fields}
         print(json.dumps(record, default=str), file=self.out, flush=True)
 
-    def plan(self, lines: list[str], data: Mapping[str, Any]) -> None:
-        """Report the placement plan: ``lines`` in text mode, ``data`` in JSON mode."""
+    def plan(self, lines: list[str], data: Mapping[str, Any], essential: bool = False) -> None:
+        """Report the placement plan: ``lines`` in text mode, ``data`` in JSON mode; with
+        ``essential`` (a dry run, where the plan is the answer) even when quiet."""
         if self.json_mode:
             self._json("plan", {"plan": data})
-        elif not self.quiet:
+        elif essential or not self.quiet:
             for line in lines:
                 print(line, file=self.out, flush=True)
 
@@ -79,7 +83,7 @@ class Reporter:
         if self.json_mode:
             self._json("progress", {"phase": phase})
         elif not self.quiet:
-            print(f"{PREFIX} {phase} (+{self.elapsed():.1f}s)", file=self.out, flush=True)
+            print(f"{self.prefix} {phase} (+{self.elapsed():.1f}s)", file=self.out, flush=True)
 
     def hosts_ready(self, ready: int, total: int) -> None:
         """Report how many hosts passed pre-flight so far: ``hosts ready 3/4``."""
@@ -87,7 +91,7 @@ class Reporter:
             self._json("hosts_ready", {"ready": ready, "total": total})
         elif not self.quiet:
             print(
-                f"{PREFIX} hosts ready {ready}/{total} (+{self.elapsed():.1f}s)",
+                f"{self.prefix} hosts ready {ready}/{total} (+{self.elapsed():.1f}s)",
                 file=self.out,
                 flush=True,
             )
@@ -104,7 +108,7 @@ class Reporter:
         if self.json_mode:
             self._json("warning", {"message": text})
         else:
-            print(f"{PREFIX} warning: {text}", file=self.err, flush=True)
+            print(f"{self.prefix} warning: {text}", file=self.err, flush=True)
 
     def result(self, exit_code: int, reason: str | None = None, **fields: Any) -> int:
         """Report the final outcome and return ``exit_code``.
@@ -119,8 +123,12 @@ class Reporter:
                 "result", {"status": status, "exit_code": exit_code, "reason": reason, **fields}
             )
         elif exit_code == 0:
-            if not self.quiet:
-                print(f"{PREFIX} succeeded", file=self.out, flush=True)
+            if fields.get("dry_run"):
+                print(
+                    f"{self.prefix} dry run: plan only, nothing started", file=self.out, flush=True
+                )
+            elif not self.quiet:
+                print(f"{self.prefix} succeeded", file=self.out, flush=True)
         else:
-            print(f"{PREFIX} failed: {reason}", file=self.err, flush=True)
+            print(f"{self.prefix} failed: {reason}", file=self.err, flush=True)
         return exit_code

@@ -83,7 +83,9 @@ def launch(config: LaunchConfig, reporter: Reporter | None = None) -> int:
         )
     except PlacementError as error:
         return reporter.result(exitcodes.USAGE, str(error))
-    reporter.plan([f"hosts: {config.source}", *format_plan(plan)], plan_to_dict(plan))
+    reporter.plan(
+        [f"hosts: {config.source}", *format_plan(plan)], plan_to_dict(plan), config.dry_run
+    )
     if config.dry_run:
         return reporter.result(exitcodes.SUCCESS, None, dry_run=True)
     recorder = FaultRecorder(reporter)

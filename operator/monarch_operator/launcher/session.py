@@ -169,7 +169,8 @@ class FaultRecorder:
     def __call__(self, failure: MeshFailure) -> None:
         report = failure.report()
         self.reports.append(report)
-        self._reporter.warning(f"monarch fault: {one_line(report) or repr(failure)}")
+        if not self._reporter.quiet:  # the final result carries the reason anyway
+            self._reporter.warning(f"monarch fault: {one_line(report) or repr(failure)}")
 
 
 def one_line(text: str, limit: int = 400) -> str:

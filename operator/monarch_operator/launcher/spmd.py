@@ -293,7 +293,9 @@ class SpmdLauncher:
 
     def _run(self, endpoint: str, *args: Any) -> list[RankOutcome]:
         if self._broken:
-            raise RuntimeError(f"this launcher cannot run again: {self._broken}; close() it")
+            raise RuntimeError(
+                f"this launcher cannot run again: {self._broken}; close() it and make a new one"
+            )
         self.start()
         from monarch_operator.launcher.spmd_actor import LOCAL_LABEL
 
@@ -341,6 +343,8 @@ class SpmdLauncher:
         text = str(error)
         code = exitcodes.exit_code_for_failure([*self.recorder.reports, text])
         host_index, local = divmod(rank, self.nproc_per_node)
+        # The rank's process is gone; Monarch cannot respawn it into this mesh.
+        self._broken = f"the process of rank {rank} on {self.hosts[host_index].name} died"
         return RankOutcome(
             rank, self.hosts[host_index].name, local, code, time.time(), error=one_line(text, 2000)
         )
@@ -417,6 +421,8 @@ def spmd_launcher(
     from monarch_operator.launcher.environment import worker_environment
 
     host_list = hosts if hosts is None or isinstance(hosts, str) else ",".join(hosts)
+    if ssh_key and not os.path.isfile(os.path.expanduser(ssh_key)):
+        raise SpmdConfigError(f"ssh_key {ssh_key}: no such file")
     resolved, _source = resolve_host_source(hostfile, host_list, slurm, None, os.environ)
     config = SessionConfig(
         ssh=SshSettings(

@@ -253,13 +253,27 @@ class SpmdRank(Actor):
         except SystemExit as error:
             code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
             return RankOutcome(
-                rank, host, local_rank, code, time.time(), error=f"SystemExit({code})"
+                rank,
+                host,
+                local_rank,
+                code,
+                time.time(),
+                error=f"SystemExit({code})",
+                exception=error,
             )
         except BaseException as error:  # noqa: BLE001 - reported to the controller, not lost
             text = "".join(traceback.format_exception(error))
             return RankOutcome(
                 rank, host, local_rank, 1, time.time(), error=text, exception=_picklable(error)
             )
+        try:
+            cloudpickle.dumps(value)
+        except Exception as error:  # noqa: BLE001 - any pickling failure
+            message = (
+                f"the function's return value on rank {rank} cannot be sent back: "
+                f"{type(value).__name__} is not picklable ({error})"
+            )
+            return RankOutcome(rank, host, local_rank, 1, time.time(), error=message)
         return RankOutcome(rank, host, local_rank, 0, time.time(), value=value)
 
 

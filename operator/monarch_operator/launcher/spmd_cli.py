@@ -193,13 +193,13 @@ def launcher_from_args(args: argparse.Namespace, reporter: Reporter) -> SpmdLaun
 def main(argv: Sequence[str] | None = None, prog: str = "monarch-torchrun") -> int:
     """Entry point of ``monarch-torchrun`` and ``monarch-launch spmd``; returns the exit status."""
     args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
-    reporter = Reporter(json_mode=args.json, quiet=args.quiet)
+    reporter = Reporter(json_mode=args.json, quiet=args.quiet, prefix=f"{prog.split()[0]}:")
     try:
         argv_per_rank = command_argv(args)
         launcher = launcher_from_args(args, reporter)
     except (UsageError, SpmdConfigError) as error:
         return reporter.result(exitcodes.USAGE, str(error))
-    reporter.plan(launcher.describe(), launcher.plan_dict())
+    reporter.plan(launcher.describe(), launcher.plan_dict(), args.dry_run)
     if args.dry_run:
         return reporter.result(exitcodes.SUCCESS, None, dry_run=True)
     install_sigterm_handler()

@@ -5,6 +5,7 @@ line with what the controller saw."""
 import json
 import os
 import sys
+import threading
 
 from monarch_operator.launcher import SpmdRunError, spmd_launcher
 
@@ -14,6 +15,34 @@ def train(config: dict) -> float:
     if rank == config["failing_rank"]:
         raise ValueError(f"loss is NaN at step 7 on rank {rank}")
     return rank * config["scale"] + int(os.environ["WORLD_SIZE"]) / 100
+
+
+def exits(config: dict) -> None:
+    if os.environ["RANK"] == "0":
+        sys.exit(4)
+
+
+def returns_a_lock(config: dict) -> object:
+    return threading.Lock()
+
+
+def dies(config: dict) -> None:
+    if os.environ["RANK"] == "1":
+        os._exit(9)
+
+
+def attempt(function, name: str) -> None:
+    try:
+        launcher.run(function, {})
+        seen[name] = "no error"
+    except SpmdRunError as error:
+        seen[name] = {
+            "message": str(error).splitlines()[0],
+            "cause": repr(error.__cause__),
+            "code": error.exit_code,
+        }
+    except RuntimeError as error:
+        seen[name] = {"runtime_error": str(error)}
 
 
 hosts, ssh_port, key, monarch_port = sys.argv[1:5]
@@ -41,4 +70,8 @@ with spmd_launcher(
             "message": str(error).splitlines()[0],
             "traceback": first.error,
         }
+    attempt(exits, "exits")
+    attempt(returns_a_lock, "lock")
+    attempt(dies, "dies")
+    attempt(exits, "after_death")
 print("RESULT " + json.dumps(seen), flush=True)
