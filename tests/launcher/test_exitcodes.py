@@ -46,3 +46,27 @@ def test_first_message_that_implies_a_code_wins() -> None:
 def test_no_code_anywhere_gives_generic_failure() -> None:
     assert exit_code_for_failure(["attach timed out", "lost connection"]) == FAILURE
     assert exit_code_for_failure([]) == FAILURE
+
+
+def test_monarch_failure_is_described_by_role_host_and_rank() -> None:
+    from monarch_operator.hostfile import Host
+    from monarch_operator.launcher.placement import plan_placement
+    from monarch_operator.launcher.runner import describe_failure
+
+    plan = plan_placement([Host("a", 2), Host("b", 2), Host("c", 1)], 2, 1)
+    message = (
+        "SupervisionError: Endpoint call trainer.step() failed, The actor <root>.<monarch_operator"
+        ".launcher.workload.Trainer trainer{'hosts': 1/2, 'gpus': 1/2}> and all its descendants "
+        "have failed: the process this actor was running on exited with non-zero code 3"
+    )
+
+    assert describe_failure(plan, message) == (
+        "trainer rank 3 (host b, local rank 1): the process this actor was running on exited "
+        "with non-zero code 3"
+    )
+    ref = message.replace(
+        "Trainer trainer{'hosts': 1/2, 'gpus': 1/2}", "Reference ref{'hosts': 0/1, 'gpus': 0/1}"
+    )
+    assert describe_failure(plan, ref) is not None
+    assert describe_failure(plan, ref).startswith("ref rank 0 (host c, local rank 0):")  # type: ignore[union-attr]
+    assert describe_failure(plan, "timeout waiting for message") is None

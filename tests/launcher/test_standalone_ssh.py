@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 from collections import Counter
@@ -149,8 +150,11 @@ def test_worker_exit_code_becomes_the_launcher_exit_code(
     )
 
     assert launch.returncode == 3, launch.describe()
-    assert launch.lines[-1].startswith("monarch-launch: failed:"), launch.describe()
-    assert "exited with non-zero code 3" in launch.lines[-1]
+    assert re.match(
+        r"monarch-launch: failed: trainer rank [01] \(host 127\.0\.0\.[23], local rank 0\): "
+        r"the process this actor was running on exited with non-zero code 3 \[",
+        launch.lines[-1],
+    ), launch.describe()
     assert [m["step"] for m in launch.steps()] == ["1"]
 
 

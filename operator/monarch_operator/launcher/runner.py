@@ -8,6 +8,7 @@ have passed.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +98,7 @@ def launch(config: LaunchConfig, reporter: Reporter | None = None) -> int:
         install_fault_hook(recorder)
         _run_on_monarch(config, plan, addresses, reporter)
     except (Exception, Terminated, WorkerLost, KeyboardInterrupt) as error:  # noqa: BLE001 - reported
-        return report_failure(error, recorder, reporter)
+        return report_failure(error, recorder, reporter, functools.partial(describe_failure, plan))
     return reporter.result(exitcodes.SUCCESS)
 
 
@@ -169,3 +170,39 @@ def _prepare_workload(
     port = rank0.free_port.call_one(trainer_addresses[0]).get(timeout=timeout_s)
     trainer.init_group.call(trainer_addresses, port).get(timeout=timeout_s)
     ref.load.call(rank0.state_dict.call_one().get(timeout=timeout_s)).get(timeout=timeout_s)
+
+
+# How Monarch names a failed actor in supervision errors (torchmonarch 0.7.0), e.g.
+# "The actor <root>.<monarch_operator.launcher.workload.Trainer trainer{'hosts': 1/2,
+# 'gpus': 0/1}> and all its descendants have failed: the process ... exited with non-zero code 3"
+_FAILED_ACTOR = re.compile(
+    r"<(?:[\w.]+\.)?\w+ (?P<role>\w+)\{'hosts': (?P<host>\d+)/\d+, '"
+    + PROCS_LABEL
+    + r"': (?P<local>\d+)/\d+\}> and all its descendants have failed: (?P<what>[^\n]+)"
+)
+
+
+def describe_failure(plan: Plan, message: str) -> str | None:
+    """Turn a Monarch supervision message into ``<role> rank R (host H, local rank L): <what>``.
+
+    Args:
+        plan: the placement, to map Monarch's host index to the host name.
+        message: the error text.
+
+    Returns:
+        The readable reason, or None when the message names no actor of a planned role.
+    """
+    match = _FAILED_ACTOR.search(message)
+    if match is None:
+        return None
+    roles = {role.role: role for role in plan.roles}
+    role = roles.get(match["role"])
+    if role is None:
+        return None
+    host_index, local = int(match["host"]), int(match["local"])
+    hosts = plan.mesh(role.mesh).hosts
+    if host_index >= len(hosts):
+        return None
+    rank = host_index * role.procs_per_host + local
+    what = match["what"].strip().rstrip(".")
+    return f"{role.role} rank {rank} (host {hosts[host_index]}, local rank {local}): {what}"

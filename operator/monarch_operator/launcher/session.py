@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -179,7 +179,12 @@ def one_line(text: str, limit: int = 400) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def report_failure(error: BaseException, recorder: FaultRecorder, reporter: Reporter) -> int:
+def report_failure(
+    error: BaseException,
+    recorder: FaultRecorder,
+    reporter: Reporter,
+    describe: Callable[[str], str | None] | None = None,
+) -> int:
     """Report why a launch stopped and return its exit status (rules in :mod:`.exitcodes`).
 
     Args:
@@ -188,6 +193,8 @@ def report_failure(error: BaseException, recorder: FaultRecorder, reporter: Repo
             from Monarch's fault reports and the error text).
         recorder: the faults Monarch reported during the launch.
         reporter: where the result goes.
+        describe: turns a Monarch failure text into a readable reason (role, host, rank), or
+            returns None to keep the raw text.
     """
     if isinstance(error, PreflightError):
         hosts = [
@@ -202,6 +209,9 @@ def report_failure(error: BaseException, recorder: FaultRecorder, reporter: Repo
     if isinstance(error, KeyboardInterrupt):
         return reporter.result(exitcodes.SIGNAL_BASE + signal.SIGINT, "interrupted")
     reason = one_line(f"{type(error).__name__}: {error}")
+    readable = describe(" ".join(str(error).split())) if describe is not None else None
+    if readable:
+        reason = f"{readable} [{one_line(reason, 300)}]"
     code = exitcodes.exit_code_for_failure([*recorder.reports, str(error)])
     # Under CPU pressure Monarch's supervision can first report a dead proc without its exit
     # status ("... The process likely crashed"); the report naming the code follows. Give it a
