@@ -45,6 +45,14 @@ def assert_no_script_left(tmp_path: Path) -> None:
     assert not left, f"rank processes left behind: {left}"
 
 
+def env_files_since(started: float) -> list[Path]:
+    """Private env files (tokens) written since ``started`` (time.time()) and still on disk."""
+    folder = Path.home() / ".cache" / "monarch-launch"
+    if not folder.is_dir():
+        return []
+    return [path for path in folder.glob("env-*.json") if path.stat().st_mtime >= started - 1]
+
+
 def copy_script(tmp_path: Path, name: str) -> Path:
     """Put a data script in the test's directory, so stray ranks can be found by path."""
     target = tmp_path / name
@@ -74,6 +82,7 @@ def test_torchrun_script_runs_unchanged_on_two_hosts_by_two_slots(
 ) -> None:
     a, b, _ = ssh_cluster.hosts
     script = copy_script(tmp_path, "torchrun_allreduce.py")
+    started = time.time()
 
     launch = run_launch(
         tmp_path,
@@ -134,6 +143,31 @@ def test_torchrun_script_runs_unchanged_on_two_hosts_by_two_slots(
         assert report["argv"] == ["--epochs", "3"]
         assert report["cwd"] == str(tmp_path), "ranks start in the launcher's directory"
     assert_no_script_left(tmp_path)
+    assert env_files_since(started) == [], "the workers deleted their env files"
+
+
+def test_no_env_file_is_left_when_another_host_fails_preflight(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    a, _, _ = ssh_cluster.hosts
+    started = time.time()
+
+    launch = run_launch(
+        tmp_path,
+        ssh_cluster,
+        f"{a} slots=1\n127.0.0.9 slots=1\n",  # nothing listens on 127.0.0.9
+        monarch_port,
+        "--host-wait",
+        "0",
+        "train.py",
+        spmd=True,
+        extra_env={"HF_TOKEN": "hf_must_not_stay_on_disk"},
+    )
+
+    assert launch.returncode == 1 and "127.0.0.9: SSHUnreachable" in launch.lines[-1], (
+        launch.describe()
+    )
+    assert env_files_since(started) == [], f"token file left on {a}"
 
 
 def test_module_and_no_python_forms(

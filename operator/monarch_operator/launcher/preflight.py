@@ -182,10 +182,18 @@ class HostCheck:
 
 
 class PreflightError(RuntimeError):
-    """One or more hosts failed pre-flight; ``failures`` holds each, in host order."""
+    """One or more hosts failed pre-flight; ``failures`` holds each, in host order, and
+    ``ready`` the ``{host: address}`` of the hosts that passed."""
 
-    def __init__(self, failures: Sequence[HostCheck], total: int, waited_s: float) -> None:
+    def __init__(
+        self,
+        failures: Sequence[HostCheck],
+        total: int,
+        waited_s: float,
+        ready: Mapping[str, str] | None = None,
+    ) -> None:
         self.failures = list(failures)
+        self.ready = dict(ready or {})
         listing = "; ".join(check.describe() for check in self.failures)
         super().__init__(
             f"pre-flight failed on {len(self.failures)} of {total} hosts after "
@@ -387,8 +395,38 @@ def run_preflight(
     failures.update(loopback_failures(known))
     if failures:
         ordered = [failures[host] for host in hosts if host in failures]
-        raise PreflightError(ordered, len(hosts), time.monotonic() - start)
+        passed = {host: str(check.address) for host, check in ready.items() if host not in failures}
+        raise PreflightError(ordered, len(hosts), time.monotonic() - start, passed)
     for host in hosts:
         if on_check is not None:
             on_check(ready[host])
     return {host: str(ready[host].address) for host in hosts}
+
+
+def remove_private_env_files(
+    addresses: Sequence[str], settings: PreflightSettings, timeout_s: float = 5.0
+) -> None:
+    """Delete this run's private env files on ``addresses``, in parallel; best effort.
+
+    A worker deletes its file when it starts; this covers hosts whose worker never started
+    (another host failed pre-flight, attach failed), so no token is left on disk.
+    """
+    if not settings.private_environment or not addresses:
+        return
+
+    def remove(address: str) -> None:
+        # run_id is hex and address an IPv4 literal: no quoting issue; "$HOME" instead of "~"
+        # because the tilde does not expand inside quotes.
+        path = private_env_path(settings.run_id, address).replace("~", "$HOME", 1)
+        try:
+            subprocess.run(
+                ["ssh", *ssh_args(settings.ssh, tty=False), "-n", address, f'rm -f -- "{path}"'],
+                capture_output=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            pass
+
+    with ThreadPoolExecutor(max_workers=min(32, len(addresses))) as pool:
+        list(pool.map(remove, addresses))

@@ -29,9 +29,14 @@ from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.environment import private_env_path, split_environment
 from monarch_operator.launcher.network import client_address
 from monarch_operator.launcher.preflight import (
+    DNS_NOT_RESOLVABLE,
+    PYTHON_NOT_FOUND,
+    SSH_AUTH_FAILED,
+    SSH_UNREACHABLE,
     HostCheck,
     PreflightError,
     PreflightSettings,
+    remove_private_env_files,
     run_preflight,
 )
 from monarch_operator.launcher.report import Reporter
@@ -225,17 +230,10 @@ def report_failure(
     return reporter.result(code, reason)
 
 
-def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter) -> dict[str, str]:
-    """Run the pre-flight on ``hosts``, printing ``hosts ready k/n`` and cleaned stale workers.
-
-    Returns:
-        ``{host: IPv4 address}`` in the order given.
-
-    Raises:
-        monarch_operator.launcher.preflight.PreflightError: naming each failing host and reason.
-    """
+def preflight_settings(config: SessionConfig) -> PreflightSettings:
+    """The pre-flight settings of a session (environment split as in :mod:`.environment`)."""
     public, private = split_environment(config.environment)
-    settings = PreflightSettings(
+    return PreflightSettings(
         ssh=config.ssh,
         python_exe=config.python_exe,
         monarch_port=config.monarch_port,
@@ -246,6 +244,18 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
         clean_stale=config.clean_stale,
     )
 
+
+def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter) -> dict[str, str]:
+    """Run the pre-flight on ``hosts``, printing ``hosts ready k/n`` and cleaned stale workers.
+
+    Returns:
+        ``{host: IPv4 address}`` in the order given.
+
+    Raises:
+        monarch_operator.launcher.preflight.PreflightError: naming each failing host and reason.
+    """
+    settings = preflight_settings(config)
+
     def report_cleaned(check: HostCheck) -> None:
         if check.cleaned:
             pids = ", ".join(str(pid) for pid in check.cleaned)
@@ -254,9 +264,20 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
                 f"port {config.monarch_port}: pid {pids}"
             )
 
-    return run_preflight(
-        hosts, settings, config.host_wait_s, reporter.hosts_ready, on_check=report_cleaned
-    )
+    try:
+        return run_preflight(
+            hosts, settings, config.host_wait_s, reporter.hosts_ready, on_check=report_cleaned
+        )
+    except PreflightError as error:
+        # Hosts that got as far as the remote check hold this run's private env file.
+        unreached = {DNS_NOT_RESOLVABLE, SSH_UNREACHABLE, SSH_AUTH_FAILED, PYTHON_NOT_FOUND}
+        reached = list(error.ready.values()) + [
+            check.address
+            for check in error.failures
+            if check.address and check.reason not in unreached
+        ]
+        remove_private_env_files(reached, settings)
+        raise
 
 
 def install_fault_hook(recorder: FaultRecorder) -> None:
@@ -331,6 +352,8 @@ def started_job(
             if not lost & {addresses[host] for host in dict(meshes)[name]}
         }
         teardown(job, reachable, reporter)
+        # Workers delete their env file when they start; one that never started left it.
+        remove_private_env_files(list(addresses.values()), preflight_settings(config))
         reporter.progress("torn down")
 
 
