@@ -341,7 +341,8 @@ def test_resolve_refuses_slots_with_hostfile(tmp_path: Path) -> None:
         (None, True, 2, SLURM_ENV, [Host("node01", 2), Host("node02", 2)],
          "slurm SLURM_JOB_NODELIST=node[01-02]"),
         (None, True, None, {"SLURM_NODELIST": "x[7-8]"}, [Host("x7", 1), Host("x8", 1)],
-         "slurm SLURM_NODELIST=x[7-8]"),
+         "slurm SLURM_NODELIST=x[7-8] (no GPU variable set: 1 slot per node; pass "
+         "--slots-per-host or request GPUs with --gpus-per-node)"),
     ],
     ids=["hosts", "hosts-with-slots", "slurm-gpus", "slurm-slots-override", "slurm-old-name"],
 )

@@ -31,6 +31,13 @@ _TYPED_GPU_COUNT = re.compile(r"^(?:[^:]+:)*([0-9]+)$")
 _NODESET_OPERATORS = "!&^"
 
 _SOURCE_FLAGS = "--hostfile, --hosts, --slurm"
+# Where the GPUs per node come from, in order (see hosts_from_slurm).
+_SLURM_GPU_VARIABLES = (
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_GPUS_PER_NODE",
+    "SLURM_JOB_GPUS",
+    "SLURM_STEP_GPUS",
+)
 
 
 class HostSourceError(ValueError):
@@ -177,7 +184,13 @@ def resolve_host_source(
         return hosts_from_list(hosts, slots), "--hosts"
     found_hosts = hosts_from_slurm(environ, slots=slots)
     variable = _slurm_nodelist_variable(environ)
-    return found_hosts, f"slurm {variable}={environ[variable].strip()}"
+    description = f"slurm {variable}={environ[variable].strip()}"
+    if slots is None and not any(environ.get(name, "").strip() for name in _SLURM_GPU_VARIABLES):
+        description += (
+            f" (no GPU variable set: {DEFAULT_SLOTS} slot per node; pass --slots-per-host or "
+            "request GPUs with --gpus-per-node)"
+        )
+    return found_hosts, description
 
 
 def _checked_slots(slots: int | None) -> int:
