@@ -372,7 +372,10 @@ def test_json_output_reports_plan_progress_and_the_failing_rank(
     result = records[-1]
     assert (result["status"], result["exit_code"]) == ("failed", 5)
     assert sorted(failure["rank"] for failure in result["failures"]) == [0, 1]
-    assert all(failure["exit_code"] == 5 for failure in result["failures"])
+    # The first failure decides; the other rank exited 5 too, unless the launcher's stop
+    # (SIGTERM, 143) reached it while its Python was still starting.
+    assert result["failures"][0]["exit_code"] == 5
+    assert result["failures"][1]["exit_code"] in (5, 143)
 
 
 def test_worker_lost_mid_run_fails_the_ranks_of_that_host(
