@@ -62,6 +62,14 @@ env_file, modules = sys.argv[4], sys.argv[5:]
 if env_file != "-":
     path = os.path.expanduser(env_file)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    # Sweep files that a launcher killed between pre-flight and worker start left behind.
+    for name in os.listdir(os.path.dirname(path)):
+        old = os.path.join(os.path.dirname(path), name)
+        try:
+            if name.startswith("env-") and time.time() - os.stat(old).st_mtime > 600:
+                os.unlink(old)
+        except OSError:
+            pass
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
         out.write(sys.stdin.read())
 def done(reason=None, detail="", cleaned=()):

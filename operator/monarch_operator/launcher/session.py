@@ -325,14 +325,14 @@ def started_job(
     # Must follow SSHJob(), which enables the hostname-based tcp transport; that transport panics
     # when the hostname resolves only to loopback, and enabling another one before SSHJob() is
     # refused ("Only one transport type may be enabled").
-    listen = config.client_address or client_address(addresses.values())
-    configure(default_transport=listen)
-    configure(mesh_attach_config_timeout=f"{max(1, round(config.attach_timeout_s))}s")
-    for name, hosts in meshes:
-        job.add_mesh(name, [addresses[host] for host in hosts])
     host_meshes: dict[str, HostMesh] = {}
     watch = _WorkerWatch(job, {address: host for host, address in addresses.items()})
     try:
+        listen = config.client_address or client_address(addresses.values())
+        configure(default_transport=listen)
+        configure(mesh_attach_config_timeout=f"{max(1, round(config.attach_timeout_s))}s")
+        for name, hosts in meshes:
+            job.add_mesh(name, [addresses[host] for host in hosts])
         # cached_path=None: do not pickle the job into ./.monarch, where a later launch in the
         # same directory would silently re-attach to these workers.
         state = job.state(cached_path=None)
