@@ -40,7 +40,7 @@ def assert_int_slots(hosts: list[Host], expected: int) -> None:
         ("a,b,c", None, [Host("a", 1), Host("b", 1), Host("c", 1)]),
         (" a , b\t,\tc ", 4, [Host("a", 4), Host("b", 4), Host("c", 4)]),
         ("c,a,b", 8, [Host("c", 8), Host("a", 8), Host("b", 8)]),
-        ("10.0.0.1,worker-b.svc", 2, [Host("10.0.0.1", 2), Host("worker-b.svc", 2)]),
+        ("192.0.2.1,worker-b.svc", 2, [Host("192.0.2.1", 2), Host("worker-b.svc", 2)]),
     ],
     ids=["single", "default-slots", "whitespace-stripped", "order-kept", "addresses"],
 )

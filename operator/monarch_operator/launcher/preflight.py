@@ -183,7 +183,7 @@ class HostCheck:
         return self.reason is None
 
     def describe(self) -> str:
-        """One line for reports, e.g. ``b (10.0.0.2): SSHAuthFailed: Permission denied``."""
+        """One line for reports, e.g. ``b (192.0.2.2): SSHAuthFailed: Permission denied``."""
         shown = self.address and self.address != self.host
         where = f"{self.host} ({self.address})" if shown else self.host
         return f"{where}: {self.reason}: {self.detail}" if self.reason else f"{where}: ready"
