@@ -112,6 +112,11 @@ def test_launcher_job_never_retries_and_gets_meshes_and_files():
     assert pod["containers"][0]["command"] == ["monarch-launch", "--steps", "3"]
 
 
+def test_launcher_failure_reaches_status_through_the_termination_message():
+    pod = build_launcher_job(make_job(), SETTINGS)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
 def test_custom_launcher_command_is_used_as_given():
     job = make_job(launcher={"command": ["python", "train.py"], "image": "other:2"})
     container = build_launcher_job(job, SETTINGS)["spec"]["template"]["spec"]["containers"][0]

@@ -58,6 +58,9 @@ def build_launcher_job(job: JobSpec, settings: Settings) -> dict[str, Any]:
                     {"name": "hostfile", "mountPath": constants.HOSTFILE_DIR, "readOnly": True},
                     {"name": "ssh", "mountPath": constants.SSH_DIR, "readOnly": True},
                 ],
+                # The launcher writes its final failure line to /dev/termination-log; a crash
+                # before it could (a traceback) still reaches status through the log tail.
+                "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
         "volumes": [
