@@ -19,6 +19,8 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
+from monarch_operator.launcher.termination import write_termination_message
+
 PREFIX = "monarch-launch:"
 
 
@@ -115,9 +117,12 @@ class Reporter:
 
         Text mode: ``monarch-launch: succeeded`` on stdout, or ``monarch-launch: failed:
         <reason>`` on stderr. JSON mode: ``{"event": "result", "status", "exit_code",
-        "reason", ...fields}`` on stdout.
+        "reason", ...fields}`` on stdout. A failure's reason also goes to the container's
+        termination log (:mod:`monarch_operator.launcher.termination`).
         """
         status = "succeeded" if exit_code == 0 else "failed"
+        if exit_code != 0 and reason:
+            write_termination_message(reason)  # Kubernetes: the pod's state.terminated.message
         if self.json_mode:
             self._json(
                 "result", {"status": status, "exit_code": exit_code, "reason": reason, **fields}

@@ -1,0 +1,48 @@
+"""The launcher's final failure line as the container's termination message.
+
+When a container ends, Kubernetes reads the file at its ``terminationMessagePath`` (default
+``/dev/termination-log``, an empty file the kubelet mounts into every container) and shows it
+as ``state.terminated.message`` of the pod; the operator puts it into the MonarchJob's Failed
+condition. Outside Kubernetes that file does not exist and nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Overrides the path (tests, or a pod with a custom terminationMessagePath).
+ENV_TERMINATION_LOG = "MONARCH_TERMINATION_LOG"
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+# The kubelet reads at most 4 KiB of the file (MaxContainerTerminationMessageLength).
+MAX_MESSAGE_BYTES = 4096
+
+
+def termination_log_path() -> str | None:
+    """Where the termination message goes, or None when there is nowhere to write it.
+
+    ``$MONARCH_TERMINATION_LOG`` when set; else ``/dev/termination-log`` only if that file
+    already exists and is writable (in a Kubernetes container), never created elsewhere.
+    """
+    explicit = os.environ.get(ENV_TERMINATION_LOG)
+    if explicit:
+        return explicit
+    if os.path.isfile(DEFAULT_TERMINATION_LOG) and os.access(DEFAULT_TERMINATION_LOG, os.W_OK):
+        return DEFAULT_TERMINATION_LOG
+    return None
+
+
+def write_termination_message(message: str) -> None:
+    """Replace the termination log's content with ``message`` (UTF-8, at most 4096 bytes).
+
+    Best effort: an unwritable path is ignored, so reporting a failure never fails the launcher.
+    """
+    path = termination_log_path()
+    if path is None:
+        return
+    data = message.strip().encode("utf-8", "replace")[:MAX_MESSAGE_BYTES]
+    data = data.decode("utf-8", "ignore").encode("utf-8")  # no character cut in half
+    try:
+        with open(path, "wb") as termination_log:
+            termination_log.write(data)
+    except OSError:
+        pass
