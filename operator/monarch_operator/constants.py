@@ -48,3 +48,18 @@ ENV_TRAINER_HOSTS = "MONARCH_TRAINER_HOSTS"
 ENV_REF_HOSTS = "MONARCH_REF_HOSTS"
 ENV_COLOCATE = "MONARCH_COLOCATE"
 ENV_CLIENT_ADDRESS = "MONARCH_CLIENT_ADDRESS"
+# Colocated roles only, and only when the job gives them: each role's GPUs per host.
+ENV_TRAINER_GPUS = "MONARCH_TRAINER_GPUS"
+ENV_REF_GPUS = "MONARCH_REF_GPUS"
+# The MonarchJob a launcher pod belongs to, for programs that label their own output or metrics.
+ENV_JOB_NAME = "MONARCH_JOB_NAME"
+ENV_NAMESPACE = "MONARCH_JOB_NAMESPACE"
+# Prefix the operator reserves on the launcher pod; spec.launcher.env may not use it (CRD rule).
+ENV_RESERVED_PREFIX = "MONARCH_"
+
+# Set by the worker entrypoint for every ssh session (sshd SetEnv): a JSON object holding the
+# worker container's own environment, because sshd starts sessions with a clean one (field
+# case C16). Workers started over ssh load it.
+ENV_POD_ENV_FILE = "MONARCH_POD_ENV_FILE"
+# Its file name inside the entrypoint's sshd state directory.
+POD_ENV_FILE_NAME = "pod-env.json"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from monarch_operator import names
+from monarch_operator import constants, names
 
 # Defaults mirror crds/monarchjobs.monarch-operator.dev.yaml (a unit test compares them).
 DEFAULT_REPLICAS = 2
@@ -21,6 +21,20 @@ DEFAULT_STARTUP_TIMEOUT_SECONDS = 600
 
 class InvalidSpecError(ValueError):
     """The MonarchJob cannot be run as written; the message names the field and the rule."""
+
+
+@dataclass(frozen=True)
+class SpmdSpec:
+    """``spec.spmd``: a torchrun-style script run by ``monarch-torchrun`` over the workers.
+
+    Exactly one of ``script`` and ``module`` is set; ``nproc_per_node`` ``None`` means one rank
+    per GPU of a worker (``spec.workers.gpusPerWorker``).
+    """
+
+    script: str | None
+    module: str | None
+    args: list[str]
+    nproc_per_node: int | None
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,17 @@ class JobSpec:
     launcher_image: str
     launcher_command: list[str] | None
     worker_template: dict[str, Any] = field(default_factory=dict)
+    # spec.launcher: your own program (run by `monarch-launch run`), its arguments, extra env
+    # (after the operator's MONARCH_* variables), resources, and a pod template merged last.
+    launcher_program: str | None = None
+    launcher_args: list[str] = field(default_factory=list)
+    launcher_env: list[dict[str, Any]] = field(default_factory=list)
+    launcher_resources: dict[str, Any] = field(default_factory=dict)
+    launcher_template: dict[str, Any] = field(default_factory=dict)
+    # Colocated roles: GPUs per host of each role, None when the job leaves it to the launcher.
+    trainer_gpus: int | None = None
+    ref_gpus: int | None = None
+    spmd: SpmdSpec | None = None
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> JobSpec:
@@ -63,6 +88,9 @@ class JobSpec:
             names.validate_job_name(metadata["name"])
         except ValueError as error:
             raise InvalidSpecError(str(error)) from error
+        check_launcher_rules(spec)
+        trainer = meshes.get("trainer") or {}
+        ref = meshes.get("ref") or {}
         return cls(
             name=metadata["name"],
             namespace=metadata.get("namespace", "default"),
@@ -71,8 +99,8 @@ class JobSpec:
             image=image,
             replicas=int(workers.get("replicas", DEFAULT_REPLICAS)),
             gpus_per_worker=int(workers.get("gpusPerWorker", DEFAULT_GPUS_PER_WORKER)),
-            trainer_hosts=int((meshes.get("trainer") or {}).get("hosts", DEFAULT_MESH_HOSTS)),
-            ref_hosts=int((meshes.get("ref") or {}).get("hosts", DEFAULT_MESH_HOSTS)),
+            trainer_hosts=int(trainer.get("hosts", DEFAULT_MESH_HOSTS)),
+            ref_hosts=int(ref.get("hosts", DEFAULT_MESH_HOSTS)),
             colocate=bool(meshes.get("colocate", False)),
             startup_timeout_seconds=int(
                 spec.get("startupTimeoutSeconds", DEFAULT_STARTUP_TIMEOUT_SECONDS)
@@ -81,4 +109,67 @@ class JobSpec:
             launcher_image=launcher.get("image") or image,
             launcher_command=launcher.get("command"),
             worker_template=workers.get("template") or {},
+            launcher_program=launcher.get("program") or None,
+            launcher_args=[str(arg) for arg in launcher.get("args") or []],
+            launcher_env=list(launcher.get("env") or []),
+            launcher_resources=launcher.get("resources") or {},
+            launcher_template=launcher.get("template") or {},
+            trainer_gpus=_optional_int(trainer.get("gpus")),
+            ref_gpus=_optional_int(ref.get("gpus")),
+            spmd=_spmd(spec.get("spmd")),
         )
+
+
+def check_launcher_rules(spec: dict[str, Any]) -> None:
+    """Refuse what would make the launcher's command or environment ambiguous.
+
+    The CRD's CEL rules refuse these at admission; this second check keeps the operator from
+    building a wrong launcher for an object admitted under an older CRD (Helm never upgrades
+    ``crds/``).
+
+    Raises:
+        InvalidSpecError: naming the field and the rule.
+    """
+    launcher = spec.get("launcher") or {}
+    spmd = spec.get("spmd")
+    given = [
+        path
+        for path, value in [
+            ("spec.launcher.program", launcher.get("program")),
+            ("spec.launcher.command", launcher.get("command")),
+            ("spec.spmd", spmd),
+        ]
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise InvalidSpecError(
+            f"at most one of spec.launcher.program, spec.launcher.command and spec.spmd may be "
+            f"set (each says what the launcher pod runs); got {' and '.join(given)}"
+        )
+    if spmd is not None and (spmd.get("script") is None) == (spmd.get("module") is None):
+        raise InvalidSpecError("spec.spmd needs exactly one of script and module")
+    if spmd is not None and launcher.get("args"):
+        raise InvalidSpecError(
+            "spec.launcher.args does not apply with spec.spmd: give the arguments in spec.spmd.args"
+        )
+    for item in launcher.get("env") or []:
+        if str(item.get("name", "")).startswith(constants.ENV_RESERVED_PREFIX):
+            raise InvalidSpecError(
+                f"spec.launcher.env: {item.get('name')} starts with "
+                f"{constants.ENV_RESERVED_PREFIX}, reserved for the operator's own variables"
+            )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _spmd(spmd: dict[str, Any] | None) -> SpmdSpec | None:
+    if spmd is None:
+        return None
+    return SpmdSpec(
+        script=spmd.get("script"),
+        module=spmd.get("module"),
+        args=[str(arg) for arg in spmd.get("args") or []],
+        nproc_per_node=_optional_int(spmd.get("nprocPerNode")),
+    )

@@ -1,20 +1,88 @@
-"""The launcher batch Job: one pod running ``monarch-launch`` over the mounted hostfile."""
+"""The launcher batch Job: one pod running ``monarch-launch`` over the mounted hostfile.
+
+What the pod runs, in order of precedence (the CRD allows at most one of the first three):
+``spec.spmd`` -> ``monarch-torchrun``; ``spec.launcher.program`` -> ``monarch-launch run``;
+``spec.launcher.command`` as given; otherwise the built-in trainer/ref example.
+"""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from monarch_operator import constants, names
 from monarch_operator.controller.builders.common import child_metadata, job_labels
+from monarch_operator.controller.builders.statefulset import merge_pod_template
 from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec import JobSpec, SpmdSpec
 
 LAUNCHER_CONTAINER = "launcher"
+# Console scripts of this package in the launcher image (pyproject.toml [project.scripts]).
+ROLE_LAUNCHER_COMMAND = "monarch-launch"
+SPMD_LAUNCHER_COMMAND = "monarch-torchrun"
 
 
 def default_launcher_command(job: JobSpec) -> list[str]:
     """Command of the built-in trainer/ref example; meshes come from the environment."""
-    return ["monarch-launch", "--steps", str(job.steps)]
+    return [ROLE_LAUNCHER_COMMAND, "--steps", str(job.steps)]
+
+
+def spmd_command(job: JobSpec, spmd: SpmdSpec) -> list[str]:
+    """``monarch-torchrun --nproc-per-node N <script | -m module> args...``.
+
+    Hosts, ssh key and port come from the ``MONARCH_*`` environment, as for ``monarch-launch``;
+    ``N`` defaults to the workers' ``gpusPerWorker`` (one rank per GPU).
+    """
+    nproc_per_node = spmd.nproc_per_node or job.gpus_per_worker
+    target = ["-m", spmd.module] if spmd.module else [str(spmd.script)]
+    return [SPMD_LAUNCHER_COMMAND, "--nproc-per-node", str(nproc_per_node), *target, *spmd.args]
+
+
+def launcher_command(job: JobSpec) -> list[str]:
+    """The launcher container's command (see the module docstring for the precedence)."""
+    if job.spmd is not None:
+        return spmd_command(job, job.spmd)
+    if job.launcher_program:
+        base = [ROLE_LAUNCHER_COMMAND, "run", job.launcher_program]
+    else:
+        base = list(job.launcher_command or default_launcher_command(job))
+    return [*base, *job.launcher_args]
+
+
+def launcher_env(job: JobSpec) -> list[dict[str, Any]]:
+    """The launcher container's env: the operator's ``MONARCH_*`` contract, then the user's.
+
+    The mesh layout (``MONARCH_TRAINER_*``, ``MONARCH_REF_*``, ``MONARCH_COLOCATE``) is left out
+    for ``spec.spmd`` jobs, which ignore the meshes; the GPU split only when the job gives it.
+    """
+    env: list[dict[str, Any]] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": constants.ENV_JOB_NAME, "value": job.name},
+        {"name": constants.ENV_NAMESPACE, "value": job.namespace},
+        {
+            "name": constants.ENV_HOSTFILE,
+            "value": f"{constants.HOSTFILE_DIR}/{constants.HOSTFILE_KEY}",
+        },
+        {
+            "name": constants.ENV_SSH_KEY,
+            "value": f"{constants.SSH_DIR}/{constants.SSH_PRIVATE_KEY}",
+        },
+        {"name": constants.ENV_SSH_PORT, "value": str(constants.SSH_PORT)},
+    ]
+    if job.spmd is None:
+        env += [
+            {"name": constants.ENV_TRAINER_HOSTS, "value": str(job.trainer_hosts)},
+            {"name": constants.ENV_REF_HOSTS, "value": str(job.ref_hosts)},
+            {"name": constants.ENV_COLOCATE, "value": "true" if job.colocate else "false"},
+        ]
+        for name, gpus in [
+            (constants.ENV_TRAINER_GPUS, job.trainer_gpus),
+            (constants.ENV_REF_GPUS, job.ref_gpus),
+        ]:
+            if gpus is not None:
+                env.append({"name": name, "value": str(gpus)})
+    env.append({"name": constants.ENV_CLIENT_ADDRESS, "value": "tcp://$(POD_IP):0"})
+    return env + copy.deepcopy(job.launcher_env)
 
 
 def build_launcher_job(job: JobSpec, settings: Settings) -> dict[str, Any]:
@@ -22,22 +90,26 @@ def build_launcher_job(job: JobSpec, settings: Settings) -> dict[str, Any]:
 
     The hostfile ConfigMap is mounted at ``/etc/monarch/hostfile`` and the job's private key at
     ``/etc/monarch/ssh``; ``MONARCH_*`` variables carry the mesh layout and the client address
-    (the pod IP, so workers can reach the Monarch client).
+    (the pod IP, so workers can reach the Monarch client). ``spec.launcher.template`` is merged
+    over the generated pod template (containers by name, as for workers); the job's labels and
+    ``restartPolicy: Never`` stay, because the operator finds and judges the pod by them.
     """
     labels = job_labels(job, constants.ROLE_LAUNCHER)
-    env = [
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {
-            "name": constants.ENV_HOSTFILE,
-            "value": f"{constants.HOSTFILE_DIR}/{constants.HOSTFILE_KEY}",
-        },
-        {"name": constants.ENV_SSH_KEY, "value": f"{constants.SSH_DIR}/{constants.SSH_PRIVATE_KEY}"},
-        {"name": constants.ENV_SSH_PORT, "value": str(constants.SSH_PORT)},
-        {"name": constants.ENV_TRAINER_HOSTS, "value": str(job.trainer_hosts)},
-        {"name": constants.ENV_REF_HOSTS, "value": str(job.ref_hosts)},
-        {"name": constants.ENV_COLOCATE, "value": "true" if job.colocate else "false"},
-        {"name": constants.ENV_CLIENT_ADDRESS, "value": "tcp://$(POD_IP):0"},
-    ]
+    container: dict[str, Any] = {
+        "name": LAUNCHER_CONTAINER,
+        "image": job.launcher_image,
+        "command": launcher_command(job),
+        "env": launcher_env(job),
+        "volumeMounts": [
+            {"name": "hostfile", "mountPath": constants.HOSTFILE_DIR, "readOnly": True},
+            {"name": "ssh", "mountPath": constants.SSH_DIR, "readOnly": True},
+        ],
+        # The launcher writes its final failure line to /dev/termination-log; a crash before
+        # it could (a traceback) still reaches status through the log tail.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if job.launcher_resources:
+        container["resources"] = copy.deepcopy(job.launcher_resources)
     pod_spec = {
         "restartPolicy": "Never",
         "enableServiceLinks": False,
@@ -48,21 +120,7 @@ def build_launcher_job(job: JobSpec, settings: Settings) -> dict[str, Any]:
             "runAsGroup": settings.worker_user_id,
             "fsGroup": settings.worker_user_id,
         },
-        "containers": [
-            {
-                "name": LAUNCHER_CONTAINER,
-                "image": job.launcher_image,
-                "command": job.launcher_command or default_launcher_command(job),
-                "env": env,
-                "volumeMounts": [
-                    {"name": "hostfile", "mountPath": constants.HOSTFILE_DIR, "readOnly": True},
-                    {"name": "ssh", "mountPath": constants.SSH_DIR, "readOnly": True},
-                ],
-                # The launcher writes its final failure line to /dev/termination-log; a crash
-                # before it could (a traceback) still reaches status through the log tail.
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-            }
-        ],
+        "containers": [container],
         "volumes": [
             {"name": "hostfile", "configMap": {"name": names.hostfile_configmap(job.name)}},
             {
@@ -77,12 +135,15 @@ def build_launcher_job(job: JobSpec, settings: Settings) -> dict[str, Any]:
             },
         ],
     }
+    template = merge_pod_template(
+        {"metadata": {"labels": labels}, "spec": pod_spec}, job.launcher_template
+    )
+    metadata = template.get("metadata") or {}
+    template["metadata"] = {**metadata, "labels": {**(metadata.get("labels") or {}), **labels}}
+    template["spec"]["restartPolicy"] = "Never"
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": child_metadata(job, names.launcher_job(job.name), constants.ROLE_LAUNCHER),
-        "spec": {
-            "backoffLimit": 0,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
+        "spec": {"backoffLimit": 0, "template": template},
     }
