@@ -24,6 +24,35 @@ if [ ! -r "$SSH_AUTHORIZED_KEYS" ]; then
   exit 1
 fi
 
+# Field case C16: sshd starts every session with a clean environment, so what the pod sets
+# (spec.workers.template env) and what the image sets would never reach the ranks. Save this
+# container's environment as a JSON object; sessions find it through SetEnv below and the
+# worker loads it. Left out: per-process shell state and this script's own sshd settings.
+POD_ENV_FILE="$SSHD_STATE_DIR/pod-env.json"
+if ! command -v python3 >/dev/null 2>&1; then
+  echo "monarch-worker: python3 is needed to save the pod environment to $POD_ENV_FILE" >&2
+  exit 1
+fi
+# `env -0` lists exactly what this container was started with (Python could add LC_CTYPE).
+env -0 | python3 -I -c '
+import json, os, sys
+skip = {"HOME", "PWD", "OLDPWD", "SHLVL", "HOSTNAME", "_", "TERM",
+        "SSHD", "SSH_LISTEN_ADDRESS", "SSH_PORT", "SSH_AUTHORIZED_KEYS"}
+environment = {}
+for entry in sys.stdin.buffer.read().split(b"\0"):
+    name, sep, value = entry.decode("utf-8", "surrogateescape").partition("=")
+    if sep and name not in skip and not name.startswith(("SSH_", "SSHD_")):
+        environment[name] = value
+path = sys.argv[1]
+partial = path + ".partial"
+fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+with os.fdopen(fd, "w") as out:
+    json.dump(environment, out, sort_keys=True)
+    out.write("\n")
+os.chmod(partial, 0o600)
+os.replace(partial, path)
+' "$POD_ENV_FILE"
+
 cat > "$SSHD_STATE_DIR/sshd_config" <<CONFIG
 ListenAddress $SSH_LISTEN_ADDRESS:$SSH_PORT
 HostKey $SSHD_STATE_DIR/ssh_host_ed25519_key
@@ -42,6 +71,8 @@ PrintMotd no
 # Monarch workers need the environment the image sets (PATH, LD_LIBRARY_PATH, CUDA/NCCL).
 PermitUserEnvironment no
 AcceptEnv LANG LC_* MONARCH_* NCCL_* CUDA_* HF_* PYTHONPATH
+# The pod's own environment, saved above (field case C16).
+SetEnv MONARCH_POD_ENV_FILE=$POD_ENV_FILE
 CONFIG
 
 echo "monarch-worker: sshd listening on $SSH_LISTEN_ADDRESS:$SSH_PORT as $(id -un)" >&2
