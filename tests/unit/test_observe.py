@@ -1,4 +1,5 @@
-"""Why a worker pod is not Ready, in the words Kubernetes used (startup-timeout messages)."""
+"""Observed children: why a worker pod is not Ready, in the words Kubernetes used
+(startup-timeout messages), and how the launcher ended (its termination message)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller.observe import why_not_ready
+from monarch_operator.controller.observe import (
+    LauncherOutcome,
+    launcher_failure_message,
+    launcher_outcome,
+    launcher_reason,
+    why_not_ready,
+)
 
 UNSCHEDULABLE = {
     "type": "PodScheduled",
@@ -62,3 +69,60 @@ UNSCHEDULABLE = {
 )
 def test_why_not_ready(pod: dict[str, Any] | None, expected: str) -> None:
     assert why_not_ready(pod) == expected
+
+
+FAILED_JOB = {"status": {"conditions": [
+    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+     "message": "Job has reached the specified backoff limit"}]}}
+COMPLETE_JOB = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+
+
+def launcher_pod(*containers: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"status": {"containerStatuses": [
+        {"name": name, "state": {"terminated": terminated}} for name, terminated in containers]}}
+
+
+@pytest.mark.parametrize(
+    ("pods", "exit_code", "message"),
+    [
+        ([launcher_pod(("launcher", {"exitCode": 3, "reason": "Error",
+                                     "message": "trainer rank 1 failed: boom\n"}))],
+         3, "trainer rank 1 failed: boom"),
+        ([launcher_pod(("launcher", {"exitCode": 1, "reason": "Error"}))], 1, "Error"),
+        ([launcher_pod(("launcher", {"exitCode": 1, "reason": "Error", "message": " \n"}))],
+         1, "Error"),
+        ([launcher_pod(("sidecar", {"exitCode": 0, "reason": "Completed", "message": "bye"}),
+                       ("launcher", {"exitCode": 4, "message": "Monarch worker lost"}))],
+         4, "Monarch worker lost"),
+        ([], None, "Job has reached the specified backoff limit"),
+    ],
+    ids=["termination-message", "reason-only", "blank-message", "sidecar-ignored", "no-pod"],
+)
+def test_failed_launcher_outcome_prefers_the_termination_message(pods, exit_code, message):
+    outcome = launcher_outcome(FAILED_JOB, pods)
+    assert outcome == LauncherOutcome(finished=True, succeeded=False, exit_code=exit_code,
+                                      message=message)
+
+
+def test_running_and_succeeded_launcher_outcomes():
+    assert launcher_outcome({"status": {}}, []) == LauncherOutcome(finished=False)
+    done = launcher_pod(("launcher", {"exitCode": 0, "reason": "Completed"}))
+    assert launcher_outcome(COMPLETE_JOB, [done]) == LauncherOutcome(
+        finished=True, succeeded=True, exit_code=0)
+
+
+def test_failed_condition_message_carries_the_launchers_final_line():
+    reason = ("trainer rank 1 (host demo-worker-0, local rank 1): raised ValueError: boom at "
+              "step 2")
+    pod = launcher_pod(("launcher", {"exitCode": 3, "reason": "Error", "message": reason}))
+    outcome = launcher_outcome(FAILED_JOB, [pod])
+    assert launcher_failure_message(outcome) == f"launcher exited with code 3: {reason}"
+    assert launcher_reason(outcome) == reason
+
+
+def test_long_launcher_reason_keeps_head_and_tail():
+    message = "Traceback (most recent call last):\n" + "x" * 3000 + "\nValueError: boom"
+    reason = launcher_reason(LauncherOutcome(finished=True, exit_code=1, message=message),
+                             limit=100)
+    assert len(reason) == 100
+    assert reason.startswith("Traceback") and reason.endswith("ValueError: boom")

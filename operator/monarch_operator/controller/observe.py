@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from monarch_operator import names
+from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
+
+# status.launcher.reason keeps at most this many characters (its head and its tail).
+LAUNCHER_REASON_LIMIT = 1024
 
 
 def pod_is_ready(pod: dict[str, Any]) -> bool:
@@ -67,7 +71,11 @@ def _reason_text(entry: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class LauncherOutcome:
-    """How the launcher Job ended: ``finished`` False while it runs."""
+    """How the launcher Job ended: ``finished`` False while it runs.
+
+    ``message`` is the launcher container's termination message (its final failure line, or its
+    log's tail) when the kubelet reported one, else the container's or the Job's reason.
+    """
 
     finished: bool
     succeeded: bool = False
@@ -75,28 +83,55 @@ class LauncherOutcome:
     message: str = ""
 
 
-def launcher_outcome(job: dict[str, Any], pods: list[dict[str, Any]]) -> LauncherOutcome:
-    """Read the launcher batch Job's conditions and its pod's exit code.
+def launcher_outcome(job: dict[str, Any], pods: list[dict[str, Any]],
+                     container_name: str = LAUNCHER_CONTAINER) -> LauncherOutcome:
+    """Read the launcher batch Job's conditions and its container's termination state.
 
     Args:
         job: the batch/v1 Job as a dict.
-        pods: the Job's pods (the exit code is taken from the first terminated container).
+        pods: the Job's pods; exit code and message come from the terminated container named
+            ``container_name`` (a sidecar from ``spec.launcher.template`` is not the launcher).
     """
     conditions = (job.get("status") or {}).get("conditions") or []
     finished = {c["type"]: c for c in conditions if c.get("status") == "True"}
     if "Complete" not in finished and "Failed" not in finished:
         return LauncherOutcome(finished=False)
-    exit_code = None
+    terminated = _launcher_terminated(pods, container_name)
+    exit_code = None if terminated is None else int(terminated.get("exitCode", 0))
+    if "Complete" in finished:
+        return LauncherOutcome(finished=True, succeeded=True, exit_code=exit_code or 0)
     message = ""
+    if terminated is not None:
+        message = (terminated.get("message") or "").strip() or terminated.get("reason") or ""
+    job_failure = finished["Failed"].get("message") or finished["Failed"].get("reason") or ""
+    return LauncherOutcome(
+        finished=True, succeeded=False, exit_code=exit_code, message=message or job_failure
+    )
+
+
+def _launcher_terminated(pods: list[dict[str, Any]], container_name: str) -> dict[str, Any] | None:
+    found = None
     for pod in pods:
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
             terminated = (container.get("state") or {}).get("terminated")
-            if terminated is not None:
-                exit_code = int(terminated.get("exitCode", 0))
-                message = terminated.get("message") or terminated.get("reason") or ""
-    if "Complete" in finished:
-        return LauncherOutcome(finished=True, succeeded=True, exit_code=exit_code or 0)
-    reason = finished["Failed"].get("message") or finished["Failed"].get("reason") or ""
-    return LauncherOutcome(
-        finished=True, succeeded=False, exit_code=exit_code, message=message or reason
-    )
+            if container.get("name") == container_name and terminated is not None:
+                found = terminated
+    return found
+
+
+def launcher_failure_message(outcome: LauncherOutcome) -> str:
+    """The Failed condition's message, e.g. ``launcher exited with code 3: trainer rank 1
+    (host demo-worker-0, local rank 1): raised ValueError: boom at step 2``."""
+    return f"launcher exited with code {outcome.exit_code}: {outcome.message}".strip()
+
+
+def launcher_reason(outcome: LauncherOutcome, limit: int = LAUNCHER_REASON_LIMIT) -> str:
+    """``status.launcher.reason``: the message, its middle left out beyond ``limit`` characters
+    (a log tail's last line, the exception, matters as much as the first)."""
+    message = outcome.message
+    if len(message) <= limit:
+        return message
+    marker = " ... "
+    head = (limit - len(marker)) // 2
+    tail = limit - len(marker) - head
+    return message[:head] + marker + message[-tail:]

@@ -139,7 +139,7 @@ def _start_or_follow_launcher(state: Pass, settings: Settings) -> None:
     if not outcome.finished:
         return
     state.status["launcher"] = {"exitCode": outcome.exit_code if outcome.exit_code is not None
-                                else -1, "reason": outcome.message[:1024]}
+                                else -1, "reason": observe.launcher_reason(outcome)}
     state.status["completionTime"] = state.now_text
     state.condition(st.RUNNING, False, st.REASON_LAUNCHER_SUCCEEDED if outcome.succeeded
                     else st.REASON_LAUNCHER_FAILED, "launcher finished")
@@ -147,7 +147,8 @@ def _start_or_follow_launcher(state: Pass, settings: Settings) -> None:
         state.condition(st.SUCCEEDED, True, st.REASON_LAUNCHER_SUCCEEDED, "launcher exited 0")
         state.events.append(Event("Normal", st.REASON_LAUNCHER_SUCCEEDED, "job succeeded"))
     else:
-        message = f"launcher exited with code {outcome.exit_code}: {outcome.message}".strip()
+        # The launcher's own final failure line (its termination message) when it wrote one.
+        message = observe.launcher_failure_message(outcome)
         state.condition(st.FAILED, True, st.REASON_LAUNCHER_FAILED, message)
         state.events.append(Event("Warning", st.REASON_LAUNCHER_FAILED, message))
 
