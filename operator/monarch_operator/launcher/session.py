@@ -100,6 +100,60 @@ class Terminated(BaseException):
         self.exit_code = exitcodes.SIGNAL_BASE + signal_number
 
 
+def _raise_terminated(signum: int, _frame: Any) -> None:
+    # Raise instead of dying so that teardown stops the remote workers (a pod being deleted, or
+    # a test's wall timeout, sends SIGTERM). Further SIGTERMs are ignored so that they cannot
+    # cut the teardown short; SIGKILL remains the hard stop.
+    signal.signal(signum, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+def install_termination_handlers() -> Callable[[], None]:
+    """Turn SIGTERM and SIGHUP into :class:`Terminated` in the main thread, so teardown runs.
+
+    SIGHUP stays ignored when it already is (``nohup``): a launch started that way must survive
+    the terminal closing. Outside the main thread nothing is installed (Python delivers signals
+    to the main thread only).
+
+    Returns:
+        A function that puts the previous handlers back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGHUP)}
+    for number, handler in previous.items():
+        if handler is _raise_terminated:
+            continue
+        if number == signal.SIGHUP and handler == signal.SIG_IGN:
+            continue
+        signal.signal(number, _raise_terminated)
+
+    def restore() -> None:
+        for number, handler in previous.items():
+            if handler is not None:
+                signal.signal(number, handler)
+
+    return restore
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ignore SIGINT and SIGTERM for the block (teardown): a second Ctrl-C, or a SIGTERM after
+    the first, must not cut the teardown short. Main thread only; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    for number in previous:
+        signal.signal(number, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            if handler is not None:
+                signal.signal(number, handler)
+
+
 class WorkerLost(BaseException):
     """A host's Monarch worker ended mid-run (its ssh session closed); raised in the main thread.
 
@@ -201,6 +255,19 @@ def report_failure(
         describe: turns a Monarch failure text into a readable reason (role, host, rank), or
             returns None to keep the raw text.
     """
+    from monarch_operator.launcher.rolejob import RankFailure
+
+    if isinstance(error, RankFailure):
+        if error.traceback and not reporter.quiet:
+            reporter.warning(f"remote traceback of {error.summary}:\n{error.traceback.rstrip()}")
+        return reporter.result(
+            error.exit_code,
+            error.summary,
+            role=error.role,
+            rank=error.rank,
+            host=error.host,
+            local_rank=error.local_rank,
+        )
     if isinstance(error, PreflightError):
         hosts = [
             {"host": c.host, "address": c.address, "reason": c.reason, "detail": c.detail}
@@ -378,12 +445,13 @@ def teardown(job: LauncherSSHJob, host_meshes: Mapping[str, HostMesh], reporter:
     ``job.kill()`` runs even if a shutdown is interrupted: with ``ssh -tt`` killing the ssh
     client hangs up the remote worker, so it is the backstop for a worker shutdown missed.
     """
-    try:
-        for name, host_mesh in host_meshes.items():
-            try:
-                host_mesh.shutdown().get(timeout=SHUTDOWN_TIMEOUT_S)
-            except Exception as error:  # noqa: BLE001 - go on with the other meshes
-                reporter.warning(f"shutdown of mesh {name} failed: {one_line(str(error))}")
-    finally:
-        job.kill()
-        sys.stdout.flush()
+    with signals_deferred():
+        try:
+            for name, host_mesh in host_meshes.items():
+                try:
+                    host_mesh.shutdown().get(timeout=SHUTDOWN_TIMEOUT_S)
+                except Exception as error:  # noqa: BLE001 - go on with the other meshes
+                    reporter.warning(f"shutdown of mesh {name} failed: {one_line(str(error))}")
+        finally:
+            job.kill()
+            sys.stdout.flush()

@@ -8,7 +8,8 @@ Upstream ``SSHJob._start_host`` (torchmonarch 0.7.0, ``monarch/_src/job/job.py``
 changes two things and keeps the rest (the worker address, ``-n``, a new session per ssh):
 
 - the remote command is prefixed with ``env K=V ...`` (see :mod:`.environment`), because sshd
-  starts sessions with a clean environment;
+  starts sessions with a clean environment, and the worker loads the pod's own environment
+  when the host is a MonarchJob worker pod (``MONARCH_POD_ENV_FILE``, field case C16);
 - the ssh client's stdout can go to another stream (``--json`` keeps stdout for JSON lines);
 - the ssh client dies with the launcher (``PR_SET_PDEATHSIG``), so a launcher killed with
   SIGKILL leaves no ssh client, and so (``-tt``) no remote worker, behind.
@@ -23,7 +24,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-from monarch._src.job.job import ProcessState, SSHJob, service_proc_addr
+from monarch_operator import constants
+from monarch_operator.launcher.monarch_compat import ProcessState, SSHJob, service_proc_addr
 
 from monarch_operator.launcher.environment import env_prefix
 
@@ -46,6 +48,23 @@ try:
     os.unlink(path)
 except OSError as error:
     sys.exit(f"monarch worker: cannot load its environment from {{path}}: {{error}}")
+"""
+
+
+# Prepended to every worker's code: the pod's own environment (field case C16). sshd starts each
+# session with a clean environment, so what a MonarchJob's worker template or image sets would
+# never reach the ranks; the worker image's entrypoint saves it as JSON and points sshd's
+# SetEnv MONARCH_POD_ENV_FILE at it. Loaded last: the pod's values win over the launcher's
+# copies (node-specific settings such as NCCL_SOCKET_IFNAME belong to the node).
+_LOAD_POD_ENV = """import json, os, sys
+pod_env_path = os.environ.get({variable!r})
+if pod_env_path:
+    try:
+        with open(pod_env_path) as env_file:
+            os.environ.update({{str(k): str(v) for k, v in json.load(env_file).items()}})
+    except (OSError, ValueError, AttributeError) as error:
+        print(f"monarch worker: cannot load the pod environment {{pod_env_path}}: {{error}}",
+              file=sys.stderr)
 """
 
 
@@ -87,6 +106,7 @@ class LauncherSSHJob(SSHJob):
             "from monarch.actor import run_worker_loop_forever\n"
             f"run_worker_loop_forever(address={address!r}, ca='trust_all_connections')"
         )
+        loop = _LOAD_POD_ENV.format(variable=constants.ENV_POD_ENV_FILE) + loop
         if self._private_env_file is not None:
             loop = _LOAD_PRIVATE_ENV.format(path=self._private_env_file(host)) + loop
         command = (

@@ -30,7 +30,7 @@ from monarch.actor import Actor, current_rank, current_size, endpoint
 
 if TYPE_CHECKING:
     # Not exported from monarch.actor in torchmonarch 0.7.0; used for annotations only.
-    from monarch._src.actor.actor_mesh import ActorMesh
+    from monarch_operator.launcher.monarch_compat import ActorMesh
 
 FEATURES = 8
 CLASSES = 4
@@ -40,26 +40,6 @@ LEARNING_RATE = 0.5
 SEED = 1234
 # How long gloo waits for peers during setup and collectives, seconds.
 GLOO_TIMEOUT_S = 60
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """Where one rank of a role runs: rank, the role's world size, host name, pid, ssh address.
-
-    ``ssh_address`` is the server address of the ssh login that started this rank's worker
-    (from ``SSH_CONNECTION``, inherited by the procs), or "-" when not started over ssh. It tells
-    hosts apart even when they share a host name, as loopback test hosts do. ``worker_pid`` is
-    the proc's parent, the host's Monarch worker: colocated roles share it. ``cuda_visible_devices``
-    is the proc's ``CUDA_VISIBLE_DEVICES`` ("-" when unset).
-    """
-
-    rank: int
-    world_size: int
-    host: str
-    pid: int
-    ssh_address: str
-    worker_pid: int
-    cuda_visible_devices: str
 
 
 @dataclass(frozen=True)
@@ -82,45 +62,6 @@ class StepResult:
     kl: float
 
 
-def _whoami() -> RankInfo:
-    point = current_rank()
-    return RankInfo(
-        rank=point.rank,
-        world_size=math.prod(current_size().values()),
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        ssh_address=_ssh_server_address(),
-        worker_pid=_worker_pid(),
-        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", "-"),
-    )
-
-
-def _worker_pid() -> int:
-    """Return the pid of the Monarch worker this proc descends from, or -1 if there is none.
-
-    Walks the parent chain in /proc and picks the first ancestor running
-    ``run_worker_loop_forever`` (the process SSHJob starts on each host).
-    """
-    pid = os.getppid()
-    while pid > 1:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if b"run_worker_loop_forever" in cmdline.read():
-                    return pid
-            with open(f"/proc/{pid}/stat") as stat:
-                # Field 4 is the parent pid; field 2 (the name) may hold spaces, so split after ")".
-                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return -1
-    return -1
-
-
-def _ssh_server_address() -> str:
-    # SSH_CONNECTION is "<client ip> <client port> <server ip> <server port>".
-    fields = os.environ.get("SSH_CONNECTION", "").split()
-    return fields[2] if len(fields) == 4 else "-"
-
-
 def new_model() -> torch.nn.Linear:
     """Return the workload's initial model; the same weights on every call and every host."""
     torch.manual_seed(SEED)
@@ -136,11 +77,6 @@ class Trainer(Actor):
         self._group: dist.ProcessGroupGloo | None = None
         self._fail_at_step = fail_at_step
         self._fail_exit_code = fail_exit_code
-
-    @endpoint
-    def whoami(self) -> RankInfo:
-        """Return this rank's :class:`RankInfo`."""
-        return _whoami()
 
     @endpoint
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -225,11 +161,6 @@ class Reference(Actor):
         self._model.requires_grad_(False)
 
     @endpoint
-    def whoami(self) -> RankInfo:
-        """Return this rank's :class:`RankInfo`."""
-        return _whoami()
-
-    @endpoint
     def load(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Replace the weights with ``state_dict`` (the trainer's initial weights)."""
         self._model.load_state_dict(state_dict)
@@ -253,6 +184,25 @@ def make_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def kl_divergence(logprobs_p: torch.Tensor, logprobs_q: torch.Tensor) -> float:
     """Mean over rows of KL(p || q), given log-probabilities ``[rows, classes]`` of both."""
     return float((logprobs_p.exp() * (logprobs_p - logprobs_q)).sum(dim=-1).mean())
+
+
+def prepare(
+    trainer: ActorMesh[Trainer],
+    ref: ActorMesh[Reference],
+    trainer_addresses: list[str],
+    timeout_s: float,
+) -> None:
+    """Form the trainer's gloo group and give the reference model the trainer's initial weights.
+
+    Args:
+        trainer, ref: the two actor meshes.
+        trainer_addresses: the address of every trainer host, by host index.
+        timeout_s: limit for each call, seconds.
+    """
+    rank0 = trainer.slice(hosts=0, gpus=0)
+    port = rank0.free_port.call_one(trainer_addresses[0]).get(timeout=timeout_s)
+    trainer.init_group.call(trainer_addresses, port).get(timeout=timeout_s)
+    ref.load.call(rank0.state_dict.call_one().get(timeout=timeout_s)).get(timeout=timeout_s)
 
 
 def _by_rank(values: Any) -> list[Any]:

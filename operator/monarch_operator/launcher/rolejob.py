@@ -1,0 +1,456 @@
+"""The job behind the public API (:mod:`monarch_operator.job`): trainer and reference meshes.
+
+:class:`Job` is a context manager. Entering it plans the placement, runs the pre-flight (every
+host, in parallel, with a reason per failing host), starts one Monarch worker per host over ssh,
+attaches the host meshes, spawns each role's procs (one per GPU, with the role's
+``CUDA_VISIBLE_DEVICES``) and identifies every rank (:mod:`.rankside`). Leaving it, normally,
+by an exception or by SIGTERM/SIGHUP, shuts the meshes down and ends the ssh sessions.
+
+Failures of user actors reach the controller as :class:`RankFailure` (role, rank, host, local
+rank, exit code or signal, remote traceback): from :meth:`Job.get`, from :meth:`Job.failure`
+on a caught Monarch error, or raised out of the ``with`` block in place of Monarch's error.
+A rank that ended its own process is reported with its own exit status (:mod:`.exitrecords`),
+never a guess from Monarch's supervision text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from monarch_operator.hostfile import Host
+from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher.exitrecords import ExitRecord, collect
+from monarch_operator.launcher.placement import (
+    Plan,
+    RolePlan,
+    format_plan,
+    plan_placement,
+    plan_to_dict,
+)
+from monarch_operator.launcher.procenv import set_environment
+from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session import (
+    FaultRecorder,
+    SessionConfig,
+    check_hosts,
+    install_fault_hook,
+    install_termination_handlers,
+    one_line,
+    started_job,
+)
+
+# Modules every role proc imports (pre-flight ``ImportFailed`` names a host that lacks them).
+JOB_MODULES = ("monarch", "monarch_operator.launcher.rankside")
+# Limit for identifying the ranks after their procs started, seconds.
+IDENTIFY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Where a job runs and how its roles are placed.
+
+    Attributes:
+        hosts: hosts in the order the source gave them (hostfile, ``--hosts``, Slurm).
+        session: how to reach the hosts and start workers.
+        source: a description of the host source, for the printed plan.
+        trainer_hosts, ref_hosts: hosts per role (None: the defaults of
+            :func:`.placement.plan_placement`).
+        colocate: both roles on the same hosts, disjoint GPU sets.
+        trainer_gpus, ref_gpus: per-host GPUs of each role when colocated (None: split).
+    """
+
+    hosts: list[Host]
+    session: SessionConfig
+    source: str = "hostfile"
+    trainer_hosts: int | None = None
+    ref_hosts: int | None = None
+    colocate: bool = False
+    trainer_gpus: int | None = None
+    ref_gpus: int | None = None
+
+
+class JobError(RuntimeError):
+    """A job failed; ``exit_code`` is the launcher's exit status for it (:mod:`.exitcodes`)."""
+
+    exit_code: int = exitcodes.FAILURE
+
+
+class RankFailure(JobError):
+    """A rank of a role failed: its endpoint raised, or its process exited or was killed.
+
+    Attributes:
+        role: the rank's role (``trainer``, ``ref``).
+        rank: rank within the role.
+        host: the host name given to the launcher.
+        local_rank: the rank's index on its host.
+        exit_code: the launcher's exit status for this failure: the process's own exit code,
+            ``128 + N`` when killed by signal N, 1 when an endpoint raised.
+        signal: the signal number when the process was killed by one, else None.
+        what: how it failed, e.g. ``raised ValueError: boom`` or ``exited with code 3``.
+        traceback: the remote traceback when an endpoint raised, else "".
+        detail: Monarch's own message, one line.
+    """
+
+    def __init__(
+        self,
+        role: str,
+        rank: int,
+        host: str,
+        local_rank: int,
+        exit_code: int,
+        what: str,
+        traceback: str = "",
+        detail: str = "",
+    ) -> None:
+        self.role, self.rank, self.host, self.local_rank = role, rank, host, local_rank
+        self.exit_code = exit_code
+        self.signal = (
+            exit_code - exitcodes.SIGNAL_BASE if exit_code > exitcodes.SIGNAL_BASE else None
+        )
+        self.what, self.traceback, self.detail = what, traceback, detail
+        super().__init__(self.summary)
+
+    @property
+    def summary(self) -> str:
+        """One line: ``<role> rank R (host H, local rank L): <what>``."""
+        return (
+            f"{self.role} rank {self.rank} (host {self.host}, local rank {self.local_rank}): "
+            f"{self.what}"
+        )
+
+    def __reduce__(self) -> Any:
+        return (
+            RankFailure,
+            (
+                self.role,
+                self.rank,
+                self.host,
+                self.local_rank,
+                self.exit_code,
+                self.what,
+                self.traceback,
+                self.detail,
+            ),
+        )
+
+
+def describe_exit_code(code: int) -> str:
+    """``exited with code 3`` or ``was killed by signal 9 (exit 137)``."""
+    if code > exitcodes.SIGNAL_BASE:
+        return f"was killed by signal {code - exitcodes.SIGNAL_BASE} (exit {code})"
+    return f"exited with code {code}"
+
+
+class Job:
+    """A trainer mesh and a reference-model mesh on the hosts of a hostfile; see the module doc.
+
+    One job per process at a time: Monarch's client transport is process-global.
+
+    Example::
+
+        with Job.from_env() as job:            # in a MonarchJob launcher pod, or any hostfile
+            trainer = job.trainer.spawn("trainer", MyTrainer, lr=1e-4)
+            ref = job.ref.spawn("ref", MyReference)
+            try:
+                job.get(trainer.step.call(batch))
+            except RankFailure as failure:
+                print(failure.role, failure.rank, failure.host, failure.traceback)
+    """
+
+    def __init__(
+        self,
+        config: JobConfig,
+        reporter: Reporter | None = None,
+        modules: Sequence[str] = (),
+    ) -> None:
+        """Plan the placement; nothing connects until the job is entered.
+
+        Args:
+            config: hosts, session and placement.
+            reporter: output sink (default: human text, progress on stderr).
+            modules: further modules every host must be able to import (pre-flight).
+
+        Raises:
+            monarch_operator.launcher.placement.PlacementError: the roles do not fit the hosts.
+        """
+        self.config = config
+        self.plan: Plan = plan_placement(
+            config.hosts,
+            config.trainer_hosts,
+            config.ref_hosts,
+            config.colocate,
+            config.trainer_gpus,
+            config.ref_gpus,
+        )
+        self.reporter = reporter or Reporter()
+        self.recorder = FaultRecorder(self.reporter)
+        self.session = _with_modules(config.session, modules)
+        self.host_meshes: dict[str, Any] = {}
+        self.addresses: dict[str, str] = {}
+        self.ranks: dict[str, list[Any]] = {}
+        self._procs: dict[str, Any] = {}
+        self._stack: contextlib.ExitStack | None = None
+        self._exit_records: list[ExitRecord] = []
+
+    # -- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_env(
+        cls,
+        argv: Sequence[str] = (),
+        environ: Mapping[str, str] | None = None,
+        reporter: Reporter | None = None,
+    ) -> Job:
+        """Build the job as ``monarch-launch`` would from ``argv`` and the environment.
+
+        In a MonarchJob's launcher pod the operator's ``MONARCH_*`` variables give the hostfile,
+        key, port and roles (README, "The launcher pod's contract"), so ``Job.from_env()``
+        needs no arguments. ``argv`` takes ``monarch-launch``'s host, placement and ssh flags
+        (e.g. ``["--hostfile", "hosts", "--trainer-hosts", "2"]``).
+
+        Raises:
+            monarch_operator.launcher.cli.UsageError: bad flags or host source.
+            monarch_operator.launcher.placement.PlacementError: the roles do not fit.
+        """
+        from monarch_operator.launcher.cli import build_parser, job_config_from_args
+
+        args = build_parser().parse_args(list(argv))
+        environ = os.environ if environ is None else environ
+        reporter = reporter or Reporter(json_mode=args.json, quiet=args.quiet)
+        return cls(job_config_from_args(args, environ, JOB_MODULES), reporter)
+
+    # -- the meshes -------------------------------------------------------------------------
+
+    @property
+    def trainer(self) -> Any:
+        """The trainer's ProcMesh (dims ``hosts`` x ``gpus``), once entered."""
+        return self.procs("trainer")
+
+    @property
+    def ref(self) -> Any:
+        """The reference model's ProcMesh (dims ``hosts`` x ``gpus``), once entered."""
+        return self.procs("ref")
+
+    def procs(self, role: str) -> Any:
+        """The ProcMesh of ``role``.
+
+        Raises:
+            RuntimeError: the job is not entered.
+            KeyError: no such role in the plan.
+        """
+        if self._stack is None:
+            raise RuntimeError("the job's meshes exist only inside 'with job:'")
+        return self._procs[role]
+
+    @property
+    def run_id(self) -> str:
+        """This run's id (names its files on the hosts)."""
+        return self.session.run_id
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> Job:
+        """Pre-flight, start the workers, spawn each role's procs and identify the ranks.
+
+        Raises:
+            monarch_operator.launcher.preflight.PreflightError: hosts failed the pre-flight.
+            monarch_operator.launcher.session.Terminated: SIGTERM/SIGHUP while starting.
+            Exception: what Monarch raises while attaching; nothing is left running.
+        """
+        if self._stack is not None:
+            raise RuntimeError("this job is already entered")
+        stack = contextlib.ExitStack()
+        try:
+            stack.callback(install_termination_handlers())
+            self.reporter.plan(
+                [f"hosts: {self.config.source}", *format_plan(self.plan)], plan_to_dict(self.plan)
+            )
+            hosts = [host for mesh in self.plan.meshes for host in mesh.hosts]
+            self.addresses = check_hosts(self.session, hosts, self.reporter)
+            self.reporter.progress(f"pre-flight ok on {len(self.addresses)} hosts")
+            install_fault_hook(self.recorder)
+            meshes = [(mesh.name, mesh.hosts) for mesh in self.plan.meshes]
+            self.host_meshes = stack.enter_context(
+                started_job(self.session, meshes, self.addresses, self.reporter)
+            )
+            for role in self.plan.roles:
+                self._procs[role.role] = self._spawn_role(role)
+            self._stack = stack
+            for role in self.plan.roles:
+                self.ranks[role.role] = self._identify(role)
+        except BaseException as error:
+            failure = self.failure(error) if self.host_meshes else None
+            self._stack = None
+            stack.close()
+            if failure is not None:
+                raise failure from error
+            raise
+        return self
+
+    def __exit__(self, _type: Any, error: BaseException | None, _tb: Any) -> None:
+        """Tear everything down; a Monarch error leaving the block becomes a RankFailure."""
+        stack, self._stack = self._stack, None
+        failure = self.failure(error) if error is not None and stack is not None else None
+        if stack is not None:
+            stack.close()
+        self._procs = {}
+        if failure is not None and failure is not error:
+            raise failure from error
+
+    def _spawn_role(self, role: RolePlan) -> Any:
+        return self.host_meshes[role.mesh].spawn_procs(
+            per_host={"gpus": role.procs_per_host},
+            name=role.role,
+            bootstrap=functools.partial(
+                set_environment, {"CUDA_VISIBLE_DEVICES": role.cuda_visible_devices}
+            ),
+        )
+
+    def _identify(self, role: RolePlan) -> list[Any]:
+        from monarch_operator.launcher.rankside import RankProbe
+
+        hosts = self.plan.mesh(role.mesh).hosts
+        probe = self._procs[role.role].spawn(
+            f"{role.role}_probe", RankProbe, role.role, tuple(hosts), self.run_id
+        )
+        infos = sorted(
+            probe.identify.call().get(timeout=IDENTIFY_TIMEOUT_S).values(),
+            key=lambda info: info.rank,
+        )
+        for info in infos:
+            self.reporter.event(
+                "rank",
+                f"{info.role} rank {info.rank}/{info.world_size} host={info.host} "
+                f"pid={info.pid} ssh={info.ssh_address} worker={info.worker_pid} "
+                f"gpus={info.cuda_visible_devices}",
+                role=info.role,
+                rank=info.rank,
+                world_size=info.world_size,
+                host=info.host,
+                local_rank=info.local_rank,
+                pid=info.pid,
+                ssh=info.ssh_address,
+                worker_pid=info.worker_pid,
+                cuda_visible_devices=info.cuda_visible_devices,
+            )
+        return infos
+
+    # -- failures ---------------------------------------------------------------------------
+
+    def get(self, future: Any, timeout: float | None = None) -> Any:
+        """``future.get(timeout)``, with Monarch's errors turned into :class:`RankFailure`.
+
+        Raises:
+            RankFailure: a rank raised, exited or was killed (see :meth:`failure`).
+            TimeoutError: the call did not finish in ``timeout`` seconds.
+        """
+        try:
+            return future.get(timeout=timeout)
+        except Exception as error:
+            failure = self.failure(error)
+            if failure is not None:
+                raise failure from error
+            raise
+
+    def failure(self, error: BaseException | None) -> RankFailure | None:
+        """Say which rank ``error`` (raised by a Monarch call) is about, and how it failed.
+
+        Args:
+            error: an exception caught from a call into this job's meshes.
+
+        Returns:
+            The :class:`RankFailure`, or None when ``error`` is not about a rank (a timeout,
+            an error of the controller's own code).
+        """
+        from monarch_operator.launcher.monarch_compat import ActorError
+
+        if error is None or isinstance(error, RankFailure):
+            return error
+        if isinstance(error, ActorError):
+            return self._raised(error)
+        text = " ".join(str(error).split())
+        if "has failed" not in text and "Supervision" not in type(error).__name__:
+            return None
+        records = self.exit_records()
+        if records:
+            first = records[0]
+            return RankFailure(
+                first.role,
+                first.rank,
+                first.host,
+                first.local_rank,
+                first.exit_code,
+                describe_exit_code(first.exit_code),
+                detail=one_line(text, 600),
+            )
+        return self._from_supervision_text(text)
+
+    def exit_records(self) -> list[ExitRecord]:
+        """Exit records of this run's ranks so far, earliest first (read from every host)."""
+        if self.addresses:
+            self._exit_records = sorted(
+                set(self._exit_records)
+                | set(collect(list(self.addresses.values()), self.session.ssh, self.run_id)),
+                key=lambda record: (record.time, record.role, record.rank),
+            )
+        return list(self._exit_records)
+
+    def _raised(self, error: Any) -> RankFailure | None:
+        from monarch_operator.launcher.rankside import NOTE_PATTERN
+
+        formatted = str(getattr(error, "exception_formatted", "") or error)
+        match = NOTE_PATTERN.search(formatted)
+        if match is None:
+            return None
+        original = getattr(error, "exception", None)
+        if isinstance(original, BaseException):
+            what = f"raised {type(original).__name__}: {original}"
+        else:
+            lines = formatted[: match.start()].strip().splitlines()
+            what = f"raised {lines[-1].strip()}" if lines else "raised an exception"
+        return RankFailure(
+            match["role"],
+            int(match["rank"]),
+            match["host"],
+            int(match["local_rank"]),
+            exitcodes.FAILURE,
+            one_line(what, 300),
+            traceback=formatted,
+            detail=one_line(str(getattr(error, "message", "")), 300),
+        )
+
+    def _from_supervision_text(self, text: str) -> RankFailure | None:
+        from monarch_operator.launcher.runner import parse_failed_actor
+
+        parsed = parse_failed_actor(text)
+        if parsed is None:
+            return None
+        role_name, host_index, local_rank, what = parsed
+        roles = {role.role: role for role in self.plan.roles}
+        role = roles.get(role_name)
+        hosts = self.plan.mesh(role.mesh).hosts if role is not None else ()
+        if role is None or host_index >= len(hosts):
+            return None
+        code = exitcodes.exit_code_for_failure([*self.recorder.reports, text])
+        return RankFailure(
+            role.role,
+            host_index * role.procs_per_host + local_rank,
+            hosts[host_index],
+            local_rank,
+            code,
+            describe_exit_code(code) if code != exitcodes.FAILURE else what,
+            detail=one_line(text, 600),
+        )
+
+
+def _with_modules(session: SessionConfig, modules: Sequence[str]) -> SessionConfig:
+    import dataclasses
+
+    wanted = tuple(dict.fromkeys([*session.modules, *JOB_MODULES, *modules]))
+    return dataclasses.replace(session, modules=wanted)
