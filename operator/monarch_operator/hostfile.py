@@ -3,6 +3,11 @@
 One host per line: ``<host> slots=<n>``, as in MPI hostfiles (Open MPI ``--hostfile``,
 DeepSpeed). Blank lines and ``#`` comments (full-line or trailing) are ignored; spaces, tabs and
 CRLF line ends are accepted; the last line needs no newline (field case C1, mpich #6719).
+Hosts keep the order written (field case C11): ranks are placed host by host in that order.
+
+A host entry is a host name or an IPv4 address, nothing more: ``user@host``, ``host:port`` (or
+MPICH's ``host:count``) and IPv6 literals are refused by :func:`host_entry_problem`, because the
+login user and sshd port are one setting for every host (``--ssh-user``, ``--ssh-port``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,50 @@ class Host:
     slots: int
 
 
+def host_entry_problem(name: str) -> str | None:
+    """Say why ``name`` cannot be a host entry, or return None when it can.
+
+    A host entry is a host name or an IPv4 address. Refused, each with the flag to use instead:
+    whitespace or ``#`` (the hostfile's separators), ``user@host`` (``--ssh-user``),
+    ``host:port`` and MPICH's ``host:count`` (``--ssh-port``; slots are ``slots=<n>``), and
+    IPv6 literals such as ``::1`` or ``[fe80::1]`` (not supported by this launcher).
+
+    Args:
+        name: one host entry as written, already stripped of surrounding whitespace.
+
+    Returns:
+        A message naming the entry and the rule it breaks, or None.
+    """
+    if "#" in name or any(character.isspace() for character in name):
+        return (
+            f"host name {name!r} cannot contain whitespace or '#', "
+            "which the hostfile format uses as separators"
+        )
+    if "@" in name:
+        return (
+            f"host entry {name!r}: 'user@host' is not supported; the same login user is used "
+            "on every host, give it with --ssh-user"
+        )
+    if _is_ipv6_literal(name):
+        return (
+            f"host entry {name!r}: IPv6 addresses are not supported; "
+            "use a host name or an IPv4 address"
+        )
+    if ":" in name:
+        return (
+            f"host entry {name!r}: 'host:port' is not supported; the same sshd port is used "
+            "on every host, give it with --ssh-port (slots are written 'slots=<n>', not MPICH's "
+            "'host:<n>')"
+        )
+    return None
+
+
+def _is_ipv6_literal(name: str) -> bool:
+    """``::1``, ``fe80::1%eth0``, ``[::1]`` or ``[::1]:22``: two colons or a bracket mean IPv6,
+    whether or not the text is a well-formed address (no host name has either)."""
+    return name.startswith("[") or name.count(":") >= 2
+
+
 def parse_hostfile(text: str, source: str = "<hostfile>") -> list[Host]:
     """Parse hostfile text into hosts, in file order.
 
@@ -42,7 +91,8 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> list[Host]:
 
     Raises:
         HostfileError: a malformed line (unknown field, ``slots`` not a positive integer), a host
-            listed twice with different slots, or a file with no hosts. Messages carry
+            entry :func:`host_entry_problem` refuses (``user@host``, ``host:port``, IPv6), a
+            host listed twice with different slots, or a file with no hosts. Messages carry
             ``source:line``.
     """
     hosts: dict[str, Host] = {}
@@ -52,6 +102,9 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> list[Host]:
         if not line:
             continue
         name, *fields = line.split()
+        problem = host_entry_problem(name)
+        if problem is not None:
+            raise HostfileError(f"{source}:{line_number}: {problem}")
         slots = DEFAULT_SLOTS
         for field in fields:
             match = _SLOTS.match(field)

@@ -15,6 +15,7 @@ from monarch_operator.hostfile import (
     Host,
     HostfileError,
     format_hostfile,
+    host_entry_problem,
     parse_hostfile,
     read_hostfile,
 )
@@ -124,3 +125,57 @@ def test_binary_file_is_a_hostfile_error_not_a_crash(tmp_path: Path) -> None:
 
     with pytest.raises(HostfileError, match=r"hosts.bin: not a UTF-8 text file \(byte 0"):
         read_hostfile(path)
+
+
+def test_hosts_keep_file_order_never_sorted() -> None:
+    # Field case C11: as text "127.0.0.66" sorts before "127.0.0.7".
+    text = "127.0.0.7 slots=2\n127.0.0.66 slots=2\n127.0.0.8 slots=2\n127.0.0.70 slots=2\n"
+
+    hosts = parse_hostfile(text)
+
+    assert [host.name for host in hosts] == ["127.0.0.7", "127.0.0.66", "127.0.0.8", "127.0.0.70"]
+    assert format_hostfile(hosts) == text
+
+
+# fmt: off
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("worker-b:2222 slots=8",
+         "host entry 'worker-b:2222': 'host:port' is not supported; the same sshd port is used "
+         "on every host, give it with --ssh-port (slots are written 'slots=<n>', not MPICH's "
+         "'host:<n>')"),
+        ("worker-b:8", "host entry 'worker-b:8': 'host:port' is not supported"),
+        ("alice@worker-b slots=8",
+         "host entry 'alice@worker-b': 'user@host' is not supported; the same login user is "
+         "used on every host, give it with --ssh-user"),
+        ("alice@worker-b:22", "host entry 'alice@worker-b:22': 'user@host' is not supported"),
+        ("::1 slots=1",
+         "host entry '::1': IPv6 addresses are not supported; use a host name or an IPv4 "
+         "address"),
+        ("2001:db8::7", "host entry '2001:db8::7': IPv6 addresses are not supported"),
+        ("[2001:db8::7]:22", "host entry '[2001:db8::7]:22': IPv6 addresses are not supported"),
+        ("[worker-b]", "host entry '[worker-b]': IPv6 addresses are not supported"),
+    ],
+    ids=[
+        "host-port", "mpich-host-count", "user-host", "user-host-port", "ipv6-loopback",
+        "ipv6", "ipv6-bracketed-port", "bracketed-name",
+    ],
+)
+# fmt: on
+def test_host_entry_with_user_port_or_ipv6_is_refused_naming_the_line(
+    line: str, message: str
+) -> None:
+    with pytest.raises(HostfileError) as caught:
+        parse_hostfile(f"worker-a slots=8\n# spare\n{line}\n", source="hosts.txt")
+
+    assert str(caught.value).startswith(f"hosts.txt:3: {message}")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["worker-a", "demo-worker-10.demo-worker.team-a.svc.cluster.local", "192.0.2.7", "n_1"],
+)
+def test_plain_names_and_ipv4_addresses_are_host_entries(name: str) -> None:
+    assert host_entry_problem(name) is None
+    assert parse_hostfile(f"{name} slots=2") == [Host(name, 2)]

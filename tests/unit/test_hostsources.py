@@ -64,10 +64,24 @@ def test_hosts_from_list(text: str, slots: int | None, expected: list[Host]) -> 
         ("a#1", None, "--hosts: host name 'a#1' cannot contain whitespace or '#'"),
         ("a", 0, "--slots-per-host must be a positive integer, got 0"),
         ("a", -2, "--slots-per-host must be a positive integer, got -2"),
+        ("a,b:2222", None,
+         "--hosts: host entry 'b:2222': 'host:port' is not supported; the same sshd port is "
+         "used on every host, give it with --ssh-port"),
+        ("alice@a", None,
+         "--hosts: host entry 'alice@a': 'user@host' is not supported; the same login user is "
+         "used on every host, give it with --ssh-user"),
+        ("alice@a:22", None, "--hosts: host entry 'alice@a:22': 'user@host' is not supported"),
+        ("::1", None, "--hosts: host entry '::1': IPv6 addresses are not supported"),
+        ("a,fe80::1%eth0", None,
+         "--hosts: host entry 'fe80::1%eth0': IPv6 addresses are not supported"),
+        ("[2001:db8::1]:22", None,
+         "--hosts: host entry '[2001:db8::1]:22': IPv6 addresses are not supported"),
     ],
     ids=[
         "empty", "empty-middle", "trailing-comma", "blank-item", "duplicate",
         "duplicate-after-strip", "inner-space", "hash", "zero-slots", "negative-slots",
+        "host-port", "user-host", "user-host-port", "ipv6-loopback", "ipv6-scoped",
+        "ipv6-bracketed-port",
     ],
 )
 # fmt: on
@@ -80,8 +94,9 @@ def test_hosts_from_list_refuses(text: str, slots: int | None, message: str) -> 
 # Slurm nodelists ---------------------------------------------------------------------------
 
 
-# ClusterShell returns nodes sorted, not in the order written: by name pattern in string order,
-# then numerically within a pattern. Slurm writes its nodelists sorted, so that order is Slurm's.
+# Field case C11: nodes come in the order written, never sorted (Slurm writes its own node-table
+# order, which sites lay out by topology); zero padding is kept; several brackets in one item
+# give every combination, the first bracket varying slowest.
 # fmt: off
 @pytest.mark.parametrize(
     ("nodelist", "expected"),
@@ -91,25 +106,29 @@ def test_hosts_from_list_refuses(text: str, slots: int | None, message: str) -> 
         ("a[1-2],b3", ["a1", "a2", "b3"]),
         ("node[8-10]", ["node8", "node9", "node10"]),
         ("n[1,3,5-6]", ["n1", "n3", "n5", "n6"]),
-        ("b1,a[1-2]", ["a1", "a2", "b1"]),
-        ("gpu[2-3],cpu[01-02]", ["cpu01", "cpu02", "gpu2", "gpu3"]),
-        ("n[3,1,2]", ["n1", "n2", "n3"]),
-        ("node[010-011],node9", ["node9", "node010", "node011"]),
+        ("node[10-11],node2", ["node10", "node11", "node2"]),
+        ("b1,a[1-2]", ["b1", "a1", "a2"]),
+        ("gpu[2-3],cpu[01-02]", ["gpu2", "gpu3", "cpu01", "cpu02"]),
+        ("n[3,1,2]", ["n3", "n1", "n2"]),
+        ("n[5-6,1-2]", ["n5", "n6", "n1", "n2"]),
+        ("node[010-011],node9", ["node010", "node011", "node9"]),
+        ("a[1-2,5],b[01-03]", ["a1", "a2", "a5", "b01", "b02", "b03"]),
+        ("n[098-100]", ["n098", "n099", "n100"]),
+        ("node[1-3]-ib", ["node1-ib", "node2-ib", "node3-ib"]),
+        ("x[2-1000]-y", [f"x{i}-y" for i in range(2, 1001)]),
         ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+        ("r[2,1]n[02,01]", ["r2n02", "r2n01", "r1n02", "r1n01"]),
         ("  node[01-02]\n", ["node01", "node02"]),
         ("a, b", ["a", "b"]),
-        ("n[1,1]", ["n1"]),
-        ("n[1-2,2]", ["n1", "n2"]),
-        ("@group", ["@group"]),
+        ("10.0.0.[7-8],gpu-a.b_c", ["10.0.0.7", "10.0.0.8", "gpu-a.b_c"]),
     ],
     ids=[
         "single", "zero-padded-range", "mixed", "width-grows", "list-in-brackets",
-        "sorted-by-pattern", "sorted-by-pattern-not-written-order", "sorted-in-brackets",
-        "sorted-numerically", "two-ranges", "outer-whitespace", "space-after-comma-stripped",
-        # ClusterShell merges a repeat inside one bracket before we can see it (only repeats
-        # across comma-separated items are refused, below); Slurm never writes either.
-        "duplicate-in-brackets-merged", "duplicate-range-overlap-merged",
-        "group-not-resolved",
+        "c11-slurm-order", "written-order-across-items", "written-order-across-patterns",
+        "written-order-in-brackets", "written-order-of-ranges", "padded-then-unpadded",
+        "nested-lists-with-padding", "padded-width-kept", "suffix-after-brackets",
+        "suffix-after-long-range", "two-ranges", "two-ranges-written-order",
+        "outer-whitespace", "space-after-comma-stripped", "dots-dashes-underscores",
     ],
 )
 # fmt: on
@@ -137,58 +156,96 @@ def test_slurm_job_nodelist_wins_over_slurm_nodelist() -> None:
          "slurm: not inside a Slurm allocation: SLURM_JOB_NODELIST is not set"),
         ({"SLURM_JOB_NODELIST": "node[01-"},
          "slurm: SLURM_JOB_NODELIST='node[01-' is not a valid Slurm hostlist: "
-         'missing bracket: "node[01-"'),
+         "'node[01-': '[' without a closing ']'"),
         ({"SLURM_NODELIST": "n[3-1]"},
-         "slurm: SLURM_NODELIST='n[3-1]' is not a valid Slurm hostlist: bad range: "
-         '"invalid values in range : "3-1""'),
+         "slurm: SLURM_NODELIST='n[3-1]' is not a valid Slurm hostlist: "
+         "'n[3-1]': range '3-1' goes down; write it as '1-3'"),
         ({"SLURM_JOB_NODELIST": "n[a-b]"},
-         "slurm: SLURM_JOB_NODELIST='n[a-b]' is not a valid Slurm hostlist: bad range"),
+         "slurm: SLURM_JOB_NODELIST='n[a-b]' is not a valid Slurm hostlist: "
+         "'n[a-b]': 'a-b' in brackets is not a number or a range such as '1-4'"),
+        ({"SLURM_JOB_NODELIST": "n[1-]"},
+         "slurm: SLURM_JOB_NODELIST='n[1-]' is not a valid Slurm hostlist: "
+         "'n[1-]': '1-' in brackets is not a number or a range"),
+        ({"SLURM_JOB_NODELIST": "n[1,,2]"},
+         "slurm: SLURM_JOB_NODELIST='n[1,,2]' is not a valid Slurm hostlist: "
+         "'n[1,,2]': '' in brackets is not a number or a range"),
         ({"SLURM_JOB_NODELIST": "n[[1]]"},
          "slurm: SLURM_JOB_NODELIST='n[[1]]' is not a valid Slurm hostlist: "
-         'illegal closing bracket: "]"'),
+         "'n[[1]]': brackets cannot be nested"),
+        ({"SLURM_JOB_NODELIST": "n]1,n2"},
+         "slurm: SLURM_JOB_NODELIST='n]1,n2' is not a valid Slurm hostlist: "
+         "'n]1,n2': ']' without a '[' before it"),
+        ({"SLURM_JOB_NODELIST": "n[1-2]]"},
+         "slurm: SLURM_JOB_NODELIST='n[1-2]]' is not a valid Slurm hostlist: "
+         "'n[1-2]]': ']' without a '[' before it"),
         ({"SLURM_JOB_NODELIST": "n[01-2]"},
-         "slurm: SLURM_JOB_NODELIST='n[01-2]' is not a valid Slurm hostlist: bad range: "
-         '"padding length mismatch'),
+         "slurm: SLURM_JOB_NODELIST='n[01-2]' is not a valid Slurm hostlist: "
+         "'n[01-2]': range '01-2' mixes widths; zero-padded bounds need the same number of "
+         "digits, e.g. '01-02'"),
+        ({"SLURM_JOB_NODELIST": "n[8-010]"},
+         "slurm: SLURM_JOB_NODELIST='n[8-010]' is not a valid Slurm hostlist: "
+         "'n[8-010]': range '8-010' mixes widths"),
         ({"SLURM_JOB_NODELIST": "n[]"},
-         "slurm: SLURM_JOB_NODELIST='n[]' is not a valid Slurm hostlist: bad range: "
-         '"empty range"'),
+         "slurm: SLURM_JOB_NODELIST='n[]' is not a valid Slurm hostlist: "
+         "'n[]': empty brackets '[]'"),
+        ({"SLURM_JOB_NODELIST": "n[1-100000]"},
+         "slurm: SLURM_JOB_NODELIST='n[1-100000]' is not a valid Slurm hostlist: "
+         "'n[1-100000]': the list expands to more than 65536 nodes"),
+        ({"SLURM_JOB_NODELIST": "a[1-40000],b[1-40000]"},
+         "slurm: SLURM_JOB_NODELIST='a[1-40000],b[1-40000]' is not a valid Slurm hostlist: "
+         "'b[1-40000]': the list expands to more than 65536 nodes"),
+        ({"SLURM_JOB_NODELIST": "r[1-300]n[1-300]"},
+         "slurm: SLURM_JOB_NODELIST='r[1-300]n[1-300]' is not a valid Slurm hostlist: "
+         "'r[1-300]n[1-300]': the list expands to more than 65536 nodes"),
         ({"SLURM_JOB_NODELIST": ""}, "slurm: SLURM_JOB_NODELIST='' names no nodes"),
         ({"SLURM_JOB_NODELIST": " \n"}, "slurm: SLURM_JOB_NODELIST='' names no nodes"),
         ({"SLURM_JOB_NODELIST": ","},
-         "slurm: SLURM_JOB_NODELIST=',' is not a valid Slurm hostlist: "
-         "missing nodeset operand with ',' operator"),
+         "slurm: SLURM_JOB_NODELIST=',' is not a valid Slurm hostlist: item 1 is empty"),
         ({"SLURM_JOB_NODELIST": "a,,b"},
-         "slurm: SLURM_JOB_NODELIST='a,,b' is not a valid Slurm hostlist: "
-         "missing nodeset operand with ',' operator"),
+         "slurm: SLURM_JOB_NODELIST='a,,b' is not a valid Slurm hostlist: item 2 is empty"),
         ({"SLURM_JOB_NODELIST": "a,b,"},
-         "slurm: SLURM_JOB_NODELIST='a,b,' is not a valid Slurm hostlist: "
-         "missing nodeset operand with ',' operator"),
+         "slurm: SLURM_JOB_NODELIST='a,b,' is not a valid Slurm hostlist: item 3 is empty"),
         ({"SLURM_JOB_NODELIST": "n[1-2],n2"},
          "slurm: SLURM_JOB_NODELIST='n[1-2],n2' lists node 'n2' twice"),
         ({"SLURM_JOB_NODELIST": "a,b,a"},
          "slurm: SLURM_JOB_NODELIST='a,b,a' lists node 'a' twice"),
         ({"SLURM_JOB_NODELIST": "n[1-3],m1,n[3-4]"},
          "slurm: SLURM_JOB_NODELIST='n[1-3],m1,n[3-4]' lists node 'n3' twice"),
+        ({"SLURM_JOB_NODELIST": "n[1,1]"},
+         "slurm: SLURM_JOB_NODELIST='n[1,1]' lists node 'n1' twice"),
+        ({"SLURM_JOB_NODELIST": "n[1-2,2]"},
+         "slurm: SLURM_JOB_NODELIST='n[1-2,2]' lists node 'n2' twice"),
         ({"SLURM_JOB_NODELIST": "n[1-3]!n2"},
          "slurm: SLURM_JOB_NODELIST='n[1-3]!n2' is not a valid Slurm hostlist: "
-         "'!' is a ClusterShell set operator, not part of a Slurm hostlist"),
+         "'!' is a ClusterShell set operator (difference), not Slurm syntax"),
         ({"SLURM_JOB_NODELIST": "n[1-3]&n2"},
          "slurm: SLURM_JOB_NODELIST='n[1-3]&n2' is not a valid Slurm hostlist: "
-         "'&' is a ClusterShell set operator"),
+         "'&' is a ClusterShell set operator (intersection)"),
         ({"SLURM_JOB_NODELIST": "n1^n2"},
          "slurm: SLURM_JOB_NODELIST='n1^n2' is not a valid Slurm hostlist: "
-         "'^' is a ClusterShell set operator"),
+         "'^' is a ClusterShell set operator (symmetric difference)"),
+        ({"SLURM_JOB_NODELIST": "@group"},
+         "slurm: SLURM_JOB_NODELIST='@group' is not a valid Slurm hostlist: "
+         "'@' is ClusterShell group syntax, not Slurm syntax"),
+        ({"SLURM_JOB_NODELIST": "n*"},
+         "slurm: SLURM_JOB_NODELIST='n*' is not a valid Slurm hostlist: "
+         "'*' is a ClusterShell wildcard, not Slurm syntax"),
         ({"SLURM_JOB_NODELIST": "n1 n2,n3"},
          "slurm SLURM_JOB_NODELIST: host name 'n1 n2' cannot contain whitespace or '#'"),
         ({"SLURM_JOB_NODELIST": "n#1"},
          "slurm SLURM_JOB_NODELIST: host name 'n#1' cannot contain whitespace or '#'"),
+        ({"SLURM_JOB_NODELIST": "n[1-2]:22"},
+         "slurm SLURM_JOB_NODELIST: host entry 'n1:22': 'host:port' is not supported"),
     ],
     ids=[
         "no-variables", "gpus-but-no-nodelist", "unbalanced", "reversed-range", "bad-range",
-        "nested", "padding-mismatch", "empty-brackets", "empty", "whitespace-only",
-        "only-comma", "empty-item", "trailing-comma", "duplicate", "duplicate-name",
-        "duplicate-range-overlap", "difference-operator", "intersection-operator",
-        "xor-operator", "inner-space", "hash",
+        "open-range", "empty-bracket-item", "nested", "closing-without-opening",
+        "extra-closing", "padding-mismatch", "padding-on-high-bound", "empty-brackets",
+        "huge-range", "huge-list", "huge-product", "empty", "whitespace-only", "only-comma",
+        "empty-item", "trailing-comma", "duplicate", "duplicate-name",
+        "duplicate-range-overlap", "duplicate-in-brackets", "duplicate-range-in-brackets",
+        "difference-operator", "intersection-operator", "xor-operator", "group",
+        "wildcard", "inner-space", "hash", "port",
     ],
 )
 # fmt: on

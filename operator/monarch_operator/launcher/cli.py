@@ -17,12 +17,18 @@ import getpass
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 from monarch_operator import constants
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher.environment import EnvSpecError, parse_env_items, worker_environment
+from monarch_operator.launcher.flagtypes import (
+    non_negative_seconds,
+    port_number,
+    positive_int,
+    positive_seconds,
+)
 from monarch_operator.launcher.hostsources import HostSourceError, resolve_host_source
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.runner import ROLE_MODULES, LaunchConfig, launch
@@ -51,7 +57,9 @@ examples:
   monarch-launch
 
 hostfile format: one '<host> slots=<n>' per line ('slots' = GPUs, default 1); '#' comments and
-blank lines are ignored.
+blank lines are ignored. A host is a name or an IPv4 address: no user@host or host:port (use
+--ssh-user, --ssh-port), no IPv6. Hosts are used in the order given (hostfile, --hosts or Slurm's
+nodelist), never sorted: the trainer takes the first ones.
 environment: workers get PATH, LD_LIBRARY_PATH, PYTHONPATH, VIRTUAL_ENV, OMP_NUM_THREADS and
 NCCL_*, CUDA_* (not CUDA_VISIBLE_DEVICES), HF_*, TORCH_*, GLOO_*, HYPERACTOR_* from this
 environment, plus every --env.
@@ -61,12 +69,16 @@ failure (a host failing pre-flight, attach timeout, an exception in an actor).
 """
 
 
-def _env_int(name: str) -> int | None:
+def _env_int(name: str, check: Callable[[str], int] = int) -> int | None:
+    """The integer in environment variable ``name`` (None when unset or empty), read with
+    ``check`` (a :mod:`.flagtypes` function, so a variable obeys the same rule as its flag)."""
     value = os.environ.get(name, "").strip()
     if not value:
         return None
     try:
-        return int(value)
+        return check(value)
+    except argparse.ArgumentTypeError as error:
+        raise SystemExit(f"monarch-launch: {name}={value!r}: {error}") from None
     except ValueError:
         raise SystemExit(f"monarch-launch: {name}={value!r} is not an integer") from None
 
@@ -168,22 +180,24 @@ def add_session_flags(parser: argparse.ArgumentParser) -> None:
     )
     ssh.add_argument(
         "--ssh-port",
-        type=int,
-        default=_env_int(constants.ENV_SSH_PORT) or 22,
-        help=f"sshd port on every host (env {constants.ENV_SSH_PORT}; default 22)",
+        type=port_number,
+        default=_env_int(constants.ENV_SSH_PORT, port_number) or 22,
+        help=f"sshd port on every host, 1..65535 (env {constants.ENV_SSH_PORT}; default 22); "
+        "hosts are plain names, never host:port",
     )
     ssh.add_argument(
         "--ssh-user",
         default=getpass.getuser(),
-        help="login user on every host (default: the current user)",
+        help="login user on every host (default: the current user); hosts are plain names, "
+        "never user@host",
     )
     ssh.add_argument(
         "--host-wait",
-        type=float,
+        type=non_negative_seconds,
         default=5.0,
         metavar="SECONDS",
         help="retry hosts whose name does not resolve or whose sshd does not answer yet for "
-        "this long (default %(default)s)",
+        "this long, 0 or more (default %(default)s)",
     )
     ssh.add_argument(
         "--no-clean-stale",
@@ -194,9 +208,9 @@ def add_session_flags(parser: argparse.ArgumentParser) -> None:
     monarch = parser.add_argument_group("monarch")
     monarch.add_argument(
         "--monarch-port",
-        type=int,
+        type=port_number,
         default=constants.MONARCH_WORKER_PORT,
-        help="port every Monarch worker listens on (default %(default)s)",
+        help="port every Monarch worker listens on, 1..65535 (default %(default)s)",
     )
     monarch.add_argument(
         "--client-address",
@@ -213,10 +227,10 @@ def add_session_flags(parser: argparse.ArgumentParser) -> None:
     )
     monarch.add_argument(
         "--attach-timeout",
-        type=float,
+        type=positive_seconds,
         default=30.0,
         metavar="SECONDS",
-        help="limit for workers to start and attach (default %(default)s)",
+        help="limit for workers to start and attach, more than 0 (default %(default)s)",
     )
     monarch.add_argument(
         "--env",
@@ -244,13 +258,15 @@ def add_output_flags(group: argparse._ArgumentGroup) -> None:
 
 
 def _add_workload_flags(work: argparse._ArgumentGroup) -> None:
-    work.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    work.add_argument(
+        "--steps", type=positive_int, default=3, help="training steps, at least 1 (default 3)"
+    )
     work.add_argument(
         "--call-timeout",
-        type=float,
+        type=positive_seconds,
         default=120.0,
         metavar="SECONDS",
-        help="limit for each call into the meshes (default %(default)s)",
+        help="limit for each call into the meshes, more than 0 (default %(default)s)",
     )
     work.add_argument(
         "--fail-at-step",

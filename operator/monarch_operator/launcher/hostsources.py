@@ -8,17 +8,17 @@ hostfile reader does, so placement never needs to know which one was used.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 
-# ClusterShell (LGPL-2.1-or-later) ships no type hints.
-from ClusterShell.NodeSet import (
-    RESOLVER_NOGROUP,
-    NodeSet,
-    NodeSetParseError,
+from monarch_operator.hostfile import (
+    DEFAULT_SLOTS,
+    Host,
+    HostfileError,
+    host_entry_problem,
+    read_hostfile,
 )
-
-from monarch_operator.hostfile import DEFAULT_SLOTS, Host, HostfileError, read_hostfile
 
 # Slurm sets SLURM_JOB_NODELIST; SLURM_NODELIST is the older name, still set for compatibility.
 SLURM_NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -26,9 +26,20 @@ SLURM_NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 # One item of SLURM_GPUS_PER_NODE: ``4``, ``a100:4``, ``gpu:4`` or ``gpu:a100:4``.
 _TYPED_GPU_COUNT = re.compile(r"^(?:[^:]+:)*([0-9]+)$")
 
-# ClusterShell's set operators (difference, intersection, symmetric difference); a Slurm
-# hostlist has none, so a nodelist holding one is refused rather than computed.
-_NODESET_OPERATORS = "!&^"
+# Characters of ClusterShell's node-set language that a Slurm hostlist never holds: a nodelist
+# holding one was not written by Slurm, so it is refused rather than guessed at.
+_NOT_SLURM_SYNTAX = {
+    "!": "a ClusterShell set operator (difference)",
+    "&": "a ClusterShell set operator (intersection)",
+    "^": "a ClusterShell set operator (symmetric difference)",
+    "@": "ClusterShell group syntax",
+    "*": "a ClusterShell wildcard",
+}
+# One item inside brackets: a number or an ascending range of numbers, ``7`` or ``01-16``.
+_BRACKET_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
+# Most nodes one nodelist may expand to: far above any allocation, low enough that a typo such
+# as ``n[1-100000000]`` is refused at once instead of filling memory.
+MAX_NODELIST_NODES = 65536
 
 _SOURCE_FLAGS = "--hostfile, --hosts, --slurm"
 # Where the GPUs per node come from, in order (see hosts_from_slurm).
@@ -58,8 +69,9 @@ def hosts_from_list(text: str, slots: int | None) -> list[Host]:
 
     Raises:
         HostSourceError: an empty list or empty item (``a,,b``, a trailing comma), a name listed
-            twice, a name the hostfile format could not hold (whitespace or ``#`` inside), or
-            ``slots`` below 1.
+            twice, a name the hostfile format could not hold (whitespace or ``#`` inside), an
+            entry with a user or port (``user@host``, ``host:port``: use ``--ssh-user`` and
+            ``--ssh-port``) or an IPv6 address, or ``slots`` below 1.
     """
     slots_per_host = _checked_slots(slots)
     names: dict[str, None] = {}  # ordered set: keeps the order given
@@ -78,22 +90,15 @@ def hosts_from_list(text: str, slots: int | None) -> list[Host]:
 
 
 def hosts_from_slurm(environ: Mapping[str, str], *, slots: int | None = None) -> list[Host]:
-    """Hosts of the Slurm allocation this process runs in, in sorted order.
+    """Hosts of the Slurm allocation this process runs in, in the order Slurm wrote them.
 
     Host names come from ``SLURM_JOB_NODELIST`` (or, if unset, ``SLURM_NODELIST``), a compressed
-    hostlist such as ``node[01-04],gpu7`` expanded by ClusterShell's ``NodeSet``.
-
-    ClusterShell returns the nodes sorted, not in the order written, and merges duplicates:
-    names are grouped by their non-numeric pattern in string order (``b1,a[1-2]`` gives ``a1``,
-    ``a2``, ``b1``; ``gpu[2-3],cpu[01-02]`` gives the ``cpu`` nodes first), and numerically
-    within a pattern (``node[8-10]`` gives ``node8``, ``node9``, ``node10``, not string order).
-    This is how Slurm itself writes the variable: it builds the job's nodelist from a bitmap of
-    its nodes, which holds each node once, and sorts it (``bitmap2node_name`` in Slurm's
-    src/common/node_conf.c), so a nodelist Slurm wrote is already sorted and duplicate-free.
-    A node repeated across comma-separated items (``n[1-2],n2``) is refused; one repeated inside
-    a single bracket (``n[1,1]``, ``n[1-2,2]``) is merged by ClusterShell before it can be seen.
-    ClusterShell's own extensions are not applied: ``@group`` and ``*`` are not resolved (no
-    groups.conf is read) and the set operators ``!``, ``&``, ``^`` are refused.
+    hostlist such as ``node[01-04],gpu7``, expanded by :func:`expand_hostlist` in written order
+    (field case C11): ``node[10-11],node2`` gives ``node10``, ``node11``, ``node2``, never a
+    sort. Slurm writes the list in the order of its own node table (slurm.conf), which sites lay
+    out by topology, so rank 0 lands on the first node Slurm lists, as with ``srun``.
+    A node listed twice is refused. ClusterShell's extensions (``@group``, ``*``, the set
+    operators ``!``, ``&``, ``^``) are not Slurm syntax and are refused.
 
     Slots per host are GPUs per node, taken from the first of these that is set and non-empty
     (see "OUTPUT ENVIRONMENT VARIABLES" in
@@ -115,13 +120,14 @@ def hosts_from_slurm(environ: Mapping[str, str], *, slots: int | None = None) ->
         slots: slots (GPUs) per host overriding the variables above; ``None`` to read them.
 
     Returns:
-        One :class:`Host` per node, sorted as above, all with the same slots.
+        One :class:`Host` per node, in nodelist order, all with the same slots.
 
     Raises:
         HostSourceError: not inside a Slurm allocation (no nodelist variable), an empty or
-            malformed nodelist (ClusterShell's error, with the variable and value), a set
-            operator, a node listed twice across items, a name with whitespace or ``#``, a GPU
-            variable that is not a positive count, or ``slots`` below 1.
+            malformed nodelist (the variable, its value and the rule broken), ClusterShell-only
+            syntax, a node listed twice, a name that
+            :func:`~monarch_operator.hostfile.host_entry_problem` refuses, a GPU variable that is
+            not a positive count, or ``slots`` below 1.
     """
     variable = _slurm_nodelist_variable(environ)
     nodelist = environ[variable].strip()
@@ -203,13 +209,11 @@ def _checked_slots(slots: int | None) -> int:
 
 
 def _check_host_name(name: str, source: str) -> None:
-    """Refuse a name the hostfile format cannot hold: it splits fields on whitespace and
-    starts a comment at ``#`` (see monarch_operator/hostfile.py)."""
-    if "#" in name or any(character.isspace() for character in name):
-        raise HostSourceError(
-            f"{source}: host name {name!r} cannot contain whitespace or '#', "
-            "which the hostfile format uses as separators"
-        )
+    """Refuse an entry that is not a plain host name or IPv4 address; see
+    :func:`monarch_operator.hostfile.host_entry_problem` for the rules."""
+    problem = host_entry_problem(name)
+    if problem is not None:
+        raise HostSourceError(f"{source}: {problem}")
 
 
 def _slurm_nodelist_variable(environ: Mapping[str, str]) -> str:
@@ -223,40 +227,119 @@ def _slurm_nodelist_variable(environ: Mapping[str, str]) -> str:
     )
 
 
-def _expand_slurm_nodelist(variable: str, nodelist: str) -> list[str]:
-    """The node names of ``nodelist`` (the value of ``variable``), sorted and each once, as
-    described on hosts_from_slurm; refuses what that docstring says is refused."""
-    for operator in _NODESET_OPERATORS:
-        if operator in nodelist:
-            raise HostSourceError(
-                f"slurm: {variable}={nodelist!r} is not a valid Slurm hostlist: "
-                f"{operator!r} is a ClusterShell set operator, not part of a Slurm hostlist"
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Expand a Slurm hostlist into node names, in the order written.
+
+    Items are separated by commas outside brackets; whitespace around an item is ignored. In an
+    item, each ``[...]`` holds comma-separated numbers and ascending ranges (``[1-2,5]``) and is
+    expanded in the order written; a range whose bound has a leading zero keeps that width
+    (``b[01-03]`` gives ``b01``, ``b02``, ``b03``; both bounds must then have the same width).
+    Text may follow a bracket (``node[1-3]-ib``), and an item with several brackets gives every
+    combination, the first bracket varying slowest (``r[1-2]n[1-2]`` gives ``r1n1``, ``r1n2``,
+    ``r2n1``, ``r2n2``), as Slurm expands them.
+
+    Args:
+        hostlist: the compressed list, e.g. ``node[10-11],node2``.
+
+    Returns:
+        Node names in written order; duplicates are kept (the caller decides about them).
+
+    Raises:
+        ValueError: the reason the text is not a hostlist: an empty item, unbalanced or nested
+            brackets, empty brackets, an item in brackets that is not a number or an ascending
+            range, bounds of different zero-padded widths, or more than
+            :data:`MAX_NODELIST_NODES` nodes.
+    """
+    names: list[str] = []
+    for position, written in enumerate(_top_level_items(hostlist), start=1):
+        item = written.strip()
+        if not item:
+            raise ValueError(f"item {position} is empty")
+        names.extend(_expand_item(item, MAX_NODELIST_NODES - len(names)))
+    return names
+
+
+def _expand_item(item: str, room: int) -> list[str]:
+    """The names of one comma-free item such as ``rack[1-2]-n[01-04]``, at most ``room`` of them."""
+    choices: list[list[str]] = []  # the item as text pieces, each with its alternatives
+    rest = item
+    while rest:
+        opening, closing = rest.find("["), rest.find("]")
+        if closing != -1 and (opening == -1 or closing < opening):
+            raise ValueError(f"{item!r}: ']' without a '[' before it")
+        if opening == -1:
+            choices.append([rest])
+            break
+        closing = rest.find("]", opening)
+        if closing == -1:
+            raise ValueError(f"{item!r}: '[' without a closing ']'")
+        inside = rest[opening + 1 : closing]
+        if "[" in inside:
+            raise ValueError(f"{item!r}: brackets cannot be nested")
+        choices.append([rest[:opening]])
+        choices.append(_expand_brackets(item, inside))
+        rest = rest[closing + 1 :]
+    count = 1
+    for alternatives in choices:
+        count *= len(alternatives)
+    if count > room:
+        raise ValueError(f"{item!r}: the list expands to more than {MAX_NODELIST_NODES} nodes")
+    return ["".join(pieces) for pieces in itertools.product(*choices)]
+
+
+def _expand_brackets(item: str, inside: str) -> list[str]:
+    """The numbers of one bracket's content, ``1-2,5`` or ``01-03``, as text, in written order."""
+    if not inside:
+        raise ValueError(f"{item!r}: empty brackets '[]'")
+    numbers: list[str] = []
+    for part in inside.split(","):
+        match = _BRACKET_RANGE.match(part)
+        if match is None:
+            raise ValueError(
+                f"{item!r}: {part!r} in brackets is not a number or a range such as '1-4'"
             )
-    try:
-        nodes = NodeSet(nodelist, resolver=RESOLVER_NOGROUP)
-        # ClusterShell merges duplicates silently; look for a node in two items ourselves.
-        seen = NodeSet(resolver=RESOLVER_NOGROUP)
-        for item in _top_level_items(nodelist):
-            item_nodes = NodeSet(item, resolver=RESOLVER_NOGROUP)
-            repeated = seen.intersection(item_nodes)
-            if len(repeated) > 0:
-                raise HostSourceError(
-                    f"slurm: {variable}={nodelist!r} lists node {str(repeated[0])!r} twice"
-                )
-            seen.update(item_nodes)
-    except NodeSetParseError as error:
-        raise HostSourceError(
-            f"slurm: {variable}={nodelist!r} is not a valid Slurm hostlist: {error}"
-        ) from error
-    names = [str(node) for node in nodes]
-    if not names:
+        low, high = match.group(1), match.group(2) or match.group(1)
+        padded = (len(low) > 1 and low.startswith("0")) or (len(high) > 1 and high.startswith("0"))
+        if padded and len(low) != len(high):
+            width = max(len(low), len(high))
+            raise ValueError(
+                f"{item!r}: range {part!r} mixes widths; zero-padded bounds need the same "
+                f"number of digits, e.g. '{low.zfill(width)}-{high.zfill(width)}'"
+            )
+        if int(low) > int(high):
+            raise ValueError(f"{item!r}: range {part!r} goes down; write it as '{high}-{low}'")
+        if int(high) - int(low) + 1 > MAX_NODELIST_NODES:
+            raise ValueError(f"{item!r}: the list expands to more than {MAX_NODELIST_NODES} nodes")
+        width = len(low) if padded else 0
+        numbers.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1))
+    return numbers
+
+
+def _expand_slurm_nodelist(variable: str, nodelist: str) -> list[str]:
+    """The node names of ``nodelist`` (the value of ``variable``) in written order, each once;
+    refuses what hosts_from_slurm's docstring says is refused."""
+    invalid = f"slurm: {variable}={nodelist!r} is not a valid Slurm hostlist"
+    for character, what in _NOT_SLURM_SYNTAX.items():
+        if character in nodelist:
+            raise HostSourceError(f"{invalid}: {character!r} is {what}, not Slurm syntax")
+    if not nodelist:
         raise HostSourceError(f"slurm: {variable}={nodelist!r} names no nodes")
+    try:
+        names = expand_hostlist(nodelist)
+    except ValueError as error:
+        raise HostSourceError(f"{invalid}: {error}") from None
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise HostSourceError(f"slurm: {variable}={nodelist!r} lists node {name!r} twice")
+        seen.add(name)
     return names
 
 
 def _top_level_items(nodelist: str) -> list[str]:
     """The comma-separated items of a hostlist, split only outside brackets:
-    ``a[1,3],b`` gives ``['a[1,3]', 'b']``. Call after NodeSet has accepted the brackets."""
+    ``a[1,3],b`` gives ``['a[1,3]', 'b']``. Unbalanced brackets are left for the item parser
+    to name."""
     items: list[str] = []
     depth = 0
     start = 0

@@ -25,14 +25,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.hostsources import resolve_host_source
+from monarch_operator.launcher.placement import is_loopback_name
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session import (
     FaultRecorder,
@@ -56,6 +58,9 @@ STOP_GRACE_S = 5.0
 COLLECT_GRACE_S = 10.0
 # Poll interval per pending rank while waiting, seconds.
 _POLL_S = 0.05
+# torchrun's words for --nproc-per-node (torch.distributed.run): "cpu" is resolved from this
+# machine's CPU count, "gpu" and "auto" from the hosts' slots; see plan_spmd.
+NPROC_KEYWORDS = ("cpu", "gpu", "auto")
 
 
 class SpmdConfigError(ValueError):
@@ -107,21 +112,44 @@ def describe_exit(outcome: RankOutcome) -> str:
 
 
 def plan_spmd(
-    hosts: Sequence[Host], nnodes: int | None, nproc_per_node: int | None
+    hosts: Sequence[Host],
+    nnodes: int | None,
+    nproc_per_node: int | str | None,
+    *,
+    local_cpu_count: int | None = None,
+    local_names: Collection[str] = (),
 ) -> tuple[list[Host], int]:
     """Choose the hosts and ranks per host of an SPMD run.
+
+    Ranks are host-major in the order the hosts are given, never sorted (field case C11): ranks
+    ``0..n-1`` run on the first host used, and that host is ``MASTER_ADDR``'s default.
+
+    ``nproc_per_node`` follows torchrun, resolved here, before anything starts, so the printed
+    plan is the run:
+
+    - an integer: used as given (it never triggers a probe); it must fit every host's slots;
+    - ``None``, ``"gpu"`` or ``"auto"``: the hosts' slots (GPUs from the hostfile, ``--hosts
+      --slots-per-host`` or Slurm), the same on every host used; never a probe of this machine,
+      whose GPUs say nothing about a remote host's;
+    - ``"cpu"``: ``local_cpu_count``, allowed only when every host used is this machine (a
+      loopback name or address, or one of ``local_names``): torchrun counts the CPUs of each
+      node where it runs, which a launcher planning remote hosts from here cannot see. Slots
+      count GPUs, and CPU ranks use none, so this count is not bounded by the slots.
 
     Args:
         hosts: hosts in order (hostfile, ``--hosts`` or Slurm).
         nnodes: hosts to use, the first ``nnodes``; None = all.
-        nproc_per_node: ranks per host; None = the hosts' slots (GPUs).
+        nproc_per_node: ranks per host, an integer or one of :data:`NPROC_KEYWORDS`.
+        local_cpu_count: this machine's CPU count (``os.cpu_count()``), for ``"cpu"``.
+        local_names: names of this machine besides loopback ones (its host name), for ``"cpu"``.
 
     Returns:
         ``(hosts used, ranks per host)``.
 
     Raises:
-        SpmdConfigError: more hosts asked for than given, counts below 1, hosts with different
-            slots when no count is given, or more ranks per host than a host has slots.
+        SpmdConfigError: more hosts asked for than given, counts below 1, an unknown keyword,
+            hosts with different slots when the count comes from the slots, more ranks per host
+            than a host has slots, or ``"cpu"`` with a remote host or an unknown CPU count.
     """
     count = len(hosts) if nnodes is None else nnodes
     if count < 1:
@@ -129,12 +157,19 @@ def plan_spmd(
     if count > len(hosts):
         raise SpmdConfigError(f"--nnodes {count} asks for more hosts than the {len(hosts)} given")
     used = list(hosts[:count])
-    if nproc_per_node is None:
+    if nproc_per_node == "cpu":
+        return used, _local_cpu_ranks(used, local_cpu_count, local_names)
+    if nproc_per_node is None or nproc_per_node in NPROC_KEYWORDS:
         slots = {host.slots for host in used}
         if len(slots) > 1:
             listing = ", ".join(f"{host.name} slots={host.slots}" for host in used)
             raise SpmdConfigError(f"hosts have different slots ({listing}); give --nproc-per-node")
         return used, slots.pop()
+    if isinstance(nproc_per_node, str):
+        raise SpmdConfigError(
+            f"--nproc-per-node {nproc_per_node!r}: expected an integer or one of "
+            f"{', '.join(NPROC_KEYWORDS)}"
+        )
     if nproc_per_node < 1:
         raise SpmdConfigError(f"--nproc-per-node must be at least 1, got {nproc_per_node}")
     short = [host for host in used if host.slots < nproc_per_node]
@@ -142,6 +177,60 @@ def plan_spmd(
         listing = ", ".join(f"{host.name} slots={host.slots}" for host in short)
         raise SpmdConfigError(f"--nproc-per-node {nproc_per_node} exceeds the slots of {listing}")
     return used, nproc_per_node
+
+
+def _local_cpu_ranks(
+    used: Sequence[Host], local_cpu_count: int | None, local_names: Collection[str]
+) -> int:
+    """``--nproc-per-node cpu``: this machine's CPU count, when every host is this machine."""
+    local = {name.lower() for name in local_names}
+    remote = [
+        host.name
+        for host in used
+        if not is_loopback_name(host.name) and host.name.lower() not in local
+    ]
+    if remote:
+        raise SpmdConfigError(
+            "--nproc-per-node cpu: the CPU count is known here only for this machine, not for "
+            f"{', '.join(remote)}; give the ranks per host as an integer (torchrun counts each "
+            "node's CPUs where it runs, this launcher plans every host from here)"
+        )
+    if local_cpu_count is None or local_cpu_count < 1:
+        raise SpmdConfigError(
+            "--nproc-per-node cpu: this machine's CPU count is unknown; give an integer"
+        )
+    return local_cpu_count
+
+
+def this_machine_names() -> list[str]:
+    """Names under which this machine may be listed besides loopback ones: its host name and
+    that name's first label (``node7`` for ``node7.cluster``); no DNS lookup.
+
+    Returns:
+        The names, possibly with one repeated.
+    """
+    hostname = socket.gethostname()
+    return [hostname, hostname.split(".", 1)[0]] if hostname else []
+
+
+def default_master_addr(
+    names: Sequence[str], addresses: Mapping[str, str], master_addr: str | None = None
+) -> str:
+    """``MASTER_ADDR`` of an SPMD run: ``master_addr`` when given, else the address of the host
+    that runs rank 0, the first of ``names`` (field case C11).
+
+    Args:
+        names: the hosts used, in rank order (from :func:`plan_spmd`).
+        addresses: each host's resolved address (from the pre-flight).
+        master_addr: the ``--master-addr`` override, or None.
+
+    Returns:
+        The address every rank gets as ``MASTER_ADDR``.
+
+    Raises:
+        KeyError: the first host has no address in ``addresses``.
+    """
+    return master_addr or addresses[names[0]]
 
 
 class SpmdLauncher:
@@ -156,7 +245,7 @@ class SpmdLauncher:
         self,
         hosts: Sequence[Host],
         session: SessionConfig,
-        nproc_per_node: int | None = None,
+        nproc_per_node: int | str | None = None,
         nnodes: int | None = None,
         master_addr: str | None = None,
         master_port: int | None = None,
@@ -170,7 +259,13 @@ class SpmdLauncher:
         Raises:
             SpmdConfigError: see :func:`plan_spmd`.
         """
-        self.hosts, self.nproc_per_node = plan_spmd(hosts, nnodes, nproc_per_node)
+        self.hosts, self.nproc_per_node = plan_spmd(
+            hosts,
+            nnodes,
+            nproc_per_node,
+            local_cpu_count=os.cpu_count(),
+            local_names=this_machine_names(),
+        )
         self.world_size = len(self.hosts) * self.nproc_per_node
         self.session = session
         self.reporter = reporter or Reporter()
@@ -224,7 +319,7 @@ class SpmdLauncher:
             procs = host_meshes[SPMD_MESH].spawn_procs(
                 per_host={LOCAL_LABEL: self.nproc_per_node}, name=self._role
             )
-            master_addr = self._master_addr or addresses[names[0]]
+            master_addr = default_master_addr(names, addresses, self._master_addr)
             world = World(
                 hosts=tuple(names),
                 addresses=tuple(addresses[name] for name in names),
@@ -386,7 +481,7 @@ def spmd_launcher(
     hostfile: str | None = None,
     hosts: str | Sequence[str] | None = None,
     slurm: bool = False,
-    nproc_per_node: int | None = None,
+    nproc_per_node: int | str | None = None,
     nnodes: int | None = None,
     ssh_key: str | None = None,
     ssh_port: int = 22,
@@ -402,7 +497,9 @@ def spmd_launcher(
 
     Args:
         hostfile, hosts, slurm: exactly one host source (path; ``"a,b"`` or a list; Slurm).
-        nproc_per_node: ranks per host (default: the hosts' slots).
+        nproc_per_node: ranks per host: an integer, ``"gpu"``/``"auto"`` (the hosts' slots,
+            the default) or ``"cpu"`` (this machine's CPU count, local hosts only); see
+            :func:`plan_spmd`.
         nnodes: hosts to use (default: all).
         ssh_key, ssh_port, ssh_user: how to log in (default user: the current one).
         python_exe: worker Python, same path on every host (default: this interpreter).

@@ -5,8 +5,10 @@ and the same script runs on every slot of every host, started once from this mac
 no per-node invocation, so ``--node-rank`` is not needed. torchrun's flags are accepted with
 either ``-`` or ``_`` (``--nproc-per-node``/``--nproc_per_node``), as torchrun accepts them:
 
-- used: ``--nnodes N`` (first N hosts; ``N:N`` accepted), ``--nproc-per-node N|gpu|auto``
-  (default: the hosts' slots), ``--master-addr``, ``--master-port``, ``--rdzv-id`` (the run id),
+- used: ``--nnodes N`` (first N hosts; ``N:N`` accepted), ``--nproc-per-node N|cpu|gpu|auto``
+  (default: the hosts' slots; ``cpu`` is this machine's CPU count and needs every host to be
+  this machine, see :func:`.spmd.plan_spmd`), ``--master-addr``, ``--master-port`` (1..65535),
+  ``--rdzv-id`` (the run id),
   ``--role`` (output prefix), ``-m``/``--module``, ``--no-python``, ``--standalone`` (one host),
   ``--max-restarts 0``;
 - accepted and ignored, with a note: ``--rdzv-backend``, ``--rdzv-endpoint``, ``--rdzv-conf``,
@@ -34,9 +36,11 @@ from monarch_operator.launcher.cli import (
     resolve_hosts,
     session_from_args,
 )
+from monarch_operator.launcher.flagtypes import port_number
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session import Terminated, WorkerLost, one_line, report_failure
 from monarch_operator.launcher.spmd import (
+    NPROC_KEYWORDS,
     SPMD_MODULES,
     SpmdConfigError,
     SpmdLauncher,
@@ -53,6 +57,16 @@ examples:
 
   # any executable, not Python
   monarch-torchrun --hosts a,b --no-python ./run.sh
+
+  # CPU-only ranks, one per CPU of this machine (gloo), as torchrun --nproc-per-node cpu
+  monarch-torchrun --hosts 127.0.0.1 --nproc-per-node cpu p.py
+
+--nproc-per-node: an integer is used as given (at most the hosts' slots); 'gpu' and 'auto' are
+the hosts' slots (GPUs from the hostfile, --slots-per-host or Slurm), never a probe of this
+machine; 'cpu' is this machine's CPU count, only when every host is this machine (localhost,
+127.x or its host name): remote CPU counts are not probed, give an integer for them.
+Ranks follow the host order given (never sorted): ranks 0..N-1 on the first host, which is
+MASTER_ADDR.
 
 Every rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
 ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR (first host), MASTER_PORT (free port there),
@@ -96,12 +110,20 @@ def build_parser(prog: str = "monarch-torchrun") -> argparse.ArgumentParser:
     _flag(
         torchrun,
         "nproc-per-node",
-        metavar="N",
-        help="ranks per host; 'gpu'/'auto' = the host's slots (default)",
+        type=nproc_per_node,
+        metavar="N|cpu|gpu|auto",
+        help="ranks per host: an integer; 'gpu'/'auto' = the hosts' slots (default); 'cpu' = "
+        "this machine's CPU count, local hosts only (see below)",
     )
     _flag(torchrun, "node-rank", help=argparse.SUPPRESS)
     _flag(torchrun, "master-addr", metavar="ADDR", help="MASTER_ADDR (default: first host)")
-    _flag(torchrun, "master-port", type=int, metavar="PORT", help="MASTER_PORT (default: free)")
+    _flag(
+        torchrun,
+        "master-port",
+        type=port_number,
+        metavar="PORT",
+        help="MASTER_PORT, 1..65535 (default: a free port on the first host)",
+    )
     _flag(torchrun, "rdzv-id", metavar="ID", help="TORCHELASTIC_RUN_ID (default: random)")
     _flag(torchrun, "role", default="spmd", help="name in output prefixes (default %(default)s)")
     _flag(torchrun, "max-restarts", type=int, default=0, help="only 0 is supported")
@@ -135,15 +157,30 @@ def _nnodes(value: str | None, standalone: bool) -> int | None:
     return counts.pop()
 
 
-def _nproc(value: str | None) -> int | None:
-    if value is None or value in ("gpu", "auto"):
-        return None
+def nproc_per_node(text: str) -> int | str:
+    """argparse ``type=`` for ``--nproc-per-node``: an integer of at least 1, or one of torchrun's
+    keywords ``cpu``, ``gpu``, ``auto`` (resolved by :func:`.spmd.plan_spmd`).
+
+    Args:
+        text: the flag's value as given.
+
+    Returns:
+        The integer, or the keyword unchanged.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (a usage error naming the flag, exit 2).
+    """
+    if text in NPROC_KEYWORDS:
+        return text
     try:
-        return int(value)
+        count = int(text)
     except ValueError:
-        raise UsageError(
-            f"--nproc-per-node {value!r}: expected an integer, 'gpu' or 'auto'"
+        raise argparse.ArgumentTypeError(
+            f"expected an integer or one of {', '.join(NPROC_KEYWORDS)}, got {text!r}"
         ) from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {count}")
+    return count
 
 
 def command_argv(args: argparse.Namespace) -> list[str]:
@@ -180,7 +217,7 @@ def launcher_from_args(args: argparse.Namespace, reporter: Reporter) -> SpmdLaun
     return SpmdLauncher(
         hosts,
         session_from_args(args, os.environ, SPMD_MODULES),
-        nproc_per_node=_nproc(args.nproc_per_node),
+        nproc_per_node=args.nproc_per_node,
         nnodes=_nnodes(args.nnodes, args.standalone),
         master_addr=args.master_addr,
         master_port=args.master_port,
