@@ -57,6 +57,7 @@ def run_launch(
     then: Callable[[], None] | None = None,
     spmd: bool = False,
     extra_env: dict[str, str] | None = None,
+    program: bool = False,
 ) -> Launch:
     """Run monarch-launch on ``hostfile`` text against the loopback cluster and wait for it.
 
@@ -66,6 +67,8 @@ def run_launch(
         stop_signal: the signal for ``sigterm_after`` (SIGKILL leaves the workers orphaned).
         then: with ``sigterm_after``, call this instead of signalling the launcher.
         spmd: run ``monarch-launch spmd`` (torchrun-compatible mode) instead of role mode.
+        program: run ``monarch-launch run`` (a user program); end ``flags`` with the TARGET
+            and its arguments.
         extra_env: variables added to the launcher's environment.
     """
     executable = Path(sys.executable).parent / "monarch-launch"
@@ -76,7 +79,7 @@ def run_launch(
     # Detect a dead proc in about 0.5 s instead of Monarch's default of several seconds.
     env["HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"] = "500ms"
     env.update(extra_env or {})
-    mode_flags = ["spmd"] if spmd else ["--call-timeout", "90"]
+    mode_flags = ["spmd"] if spmd else ["run"] if program else ["--call-timeout", "90"]
     command = [
         str(executable),
         *mode_flags,

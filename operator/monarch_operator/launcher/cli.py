@@ -13,12 +13,11 @@ Two modes:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import os
-import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from types import FrameType
 
 from monarch_operator import constants
 from monarch_operator.hostfile import Host
@@ -31,8 +30,9 @@ from monarch_operator.launcher.flagtypes import (
 )
 from monarch_operator.launcher.hostsources import HostSourceError, resolve_host_source
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.rolejob import JobConfig
 from monarch_operator.launcher.runner import ROLE_MODULES, LaunchConfig, launch
-from monarch_operator.launcher.session import SessionConfig, Terminated
+from monarch_operator.launcher.session import SessionConfig, install_termination_handlers
 from monarch_operator.launcher.ssh import SshSettings
 
 _EXAMPLES = """\
@@ -52,6 +52,9 @@ examples:
 
   # torchrun-style SPMD: run train.py on 2 ranks per host of the hostfile
   monarch-launch spmd --hostfile hosts.txt --nproc-per-node 2 train.py --lr 0.1
+
+  # your own trainer/reference program on the same meshes: 'monarch-launch run --help'
+  monarch-launch run --hostfile hosts.txt --trainer-hosts 2 my_rl.controller:main
 
   # inside a MonarchJob launcher pod: everything comes from MONARCH_* variables
   monarch-launch
@@ -159,14 +162,18 @@ def _add_placement_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--trainer-gpus",
         type=int,
+        default=_env_int(constants.ENV_TRAINER_GPUS),
         metavar="G",
-        help="with --colocate: GPUs per host for the trainer (default: the larger half)",
+        help="with --colocate: GPUs per host for the trainer "
+        f"(env {constants.ENV_TRAINER_GPUS}; default: the larger half)",
     )
     group.add_argument(
         "--ref-gpus",
         type=int,
+        default=_env_int(constants.ENV_REF_GPUS),
         metavar="G",
-        help="with --colocate: GPUs per host for the reference model (default: the rest)",
+        help="with --colocate: GPUs per host for the reference model "
+        f"(env {constants.ENV_REF_GPUS}; default: the rest)",
     )
 
 
@@ -332,6 +339,27 @@ def session_from_args(
     )
 
 
+def job_config_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str], modules: tuple[str, ...]
+) -> JobConfig:
+    """Turn parsed host, placement and session flags into a :class:`.rolejob.JobConfig`.
+
+    Raises:
+        UsageError: bad host source, ``--env`` item or ``--ssh-key``.
+    """
+    hosts, source = resolve_hosts(args, environ)
+    return JobConfig(
+        hosts=hosts,
+        source=source,
+        session=session_from_args(args, environ, modules),
+        trainer_hosts=args.trainer_hosts,
+        ref_hosts=args.ref_hosts,
+        colocate=args.colocate,
+        trainer_gpus=args.trainer_gpus,
+        ref_gpus=args.ref_gpus,
+    )
+
+
 def config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> LaunchConfig:
@@ -343,16 +371,9 @@ def config_from_args(
     environ = os.environ if environ is None else environ
     if args.steps < 1:
         raise UsageError(f"--steps must be at least 1, got {args.steps}")
-    hosts, source = resolve_hosts(args, environ)
+    job = job_config_from_args(args, environ, ROLE_MODULES)
     return LaunchConfig(
-        hosts=hosts,
-        source=source,
-        session=session_from_args(args, environ, ROLE_MODULES),
-        trainer_hosts=args.trainer_hosts,
-        ref_hosts=args.ref_hosts,
-        colocate=args.colocate,
-        trainer_gpus=args.trainer_gpus,
-        ref_gpus=args.ref_gpus,
+        **{field.name: getattr(job, field.name) for field in dataclasses.fields(job)},
         steps=args.steps,
         call_timeout_s=args.call_timeout,
         fail_at_step=args.fail_at_step,
@@ -361,19 +382,10 @@ def config_from_args(
     )
 
 
-def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
-    # Raise instead of dying so that the teardown in the session's `finally` stops the remote
-    # workers (a pod being deleted, or a test's wall timeout, sends SIGTERM). Further SIGTERMs
-    # are ignored so that they cannot cut the teardown short; SIGKILL remains the hard stop.
-    signal.signal(signum, signal.SIG_IGN)
-    raise Terminated(signum)
-
-
 def install_sigterm_handler() -> None:
-    """Turn SIGTERM and SIGHUP (terminal closed, login dropped) into :class:`.session.Terminated`
-    so that teardown runs; the exit status is then 128 + the signal number."""
-    signal.signal(signal.SIGTERM, _raise_terminated)
-    signal.signal(signal.SIGHUP, _raise_terminated)
+    """Turn SIGTERM and SIGHUP into :class:`.session.Terminated` so that teardown runs (see
+    :func:`.session.install_termination_handlers`); the exit status is then 128 + the signal."""
+    install_termination_handlers()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -383,6 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from monarch_operator.launcher.spmd_cli import main as spmd_main
 
         return spmd_main(argv[1:], prog="monarch-launch spmd")
+    if argv[:1] == ["run"]:
+        return run_main(argv[1:])
     args = build_parser().parse_args(argv)
     reporter = Reporter(json_mode=args.json, quiet=args.quiet)
     try:
@@ -391,6 +405,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         return reporter.result(2, str(error))
     install_sigterm_handler()
     return launch(config, reporter)
+
+
+_RUN_EXAMPLES = """\
+examples:
+  # your controller function receives the entered job (trainer and ref proc meshes)
+  monarch-launch run --hostfile hosts.txt --trainer-hosts 2 --ref-hosts 1 my_rl.controller:main --lr 1e-4
+
+  # a module or script that builds its own job with Job.from_env(); these flags reach it
+  monarch-launch run --hostfile hosts.txt --colocate --trainer-gpus 6 --ref-gpus 2 my_rl.train
+  monarch-launch run --slurm train_rl.py --steps 100
+
+  # inside a MonarchJob launcher pod (spec.launcher.program): hosts and roles come from MONARCH_*
+  monarch-launch run my_rl.controller:main
+
+The program's own arguments follow TARGET and are in sys.argv[1:]. Exit status: 0 when the
+program returns; SystemExit's code; a failed rank's code (N when it exited with N, 128+S when
+killed by signal S, 1 when an endpoint raised); 2 for bad flags or TARGET; 1 otherwise.
+"""
+
+
+def build_run_parser() -> argparse.ArgumentParser:
+    """Return the parser of ``monarch-launch run``: host, placement, ssh and output flags, then
+    TARGET and the program's own arguments."""
+    parser = argparse.ArgumentParser(
+        prog="monarch-launch run",
+        description="Run your own Monarch program on the job's trainer and reference meshes\n"
+        "(see monarch_operator.job). TARGET is module:function (called with the entered job),\n"
+        "a module, or a script path (run as __main__; they use Job.from_env()).",
+        epilog=_RUN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_host_source_flags(parser.add_argument_group("hosts (exactly one source)"))
+    _add_placement_flags(parser.add_argument_group("placement"))
+    add_session_flags(parser)
+    output = parser.add_argument_group("output")
+    output.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    output.add_argument("--quiet", action="store_true", help="only results and failures")
+    parser.add_argument("target", metavar="TARGET", help="module:function, module or script.py")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the program's own arguments")
+    return parser
+
+
+def run_main(argv: Sequence[str]) -> int:
+    """``monarch-launch run``: check the flags, then run TARGET (see :mod:`.program`)."""
+    from monarch_operator.launcher.placement import PlacementError
+    from monarch_operator.launcher.program import run_program
+    from monarch_operator.launcher.rolejob import JOB_MODULES, Job
+
+    args = build_run_parser().parse_args(list(argv))
+    reporter = Reporter(json_mode=args.json, quiet=args.quiet)
+    launch_args = list(argv[: len(argv) - len(args.args) - 1])
+    try:
+        # Refuse bad flags and impossible placements before the program starts (exit 2).
+        Job(job_config_from_args(args, os.environ, JOB_MODULES), reporter)
+    except (UsageError, PlacementError) as error:
+        return reporter.result(2, str(error))
+    install_sigterm_handler()
+    return run_program(args.target, args.args, launch_args, reporter)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import signal
 from collections.abc import Mapping, Sequence
@@ -206,12 +207,17 @@ class Job:
         argv: Sequence[str] = (),
         environ: Mapping[str, str] | None = None,
         reporter: Reporter | None = None,
+        modules: Sequence[str] = (),
     ) -> Job:
         """Build the job as ``monarch-launch`` would from ``argv`` and the environment.
 
+        ``modules``: further modules every host must import (pre-flight ``ImportFailed``),
+        typically the package of the program's actors.
+
         In a MonarchJob's launcher pod the operator's ``MONARCH_*`` variables give the hostfile,
         key, port and roles (README, "The launcher pod's contract"), so ``Job.from_env()``
-        needs no arguments. ``argv`` takes ``monarch-launch``'s host, placement and ssh flags
+        needs no arguments; under ``monarch-launch run`` it takes that command's flags.
+        ``argv`` takes ``monarch-launch``'s host, placement and ssh flags
         (e.g. ``["--hostfile", "hosts", "--trainer-hosts", "2"]``).
 
         Raises:
@@ -219,11 +225,29 @@ class Job:
             monarch_operator.launcher.placement.PlacementError: the roles do not fit.
         """
         from monarch_operator.launcher.cli import build_parser, job_config_from_args
+        from monarch_operator.launcher.program import LAUNCH_ARGS_ENV
 
-        args = build_parser().parse_args(list(argv))
         environ = os.environ if environ is None else environ
+        if not argv and environ.get(LAUNCH_ARGS_ENV):
+            # Inside `monarch-launch run module` / `run script.py`: the launcher's own flags.
+            argv = json.loads(environ[LAUNCH_ARGS_ENV])
+        args = build_parser().parse_args(list(argv))
         reporter = reporter or Reporter(json_mode=args.json, quiet=args.quiet)
-        return cls(job_config_from_args(args, environ, JOB_MODULES), reporter)
+        return cls(job_config_from_args(args, environ, JOB_MODULES), reporter, modules)
+
+    @classmethod
+    def from_args(cls, reporter: Reporter | None = None, **options: Any) -> Job:
+        """Build the job from keyword options named like ``monarch-launch``'s flags.
+
+        Example: ``Job.from_args(hostfile="hosts", trainer_hosts=2, ref_hosts=1,
+        ssh_key="~/.ssh/id_ed25519", env={"NCCL_DEBUG": "INFO"})``. ``True`` gives a bare
+        flag (``colocate=True``), ``False`` its ``--no-`` form where one exists, a dict
+        ``env`` one ``--env K=V`` each, a list ``hosts`` a comma-separated list.
+
+        Raises:
+            monarch_operator.launcher.cli.UsageError, PlacementError: as :meth:`from_env`.
+        """
+        return cls.from_env(argv_from_options(options), None, reporter)
 
     # -- the meshes -------------------------------------------------------------------------
 
@@ -447,6 +471,33 @@ class Job:
             describe_exit_code(code) if code != exitcodes.FAILURE else what,
             detail=one_line(text, 600),
         )
+
+
+def argv_from_options(options: Mapping[str, Any]) -> list[str]:
+    """``monarch-launch`` flags for keyword options (see :meth:`Job.from_args`).
+
+    Raises:
+        TypeError: an option value that has no flag form (e.g. a dict for a scalar flag).
+    """
+    argv: list[str] = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            continue
+        if name == "env" and isinstance(value, Mapping):
+            for key, item in value.items():
+                argv += ["--env", f"{key}={item}"]
+        elif name == "hosts" and isinstance(value, (list, tuple)):
+            argv += [flag, ",".join(str(host) for host in value)]
+        elif value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append("--no-" + name.replace("_", "-"))
+        elif isinstance(value, (str, int, float, os.PathLike)):
+            argv += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+        else:
+            raise TypeError(f"option {name}={value!r}: no monarch-launch flag takes that type")
+    return argv
 
 
 def _with_modules(session: SessionConfig, modules: Sequence[str]) -> SessionConfig:

@@ -1,0 +1,54 @@
+"""The public job API: your own Monarch program on a trainer mesh and a reference-model mesh.
+
+A :class:`Job` gets its hosts from a MonarchJob's launcher pod (``Job.from_env()``), a hostfile,
+a host list or a Slurm allocation, places the two roles (separate hosts, or colocated with
+disjoint GPU sets), and, as a context manager, gives your controller Monarch objects::
+
+    from monarch.actor import Actor, endpoint
+    from monarch_operator.job import Job, RankFailure
+
+    class Policy(Actor):
+        @endpoint
+        def step(self, batch): ...
+
+    with Job.from_env() as job:              # or Job.from_args(hostfile="hosts", trainer_hosts=2)
+        policy = job.trainer.spawn("policy", Policy)      # a ProcMesh: one proc per GPU
+        reference = job.ref.spawn("reference", Reference)
+        try:
+            job.get(policy.step.call(batch))
+        except RankFailure as failure:       # role, rank, host, exit_code, traceback
+            print(failure.summary)
+
+Entering runs the pre-flight (a reason per failing host), starts one Monarch worker per host over
+ssh (so it sees the host's GPUs) and spawns each role's procs with ``CUDA_VISIBLE_DEVICES`` set
+to the role's GPUs. Leaving (normally, by an exception, by SIGTERM or SIGHUP) shuts everything
+down. ``job.host_meshes`` and ``job.plan`` are there for programs that step down the abstraction
+ladder; ``job.ranks[role]`` lists where every rank runs (:class:`RankInfo`).
+
+Run it with ``monarch-launch run module:function`` (the function receives the entered job), or
+``python my_program.py`` with ``Job.from_env()`` / ``Job.from_args(...)``. The README's
+"Write your own trainer and reference model" walks through it.
+
+This module is the stable surface: names imported from here keep working across releases of
+monarch-operator; the modules under ``monarch_operator.launcher`` may change.
+"""
+
+from monarch_operator.launcher.placement import PlacementError, Plan, RolePlan
+from monarch_operator.launcher.preflight import PreflightError
+from monarch_operator.launcher.rankside import RankInfo
+from monarch_operator.launcher.rolejob import Job, JobConfig, JobError, RankFailure
+from monarch_operator.launcher.session import Terminated, WorkerLost
+
+__all__ = [
+    "Job",
+    "JobConfig",
+    "JobError",
+    "PlacementError",
+    "Plan",
+    "PreflightError",
+    "RankFailure",
+    "RankInfo",
+    "RolePlan",
+    "Terminated",
+    "WorkerLost",
+]

@@ -1,0 +1,144 @@
+"""``monarch-launch run TARGET [ARGS...]``: the user's own Monarch program on the job's meshes.
+
+TARGET is one of
+
+- ``package.module:function``: the launcher enters the job (pre-flight, workers, trainer and
+  reference proc meshes) and calls ``function(job)`` with the entered :class:`.rolejob.Job`;
+- ``package.module``: run as ``__main__`` (``python -m`` style); the program builds its own job
+  with ``Job.from_env()``;
+- ``path/to/script.py``: run as ``__main__``, likewise.
+
+The user's ARGS are in ``sys.argv[1:]`` (``sys.argv[0]`` is TARGET). ``monarch-launch``'s own
+host, placement and ssh flags reach ``Job.from_env()`` inside the program through
+``MONARCH_LAUNCH_ARGS`` (a JSON list), so the program needs no flags of its own.
+
+Exit status: 0 when the program returns; the code of ``SystemExit``; a failed rank's status
+(:class:`.rolejob.RankFailure`, e.g. 3 when a trainer rank exited with 3); the rules of
+:mod:`.exitcodes` for pre-flight failures and signals; 1 for any other exception (traceback
+printed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher.report import Reporter
+
+# Environment variable carrying monarch-launch's flags to Job.from_env() in the user's program.
+LAUNCH_ARGS_ENV = "MONARCH_LAUNCH_ARGS"
+
+
+class TargetError(ValueError):
+    """TARGET cannot be loaded (no such module, file or function); the message says which."""
+
+
+def load_target(target: str) -> tuple[str, Callable[..., Any] | None]:
+    """Resolve TARGET without running it.
+
+    Returns:
+        ``("function", f)`` for ``module:function``, ``("module", None)`` for a module name,
+        ``("script", None)`` for a ``.py`` path.
+
+    Raises:
+        TargetError: the module, file or function does not exist or is not callable.
+    """
+    if target.endswith(".py") or os.sep in target:
+        if not os.path.isfile(target):
+            raise TargetError(f"{target}: no such script")
+        return "script", None
+    module_name, _, function_name = target.partition(":")
+    if not module_name:
+        raise TargetError(f"{target!r}: give 'module:function', 'module' or 'script.py'")
+    if not function_name:
+        if importlib.util.find_spec(module_name) is None:
+            raise TargetError(f"{module_name}: no such module on this Python's path")
+        return "module", None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise TargetError(f"{module_name}: cannot import: {error}") from error
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise TargetError(f"{target}: {module_name} has no function {function_name!r}")
+    return "function", function
+
+
+def run_program(
+    target: str,
+    program_args: Sequence[str],
+    launch_args: Sequence[str],
+    reporter: Reporter,
+) -> int:
+    """Run TARGET (see the module doc) and return the exit status.
+
+    Args:
+        target: ``module:function``, ``module`` or a script path.
+        program_args: the program's own arguments (``sys.argv[1:]`` while it runs).
+        launch_args: monarch-launch's host, placement and ssh flags, for ``Job.from_env()``.
+        reporter: where the result and progress go.
+    """
+    from monarch_operator.launcher.rolejob import Job
+    from monarch_operator.launcher.session import FaultRecorder, report_failure
+
+    # Importing the user's module can need the cwd (python -m does the same).
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        kind, function = load_target(target)
+    except TargetError as error:
+        return reporter.result(exitcodes.USAGE, str(error))
+    os.environ[LAUNCH_ARGS_ENV] = json.dumps(list(launch_args))
+    saved_argv = sys.argv
+    sys.argv = [target, *program_args]
+    job: Job | None = None
+    try:
+        if kind == "function":
+            assert function is not None
+            # The function's module holds (or imports) the actors: every host must import it.
+            job = Job.from_env(reporter=reporter, modules=(target.partition(":")[0],))
+            with job:
+                function(job)
+        elif kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as stop:
+        code = _system_exit_code(stop)
+        return reporter.result(code, None if code == 0 else f"{target} exited with {code}")
+    except BaseException as error:  # noqa: BLE001 - every failure is reported with its status
+        if _is_launch_error(error):
+            recorder = job.recorder if job is not None else FaultRecorder(reporter)
+            return report_failure(error, recorder, reporter)
+        reporter.warning("".join(traceback.format_exception(error)).rstrip())
+        return reporter.result(exitcodes.FAILURE, f"{target} raised {type(error).__name__}: {error}")
+    finally:
+        sys.argv = saved_argv
+    return reporter.result(exitcodes.SUCCESS)
+
+
+def _system_exit_code(stop: SystemExit) -> int:
+    if stop.code is None:
+        return 0
+    if isinstance(stop.code, int):
+        return stop.code if 0 <= stop.code < 256 else exitcodes.FAILURE
+    print(stop.code, file=sys.stderr)
+    return exitcodes.FAILURE
+
+
+def _is_launch_error(error: BaseException) -> bool:
+    """Errors of the job itself (reported with their own status and reason)."""
+    from monarch_operator.launcher.preflight import PreflightError
+    from monarch_operator.launcher.rolejob import RankFailure
+    from monarch_operator.launcher.session import Terminated, WorkerLost
+
+    return isinstance(
+        error, (RankFailure, PreflightError, Terminated, WorkerLost, KeyboardInterrupt)
+    )
