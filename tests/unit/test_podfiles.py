@@ -63,3 +63,42 @@ def test_secret_data_is_base64_decoded():
     secret = {"kind": "Secret", "data": {"a": base64.b64encode(b"xyz").decode()}}
     assert podfiles.decode_data(secret) == {"a": b"xyz"}
     assert podfiles.decode_data({"kind": "ConfigMap", "data": {"h": "x\n"}}) == {"h": b"x\n"}
+
+
+@pytest.mark.parametrize(
+    ("container", "exit_code", "message_file", "log_end", "expected"),
+    [
+        ({}, 3, b"boom happened", b"out\n", "boom happened"),
+        ({}, 0, b"done: 3 steps", b"", "done: 3 steps"),  # File: reported on success too
+        ({}, 1, b"", b"Traceback\nValueError: boom\n", ""),  # File: never the log
+        ({"terminationMessagePolicy": "FallbackToLogsOnError"}, 1, b"",
+         b"Traceback\nValueError: boom\n", "Traceback\nValueError: boom\n"),
+        ({"terminationMessagePolicy": "FallbackToLogsOnError"}, 0, b"", b"all good\n", ""),
+        ({"terminationMessagePolicy": "FallbackToLogsOnError"}, 1, b"written", b"log\n",
+         "written"),
+        ({}, 1, b"x" * 5000 + b"end", b"", ("x" * 5000 + "end")[-4096:]),  # the file's end
+        ({}, 1, b"bad \xff byte", b"", "bad \ufffd byte"),
+    ],
+    ids=["file", "file-success", "file-no-fallback", "fallback", "fallback-success",
+         "fallback-file-wins", "file-4096", "not-utf8"],
+)
+def test_termination_message_follows_the_kubelet(container, exit_code, message_file, log_end,
+                                                  expected):
+    assert podfiles.termination_message(container, exit_code, message_file, log_end) == expected
+
+
+def test_log_tail_keeps_80_lines_then_2048_bytes():
+    lines = b"".join(b"line %d\n" % i for i in range(100))
+    assert podfiles.log_tail(lines) == b"".join(b"line %d\n" % i for i in range(20, 100))
+    assert podfiles.log_tail(b"a\nb\nc", max_lines=2) == b"b\nc"  # unterminated last line
+    long_lines = b"".join(b"%04d" % i + b"." * 95 + b"\n" for i in range(50))  # 100 B each
+    tail = podfiles.log_tail(long_lines)
+    assert len(tail) == 2048 and tail == long_lines[-2048:]
+    # The agent passes only the log's end: same answer as the whole log.
+    assert podfiles.log_tail(long_lines[-2048:]) == tail
+    assert podfiles.log_tail(lines[-2048:]) == podfiles.log_tail(lines)
+
+
+def test_termination_message_path_defaults_like_kubernetes():
+    assert podfiles.termination_message_path({}) == "/dev/termination-log"
+    assert podfiles.termination_message_path({"terminationMessagePath": "/tmp/t"}) == "/tmp/t"

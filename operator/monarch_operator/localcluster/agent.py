@@ -2,14 +2,16 @@
 
 It stands in for the kubelet and container runtime of kwok's fake nodes:
 - a pod that kwok marked Running with an IP gets its first container's command started inside
-  a private mount and UTS namespace (``unshare``): its own hostname, its Secret/ConfigMap volumes
-  bind-mounted at their mount paths, and a cluster hosts file at ``/etc/hosts`` (the machine's
-  ``/etc/hosts`` is never edited);
+  a private mount and UTS namespace (``unshare``): its own hostname, its own ``/dev`` (a tmpfs
+  mirroring the machine's devices), its Secret/ConfigMap volumes bind-mounted at their mount
+  paths, a cluster hosts file at ``/etc/hosts`` and a fresh empty file at its
+  ``terminationMessagePath`` (the machine's ``/etc/hosts`` and ``/dev`` are never edited);
 - the container's ``tcpSocket`` readiness probe is run against the pod IP, and the result goes
   back as an annotation that a kwok Stage turns into the Ready condition;
-- when the process ends, its exit code goes back as an annotation (kwok Stage -> phase and
-  ``state.terminated.exitCode``); when the pod is deleted, every process of its mount namespace
-  is killed.
+- when the process ends, its exit code and termination message (``terminationMessagePolicy``
+  ``File`` or ``FallbackToLogsOnError``, as the kubelet reads them) go back as annotations
+  (kwok Stage -> phase and ``state.terminated``); when the pod is deleted, every process of its
+  mount namespace is killed.
 Without network namespaces all pods share the loopback interface, so the agent passes the pod
 IP as ``SSH_LISTEN_ADDRESS`` for sshd to bind. Containers run as the agent's user.
 """
@@ -35,21 +37,51 @@ from monarch_operator.localcluster import podfiles
 
 ANNOTATION_READY = "localcluster.monarch-operator.dev/ready"
 ANNOTATION_EXIT_CODE = "localcluster.monarch-operator.dev/exit-code"
+ANNOTATION_TERMINATION_MESSAGE = "localcluster.monarch-operator.dev/termination-message"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # Image paths that live elsewhere on this machine: the worker image's entrypoint.
 IMAGE_PATHS = {"/usr/local/bin/monarch-worker-entrypoint": REPO_ROOT / "images/worker/entrypoint.sh"}
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-# Runs inside the new namespaces: set the hostname, bind-mount volumes, exec the command.
-# It waits on the fd in $1 until the agent holds the namespace (a command that exits at once
-# must not take its namespace with it before the agent can track it).
+# Runs inside the new namespaces: set the hostname, give the pod its own /dev, bind-mount
+# volumes and files, exec the command. It waits on the fd in $1 until the agent holds the
+# namespace (a command that exits at once must not take its namespace with it before the agent
+# can track it).
+# The private /dev is a tmpfs mirroring the machine's /dev (devices and symlinks copied,
+# directories such as pts and shm and anything else bind-mounted), so that mount points such as
+# /dev/termination-log are created there and never in the machine's /dev. $2 is an empty
+# directory that holds the machine's /dev meanwhile; it is unmounted again before the command.
 SANDBOX_SCRIPT = r"""
 set -e
+private_dev() {
+  real="$1"
+  mount --rbind /dev "$real"
+  mount -t tmpfs -o mode=755,nosuid tmpfs /dev
+  set --
+  for entry in "$real"/* "$real"/.[!.]*; do
+    [ -e "$entry" ] || [ -L "$entry" ] || continue
+    name="${entry##*/}"
+    if [ -L "$entry" ] || [ -c "$entry" ] || [ -b "$entry" ]; then set -- "$@" "$entry"
+    elif [ -d "$entry" ]; then mkdir "/dev/$name"; mount --rbind "$entry" "/dev/$name"
+    else : > "/dev/$name"; mount --bind "$entry" "/dev/$name"; fi
+  done
+  # One cp for the ~100 device nodes (fast); binding each one is the fallback without mknod.
+  if [ $# -gt 0 ] && ! cp -a "$@" /dev/ 2>/dev/null; then
+    for entry; do
+      name="${entry##*/}"
+      if [ -L "$entry" ]; then [ -L "/dev/$name" ] || ln -s "$(readlink "$entry")" "/dev/$name"
+      else [ -e "/dev/$name" ] || : > "/dev/$name"; mount --bind "$entry" "/dev/$name"; fi
+    done
+  fi
+  umount -R "$real" 2>/dev/null || umount -l "$real"
+}
 go_fd="$1"; shift
+private_dev "$1"; shift
 hostname "$1"; shift
 while [ "$1" != "--" ]; do
   src="${1%%=*}"; dst="${1#*=}"; shift
-  if [ -d "$src" ]; then mkdir -p "$dst"; fi
+  if [ -d "$src" ]; then mkdir -p "$dst"
+  elif [ ! -e "$dst" ]; then mkdir -p "${dst%/*}"; : > "$dst"; fi
   mount --bind "$src" "$dst"
 done
 shift
@@ -73,6 +105,9 @@ class PodProcess:
     mount_ns_fd: int
     probe_port: int | None
     pod_ip: str
+    container: dict[str, Any]
+    log_path: Path
+    termination_path: Path  # the machine's side of the container's terminationMessagePath
     reported_ready: str | None = None
     exit_reported: bool = False
     annotations: dict[str, str] = field(default_factory=dict)
@@ -151,20 +186,28 @@ class Agent:
         except (ValueError, KeyError, ApiException) as error:
             log.error("cannot start %s/%s: %s", meta["namespace"], meta["name"], error)
             self.failed_uids.add(uid)
-            self._annotate(meta["namespace"], meta["name"], {ANNOTATION_EXIT_CODE: "128"})
+            self._annotate(meta["namespace"], meta["name"], {
+                ANNOTATION_EXIT_CODE: "128", ANNOTATION_TERMINATION_MESSAGE: str(error)})
             return
         mounts = [f"{self.hosts_path}=/etc/hosts"]
         for mount in container.get("volumeMounts") or []:
             source = volumes[mount["name"]] / mount.get("subPath", "")
             mounts.append(f"{source}={mount['mountPath']}")
+        # As the kubelet does: a fresh empty file per container, writable by any user.
+        termination_path = workdir / f"{container['name']}.termination-log"
+        termination_path.write_bytes(b"")
+        termination_path.chmod(0o666)
+        mounts.append(f"{termination_path}={podfiles.termination_message_path(container)}")
+        real_dev = workdir / "machine-dev"  # stays an empty directory outside the pod
+        real_dev.mkdir(exist_ok=True)
         hostname = spec.get("hostname") or meta["name"]
         log_path = workdir / f"{container['name']}.log"
         go_read, go_write = os.pipe()
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(
                 ["unshare", "--mount", "--uts", "--propagation", "private", "--",
-                 "sh", "-c", SANDBOX_SCRIPT, "pod-sandbox", str(go_read), hostname, *mounts,
-                 "--", *command],
+                 "sh", "-c", SANDBOX_SCRIPT, "pod-sandbox", str(go_read), str(real_dev),
+                 hostname, *mounts, "--", *command],
                 env=env, cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(go_read,))
         os.close(go_read)
@@ -177,14 +220,16 @@ class Agent:
             log.error("%s/%s sandbox failed (exit %s): %s; see %s", meta["namespace"],
                       meta["name"], code, error, log_path)
             self.failed_uids.add(uid)
-            self._annotate(meta["namespace"], meta["name"], {ANNOTATION_EXIT_CODE: "128"})
+            self._annotate(meta["namespace"], meta["name"], {
+                ANNOTATION_EXIT_CODE: "128", ANNOTATION_TERMINATION_MESSAGE: str(error)})
             return
         os.write(go_write, b"go\n")
         os.close(go_write)
         self.running[uid] = PodProcess(
             namespace=meta["namespace"], name=meta["name"], process=process,
             mount_ns=mount_ns, mount_ns_fd=mount_ns_fd, probe_port=_probe_port(container),
-            pod_ip=pod["status"]["podIP"])
+            pod_ip=pod["status"]["podIP"], container=container, log_path=log_path,
+            termination_path=termination_path)
         log.info("started %s/%s (pid %d): %s", meta["namespace"], meta["name"], process.pid,
                  " ".join(command))
 
@@ -215,8 +260,15 @@ class Agent:
             if not pod_process.exit_reported:
                 exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128+N
                 log.info("%s/%s exited with %d", pod_process.namespace, pod_process.name, exit_code)
-                self._annotate(pod_process.namespace, pod_process.name,
-                               {ANNOTATION_EXIT_CODE: str(exit_code)})
+                # One patch: the exit Stage must see the message together with the exit code.
+                annotations = {ANNOTATION_EXIT_CODE: str(exit_code)}
+                message = podfiles.termination_message(
+                    pod_process.container, exit_code,
+                    _read_end(pod_process.termination_path, podfiles.MAX_TERMINATION_MESSAGE_BYTES),
+                    _read_end(pod_process.log_path, podfiles.FALLBACK_LOG_BYTES))
+                if message:
+                    annotations[ANNOTATION_TERMINATION_MESSAGE] = message
+                self._annotate(pod_process.namespace, pod_process.name, annotations)
                 pod_process.exit_reported = True
             return
         ready = "true" if pod_process.probe_port is None else _tcp_probe(
@@ -271,6 +323,16 @@ def _probe_port(container: dict[str, Any]) -> int | None:
         return next(int(p["containerPort"]) for p in container.get("ports") or []
                     if p.get("name") == port)
     return int(port)
+
+
+def _read_end(path: Path, max_bytes: int) -> bytes:
+    """The last ``max_bytes`` bytes of the file (empty when it cannot be read)."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(max(0, os.fstat(file.fileno()).st_size - max_bytes))
+            return file.read(max_bytes)
+    except OSError:
+        return b""
 
 
 def _tcp_probe(ip: str, port: int) -> str:

@@ -1,4 +1,5 @@
-"""What the kubelet would prepare for a container: env values, volume files, the hosts file.
+"""What the kubelet would prepare for a container: env values, volume files, the hosts file,
+and what it reads back when the container ends: the termination message.
 
 Pure functions over pod dicts plus a ``lookup`` callback for Secrets and ConfigMaps, so they
 are tested without a cluster.
@@ -14,6 +15,13 @@ from typing import Any
 
 # lookup(kind, namespace, name) -> the object's data as {key: bytes}
 Lookup = Callable[[str, str, str], dict[str, bytes]]
+
+# The kubelet's defaults and limits for termination messages (pkg/kubelet/container/runtime.go:
+# MaxContainerTerminationMessageLength, ...LogLines, ...LogLength).
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+MAX_TERMINATION_MESSAGE_BYTES = 4096
+FALLBACK_LOG_LINES = 80
+FALLBACK_LOG_BYTES = 2048
 
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
@@ -130,3 +138,38 @@ def hosts_file(pods: list[dict[str, Any]], cluster_domain: str = "cluster.local"
             names.insert(0, f"{hostname}.{spec['subdomain']}.{namespace}.svc.{cluster_domain}")
         lines.append(f"{ip}\t{' '.join(names)}")
     return "\n".join(lines) + "\n"
+
+
+def termination_message_path(container: dict[str, Any]) -> str:
+    """Where the container writes its termination message (``terminationMessagePath``)."""
+    return str(container.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH)
+
+
+def log_tail(log: bytes, max_lines: int = FALLBACK_LOG_LINES,
+             max_bytes: int = FALLBACK_LOG_BYTES) -> bytes:
+    """The last ``max_lines`` lines of ``log``, then at most its last ``max_bytes`` bytes.
+
+    What the kubelet reports for ``FallbackToLogsOnError`` (tail 80 lines into a 2 KiB ring
+    buffer). Passing only the log's last ``max_bytes`` bytes gives the same answer.
+    """
+    pieces = log.split(b"\n")
+    keep = max_lines + 1 if log.endswith(b"\n") else max_lines  # a final newline ends a line
+    return b"\n".join(pieces[-keep:])[-max_bytes:]
+
+
+def termination_message(container: dict[str, Any], exit_code: int, message_file: bytes,
+                        log_end: bytes) -> str:
+    """``state.terminated.message`` as the kubelet builds it for a container that exited.
+
+    Args:
+        container: the pod spec's container (``terminationMessagePolicy``).
+        exit_code: how the container ended.
+        message_file: the termination message file's last 4096 bytes (what the kubelet reads).
+        log_end: the end of the container's log (at least its last 2048 bytes), used with
+            ``FallbackToLogsOnError`` when the file is empty and the container failed.
+    """
+    message = message_file[-MAX_TERMINATION_MESSAGE_BYTES:]
+    fallback = container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+    if not message and fallback and exit_code != 0:
+        message = log_tail(log_end)
+    return message.decode("utf-8", "replace")
