@@ -24,14 +24,14 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-stamp=".venv/.installed-$(cat pyproject.toml examples/rl_kl/pyproject.toml | sha256sum | cut -c1-16)"
+stamp=".venv/.installed-$(cat pyproject.toml examples/pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   log "installing monarch-operator[dev] into .venv (first time: torch + CUDA wheels, several minutes)"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[dev]'
-  # The user-program example (examples/rl_kl), as its image would have it: importable by the
+  # The example programs (examples/: rl_kl, torchrun_demo), as their image has them: importable by the
   # launcher and by every worker (loopback test hosts and local-cluster pods share this venv).
-  .venv/bin/pip install -q -e examples/rl_kl
+  .venv/bin/pip install -q -e examples
   touch "$stamp"
 fi
 

@@ -29,8 +29,9 @@ def test_sample_job_succeeds_with_trainer_and_ref_meshes(kubectl, namespace, loc
     assert job["status"]["readyWorkers"] == "3/3"
 
     ranks = RANK_LINE.findall(log)
-    trainer = {int(rank): host for role, rank, _, host in ranks if role == "trainer"}
-    ref = {int(rank): host for role, rank, _, host in ranks if role == "ref"}
+    # Hosts are printed as the hostfile names them: <pod>.<service>.<namespace>.svc.<domain>.
+    trainer = {int(rank): host.split(".")[0] for role, rank, _, host in ranks if role == "trainer"}
+    ref = {int(rank): host.split(".")[0] for role, rank, _, host in ranks if role == "ref"}
     gpus = sample["spec"]["workers"]["gpusPerWorker"]
     trainer_hosts = sample["spec"]["meshes"]["trainer"]["hosts"]
     assert sorted(trainer) == list(range(trainer_hosts * gpus)), log
