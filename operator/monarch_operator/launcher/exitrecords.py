@@ -61,12 +61,16 @@ def install_exit_recorder(run_id: str, role: str, rank: int, host: str, local_ra
     """In this proc, make ``os._exit(code)`` write this rank's :class:`ExitRecord` first.
 
     Best effort: a record that cannot be written never keeps the process from exiting.
-    Idempotent (a second call replaces the identity).
+    Idempotent (a second call replaces the identity). Children forked from the proc (a data
+    loader's workers end with ``os._exit`` too) inherit the wrapper but write nothing.
     """
     real_exit = getattr(os._exit, "__wrapped__", os._exit)
     path = os.path.expanduser(record_path(run_id, role, rank))
+    proc_pid = os.getpid()
 
     def exit_with_record(code: int) -> None:
+        if os.getpid() != proc_pid:
+            real_exit(code)
         try:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             record = ExitRecord(role, rank, host, local_rank, int(code), time.time())

@@ -409,7 +409,8 @@ class Job:
                 first.rank,
                 first.host,
                 first.local_rank,
-                first.exit_code,
+                # A rank whose process ends with 0 mid-run still failed the job.
+                first.exit_code or exitcodes.FAILURE,
                 describe_exit_code(first.exit_code),
                 detail=one_line(text, 600),
             )
