@@ -123,11 +123,29 @@ def test_spmd_leaves_out_the_mesh_layout():
                                      "MONARCH_COLOCATE")]
 
 
-def test_resources_are_used_as_given_integer_quantities_included():
-    resources = {"limits": {"cpu": 2, "memory": "4Gi"}, "requests": {"cpu": "500m"}}
+def test_resources_are_used_with_numbers_sent_as_strings():
+    """cpu: 2 is valid Kubernetes, but the typed client only sends strings (field case C12A)."""
+    resources = {"limits": {"cpu": 2, "memory": "4Gi", constants.GPU_RESOURCE: 0},
+                 "requests": {"cpu": "500m"}, "claims": [{"name": "c"}]}
     container = launcher_container(make_job(launcher={"resources": copy.deepcopy(resources)}))
-    assert container["resources"] == resources
+    assert container["resources"] == {
+        "limits": {"cpu": "2", "memory": "4Gi", constants.GPU_RESOURCE: "0"},
+        "requests": {"cpu": "500m"}, "claims": [{"name": "c"}]}
     assert "resources" not in launcher_container(make_job())
+
+
+def test_numbers_in_the_template_quantities_are_sent_as_strings():
+    template = {"spec": {
+        "resources": {"limits": {"cpu": 4}},
+        "initContainers": [{"name": "prep", "image": "busybox",
+                            "resources": {"requests": {"cpu": 0.5, "memory": "1Gi"}}}],
+        "containers": [{"name": "launcher", "resources": {"requests": {"memory": 1048576}}}]}}
+    spec = launcher_pod(make_job(launcher={"resources": {"limits": {"cpu": 2}},
+                                           "template": template}))["spec"]
+    assert spec["resources"] == {"limits": {"cpu": "4"}}
+    assert spec["initContainers"][0]["resources"] == {"requests": {"cpu": "0.5", "memory": "1Gi"}}
+    assert spec["containers"][0]["resources"] == {"limits": {"cpu": "2"},
+                                                  "requests": {"memory": "1048576"}}
 
 
 def test_template_merges_over_the_launcher_pod_containers_by_name():
@@ -156,7 +174,7 @@ def test_template_merges_over_the_launcher_pod_containers_by_name():
     assert sidecar == {"name": "sidecar", "image": "busybox"}
     assert launcher["command"] == ["monarch-launch", "run", "p:main"]
     assert launcher["workingDir"] == "/app"
-    assert launcher["resources"] == {"limits": {"cpu": 2}}
+    assert launcher["resources"] == {"limits": {"cpu": "2"}}
     assert [item["name"] for item in launcher["env"]] == [*OPERATOR_ENV, "EXTRA"]
     assert [m["mountPath"] for m in launcher["volumeMounts"]] == [
         "/etc/monarch/hostfile", "/etc/monarch/ssh", "/data"]

@@ -1,7 +1,8 @@
-"""Metadata shared by every child: labels and the controller owner reference."""
+"""Shared by the builders: labels, the controller owner reference, quantity normalising."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from monarch_operator import constants
@@ -41,3 +42,30 @@ def child_metadata(job: JobSpec, name: str, role: str | None = None) -> dict[str
         "labels": job_labels(job, role),
         "ownerReferences": [owner_reference(job)],
     }
+
+
+def quantities_as_strings(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``pod_spec`` whose resource quantities written as numbers are strings.
+
+    ``cpu: 2`` is valid Kubernetes (a quantity may be a JSON number), but the typed client
+    refuses to send anything but a string for a quantity, so a user's integer would fail every
+    reconcile before reaching the API server (field case C12A). Covers the pod's own
+    ``resources`` and those of its containers and init containers.
+    """
+    converted = copy.deepcopy(pod_spec)
+    holders = [converted, *(converted.get("containers") or []),
+               *(converted.get("initContainers") or [])]
+    for holder in holders:
+        resources = holder.get("resources") if isinstance(holder, dict) else None
+        if not isinstance(resources, dict):
+            continue
+        for kind in ("limits", "requests"):
+            amounts = resources.get(kind)
+            if isinstance(amounts, dict):
+                resources[kind] = {
+                    name: str(amount)
+                    if isinstance(amount, int | float) and not isinstance(amount, bool)
+                    else amount
+                    for name, amount in amounts.items()
+                }
+    return converted

@@ -11,7 +11,11 @@ import copy
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller.builders.common import child_metadata, job_labels
+from monarch_operator.controller.builders.common import (
+    child_metadata,
+    job_labels,
+    quantities_as_strings,
+)
 from monarch_operator.controller.builders.statefulset import merge_pod_template
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec, SpmdSpec
@@ -93,6 +97,7 @@ def build_launcher_job(job: JobSpec, settings: Settings) -> dict[str, Any]:
     (the pod IP, so workers can reach the Monarch client). ``spec.launcher.template`` is merged
     over the generated pod template (containers by name, as for workers); the job's labels and
     ``restartPolicy: Never`` stay, because the operator finds and judges the pod by them.
+    Quantities written as numbers (``cpu: 2``) are sent as strings.
     """
     labels = job_labels(job, constants.ROLE_LAUNCHER)
     container: dict[str, Any] = {
@@ -140,7 +145,7 @@ def build_launcher_job(job: JobSpec, settings: Settings) -> dict[str, Any]:
     )
     metadata = template.get("metadata") or {}
     template["metadata"] = {**metadata, "labels": {**(metadata.get("labels") or {}), **labels}}
-    template["spec"]["restartPolicy"] = "Never"
+    template["spec"] = quantities_as_strings({**template["spec"], "restartPolicy": "Never"})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
