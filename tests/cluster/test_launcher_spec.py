@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.cluster
 
 IMAGE = "ghcr.io/monarch-operator/worker:0.1.0"
+SAMPLES = Path(__file__).resolve().parents[2] / "crds" / "samples"
 COLOCATED = {"trainer": {"hosts": 2}, "ref": {"hosts": 2}, "colocate": True}
 
 
@@ -104,10 +106,13 @@ ACCEPTED = [
 ]
 
 
-def test_new_fields_accepted(kubectl, namespace):
+def test_new_fields_and_the_samples_accepted(kubectl, namespace):
     for name, spec in ACCEPTED:
         result = apply(kubectl, namespace, manifest(name, **spec), "--dry-run=server")
         assert result.returncode == 0, f"{name}: {result.stderr}"
+    for sample in sorted(SAMPLES.glob("*.yaml")):
+        result = apply(kubectl, namespace, sample.read_text(), "--dry-run=server")
+        assert result.returncode == 0, f"{sample.name}: {result.stderr}"
 
 
 # Runs in the launcher pod: a program with its own SSH launcher reads the torchforge-style

@@ -9,6 +9,7 @@ import yaml
 
 from monarch_operator import constants
 from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller import spec as spec_module
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import InvalidSpecError, JobSpec
 
@@ -243,3 +244,16 @@ def test_crd_has_the_new_fields_and_rules():
     paths = {rule.get("fieldPath") for rule in schema["x-kubernetes-validations"]}
     assert {".meshes.trainer.gpus", ".meshes.ref.gpus", ".launcher", ".launcher.args",
             ".spmd.nprocPerNode"} <= paths
+
+
+def test_spec_defaults_match_the_crd():
+    properties = crd_spec_schema()["properties"]
+    workers = properties["workers"]["properties"]
+    assert workers["replicas"]["default"] == spec_module.DEFAULT_REPLICAS
+    assert workers["gpusPerWorker"]["default"] == spec_module.DEFAULT_GPUS_PER_WORKER
+    assert properties["launcher"]["properties"]["steps"]["default"] == spec_module.DEFAULT_STEPS
+    for role in ("trainer", "ref"):
+        hosts = properties["meshes"]["properties"][role]["properties"]["hosts"]
+        assert hosts["default"] == spec_module.DEFAULT_MESH_HOSTS
+    assert (properties["startupTimeoutSeconds"]["default"]
+            == spec_module.DEFAULT_STARTUP_TIMEOUT_SECONDS)
