@@ -89,6 +89,21 @@ def test_worker_template_override_merges_containers_by_name():
     assert container["readinessProbe"]["tcpSocket"]["port"] == constants.SSH_PORT
 
 
+def test_worker_template_integer_quantities_are_sent_as_strings():
+    # Field case C12A: `cpu: 2` is valid Kubernetes; the client only sends quantity strings.
+    job = make_job(workers={"replicas": 1, "gpusPerWorker": 2, "template": {"spec": {
+        "containers": [{"name": "worker", "resources": {"limits": {"cpu": 2, "memory": "4Gi"},
+                                                        "requests": {"cpu": 0.5}}}],
+        "initContainers": [{"name": "prep", "resources": {"limits": {"cpu": 1}}}]}}})
+    spec = build_worker_statefulset(job, SETTINGS)["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["resources"]["limits"]["cpu"] == "2"
+    assert container["resources"]["limits"]["memory"] == "4Gi"
+    assert container["resources"]["limits"][constants.GPU_RESOURCE] == "2"
+    assert container["resources"]["requests"]["cpu"] == "0.5"
+    assert spec["initContainers"][0]["resources"]["limits"]["cpu"] == "1"
+
+
 def test_merge_does_not_modify_inputs():
     base = {"spec": {"containers": [{"name": "a", "image": "x"}]}}
     override = {"spec": {"containers": [{"name": "b", "image": "y"}]}}

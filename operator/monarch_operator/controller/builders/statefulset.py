@@ -10,7 +10,11 @@ import copy
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller.builders.common import child_metadata, job_labels
+from monarch_operator.controller.builders.common import (
+    child_metadata,
+    job_labels,
+    quantities_as_strings,
+)
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
 
@@ -33,6 +37,8 @@ def build_worker_statefulset(job: JobSpec, settings: Settings) -> dict[str, Any]
         "spec": _worker_pod_spec(job, settings),
     }
     template = merge_pod_template(template, job.worker_template)
+    # `cpu: 2` in the user's template is valid Kubernetes; the client must send it as "2" (C12A).
+    template["spec"] = quantities_as_strings(template["spec"])
     # The selector labels win over the user's template: the StatefulSet must find its pods.
     template["metadata"].setdefault("labels", {}).update(labels)
     return {
