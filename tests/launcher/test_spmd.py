@@ -240,6 +240,48 @@ def test_all_ranks_exiting_0_gives_0(
     assert launch.returncode == 0, launch.describe()
 
 
+def _is_running(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) ``sleep`` process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and cmdline.startswith(b"sleep")
+
+
+def test_sigterm_stops_the_children_each_rank_script_started(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    a, _, _ = ssh_cluster.hosts
+    script = copy_script(tmp_path, "child_sleeper.py")
+
+    launch = spmd_on_two_hosts(
+        tmp_path,
+        ssh_cluster,
+        monarch_port,
+        str(script),
+        str(tmp_path),
+        sigterm_after=f"[spmd/{a}/0] children started",
+    )
+
+    children = [int(path.read_text()) for path in sorted(tmp_path.glob("child-*.pid"))]
+    try:
+        assert launch.returncode == 143, launch.describe()
+        assert len(children) == 2, launch.describe()
+        deadline = time.monotonic() + 10
+        while (running := [pid for pid in children if _is_running(pid)]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        assert not running, f"children of rank scripts still running: {running}"
+    finally:
+        for pid in children:
+            if _is_running(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert_no_script_left(tmp_path)
+
+
 def test_rank_killed_by_sigkill_gives_137_and_the_others_are_stopped(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:

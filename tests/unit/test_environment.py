@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+from pathlib import Path
 
 import pytest
 
 from monarch_operator.launcher.environment import (
+    MONARCH_FILE_LOG_DEFAULT,
     EnvSpecError,
+    bound_monarch_log,
     env_prefix,
+    monarch_log_path,
     parse_env_items,
+    rotate_log,
     worker_environment,
 )
 
@@ -74,3 +80,39 @@ def test_env_prefix_is_shell_safe() -> None:
     assert prefix.endswith(" ")
     assert shlex.split(prefix) == ["env", "A=x y", "B=it's $HOME", "C="]
     assert env_prefix({}) == ""
+
+
+def test_monarch_log_path_is_monarchs() -> None:
+    assert monarch_log_path("alice") == "/tmp/alice/monarch_log.log"
+    assert monarch_log_path("alice", "run7") == "/tmp/alice/monarch_log_run7.log"
+    assert monarch_log_path("") == "/tmp/monarch/monarch_log.log"
+
+
+def test_a_log_over_the_limit_is_rotated_once(tmp_path: Path) -> None:
+    log = tmp_path / "monarch_log.log"
+    (tmp_path / "monarch_log.log.1").write_text("older")
+    log.write_text("x" * 11)
+
+    assert rotate_log(str(log), 10) is True
+    assert not log.exists()
+    assert (tmp_path / "monarch_log.log.1").read_text() == "x" * 11
+    log.write_text("y" * 10)
+    assert rotate_log(str(log), 10) is False
+    assert log.read_text() == "y" * 10
+    assert rotate_log(str(tmp_path / "missing.log"), 10) is False
+
+
+def test_monarch_file_log_defaults_to_warn_and_a_users_level_wins() -> None:
+    environ: dict[str, str] = {"MONARCH_LOG_SUFFIX": f"unit-{os.getpid()}-never-written"}
+    bound_monarch_log(environ)
+    assert environ["MONARCH_FILE_LOG"] == MONARCH_FILE_LOG_DEFAULT == "warn"
+
+    environ = {"MONARCH_FILE_LOG": "debug", "MONARCH_LOG_SUFFIX": environ["MONARCH_LOG_SUFFIX"]}
+    bound_monarch_log(environ)
+    assert environ["MONARCH_FILE_LOG"] == "debug"
+
+
+def test_monarch_log_settings_of_the_launcher_reach_the_workers() -> None:
+    environ = {"MONARCH_FILE_LOG": "info", "MONARCH_LOG_SUFFIX": "x", "MONARCH_OTHER": "no"}
+
+    assert worker_environment(environ) == {"MONARCH_FILE_LOG": "info", "MONARCH_LOG_SUFFIX": "x"}

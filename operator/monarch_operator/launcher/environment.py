@@ -19,14 +19,23 @@ starts: see :func:`private_env_path`.
 ``CUDA_VISIBLE_DEVICES`` is never copied: GPU sets are per host and per role, chosen by the
 placement plan. ``sshd``'s ``AcceptEnv``/``SendEnv`` is not used because it needs a server-side
 setting that preallocated machines rarely have.
+
+Monarch's own log file: every Monarch process (client, worker, proc) appends its internal log to
+``/tmp/<user>/monarch_log[_<MONARCH_LOG_SUFFIX>].log`` (torchmonarch 0.7.0,
+``hyperactor_telemetry::log_file_path``; the directory is fixed), at level ``info`` unless
+``MONARCH_FILE_LOG`` says otherwise, and never rotates it. The launcher and its workers default
+``MONARCH_FILE_LOG`` to :data:`MONARCH_FILE_LOG_DEFAULT` and, before Monarch starts, rename a
+file grown past :data:`MONARCH_LOG_ROTATE_BYTES` to ``<file>.1``: see :func:`bound_monarch_log`.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
+import pwd
 import re
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 
 # Names or fnmatch patterns copied from the launcher's environment to every worker.
 ALLOWED_ENV = (
@@ -41,11 +50,20 @@ ALLOWED_ENV = (
     "TORCH_*",
     "GLOO_*",
     "HYPERACTOR_*",
+    "MONARCH_FILE_LOG",
+    "MONARCH_LOG_SUFFIX",
 )
 # Needed before the worker's Python starts, so they are set on the remote command line.
 COMMAND_LINE_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
 # Chosen per role by the placement plan, never inherited from the launcher's machine.
 NEVER_COPIED = frozenset({"CUDA_VISIBLE_DEVICES"})
+
+# Monarch's file log level unless the user sets MONARCH_FILE_LOG (debug, info, warn, error).
+# Monarch's own default, info, logs every actor and proc state change; warn keeps the problems
+# (measured: a two-host SPMD run over loopback ssh wrote 107 KB at info, 9 KB at warn).
+MONARCH_FILE_LOG_DEFAULT = "warn"
+# Monarch's log file is renamed to "<file>.1" (replacing it) when bigger than this at start-up.
+MONARCH_LOG_ROTATE_BYTES = 16 * 1024 * 1024
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -137,3 +155,49 @@ def private_env_path(run_id: str, address: str) -> str:
     One file per run and address: loopback test hosts share a home directory.
     """
     return f"~/.cache/monarch-launch/env-{run_id}-{address}.json"
+
+
+def monarch_log_path(user: str, suffix: str = "") -> str:
+    """The file Monarch (torchmonarch 0.7.0) writes its internal log to on a machine.
+
+    Args:
+        user: the login name of the process's user (``monarch`` when empty, as Monarch does).
+        suffix: ``MONARCH_LOG_SUFFIX``; Monarch inserts it as ``_<suffix>``.
+    """
+    return f"/tmp/{user or 'monarch'}/monarch_log{'_' + suffix if suffix else ''}.log"
+
+
+def rotate_log(path: str, limit_bytes: int) -> bool:
+    """Rename ``path`` to ``path.1`` (replacing it) when it is bigger than ``limit_bytes``.
+
+    Processes still writing to it keep writing to ``path.1``; the next process starts a new file.
+
+    Returns:
+        True when the file was rotated; False when it was small enough, missing or not ours.
+    """
+    try:
+        if os.path.getsize(path) <= limit_bytes:
+            return False
+        os.replace(path, path + ".1")
+    except OSError:
+        return False
+    return True
+
+
+def bound_monarch_log(environ: MutableMapping[str, str]) -> None:
+    """Bound Monarch's log file for this process and the processes it starts.
+
+    Sets ``MONARCH_FILE_LOG`` to :data:`MONARCH_FILE_LOG_DEFAULT` unless it is set, and rotates
+    the file (:func:`rotate_log`). Call it before Monarch is first imported: Monarch reads its
+    log settings when its Rust extension loads.
+
+    Args:
+        environ: the environment to update (``os.environ``).
+    """
+    environ.setdefault("MONARCH_FILE_LOG", MONARCH_FILE_LOG_DEFAULT)
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # no passwd entry (some containers): Monarch's own name is unknown too
+        return
+    path = monarch_log_path(user, environ.get("MONARCH_LOG_SUFFIX", ""))
+    rotate_log(path, MONARCH_LOG_ROTATE_BYTES)

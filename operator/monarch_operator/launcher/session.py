@@ -2,8 +2,8 @@
 
 - :func:`check_hosts` runs the pre-flight (:mod:`.preflight`) with progress output.
 - :func:`started_job` starts one worker per host with :class:`.sshjob.LauncherSSHJob`, waits
-  until every host mesh is attached and, whatever happens inside, shuts the meshes down and
-  kills the ssh clients.
+  until every host mesh is attached (failing at once, naming the host, when a worker dies
+  first) and, whatever happens inside, shuts the meshes down and kills the ssh clients.
 
 Monarch is imported only inside these functions, after the plan and the pre-flight passed.
 Monarch's client state is process-global (one transport per process), so one process runs one
@@ -26,7 +26,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from monarch_operator.launcher import exitcodes
-from monarch_operator.launcher.environment import private_env_path, split_environment
+from monarch_operator.launcher.environment import (
+    bound_monarch_log,
+    private_env_path,
+    split_environment,
+)
 from monarch_operator.launcher.network import client_address
 from monarch_operator.launcher.preflight import (
     DNS_NOT_RESOLVABLE,
@@ -57,6 +61,10 @@ _SUPERVISION_POLL_ENV = "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"
 WATCH_INTERVAL_S = 0.5
 # How long a failed launch waits for a fault report that names the exit status, seconds.
 FAULT_SETTLE_S = 3.0
+# How often the ssh clients are checked while the meshes attach, seconds: a worker that dies
+# before it attached (port taken, import error, crash) fails the launch at once instead of at
+# the attach timeout.
+ATTACH_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -169,6 +177,25 @@ class WorkerLost(BaseException):
         super().__init__(f"Monarch worker lost mid-run on {listing}")
 
 
+class WorkerStartFailed(RuntimeError):
+    """Monarch workers ended before their mesh attached (port taken, import error, crash).
+
+    Attributes:
+        mesh: the mesh that was attaching.
+        exits: ``{host name: (ssh exit status, the worker's last output lines)}``.
+    """
+
+    def __init__(self, mesh: str, exits: Mapping[str, tuple[int, Sequence[str]]]) -> None:
+        self.mesh = mesh
+        self.exits = {host: (code, list(tail)) for host, (code, tail) in exits.items()}
+        reasons = []
+        for host, (code, tail) in self.exits.items():
+            said = [line.strip() for line in tail if line.strip()]
+            last_words = f": {said[-1]}" if said else " (no output)"
+            reasons.append(f"the worker on {host} exited (ssh exit status {code}){last_words}")
+        super().__init__(f"mesh {mesh} did not attach: {'; '.join(reasons)}")
+
+
 class _WorkerWatch:
     """Polls the ssh clients of a started job; when one exits, raises WorkerLost in the main thread.
 
@@ -278,6 +305,12 @@ def report_failure(
         return reporter.result(error.exit_code, str(error))
     if isinstance(error, WorkerLost):
         return reporter.result(exitcodes.FAILURE, str(error), lost_hosts=error.hosts)
+    if isinstance(error, WorkerStartFailed):
+        exits = [
+            {"host": host, "ssh_exit": code, "output_tail": tail}
+            for host, (code, tail) in error.exits.items()
+        ]
+        return reporter.result(exitcodes.FAILURE, str(error), failed_hosts=exits)
     if isinstance(error, KeyboardInterrupt):
         return reporter.result(exitcodes.SIGNAL_BASE + signal.SIGINT, "interrupted")
     reason = one_line(f"{type(error).__name__}: {error}")
@@ -348,8 +381,13 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
 
 
 def install_fault_hook(recorder: FaultRecorder) -> None:
-    """Make Monarch report faults to ``recorder`` and poll proc liveness every 500 ms."""
+    """Make Monarch report faults to ``recorder`` and poll proc liveness every 500 ms.
+
+    Also bounds Monarch's log file (:func:`.environment.bound_monarch_log`); this is the
+    launcher's first Monarch import, and Monarch reads its log settings then.
+    """
     os.environ.setdefault(_SUPERVISION_POLL_ENV, SUPERVISION_POLL)
+    bound_monarch_log(os.environ)
     import monarch.actor
 
     monarch.actor.unhandled_fault_hook = recorder
@@ -393,7 +431,8 @@ def started_job(
     # when the hostname resolves only to loopback, and enabling another one before SSHJob() is
     # refused ("Only one transport type may be enabled").
     host_meshes: dict[str, HostMesh] = {}
-    watch = _WorkerWatch(job, {address: host for host, address in addresses.items()})
+    names = {address: host for host, address in addresses.items()}
+    watch = _WorkerWatch(job, names)
     try:
         listen = config.client_address or client_address(addresses.values())
         configure(default_transport=listen)
@@ -406,13 +445,14 @@ def started_job(
         for name, _ in meshes:
             host_meshes[name] = getattr(state, name)
         for name, host_mesh in host_meshes.items():
-            _wait_attached(job, name, host_mesh, config.attach_timeout_s)
+            _wait_attached(job, name, host_mesh, config.attach_timeout_s, names)
             reporter.progress(f"mesh {name} attached")
         watch.start()
         yield host_meshes
     finally:
         watch.stop()
-        lost = {address for address, host in watch.names.items() if host in watch.lost}
+        # Workers lost mid-run or dead before they attached: their meshes cannot shut down.
+        lost = set(job.exited_ssh())
         reachable = {
             name: mesh
             for name, mesh in host_meshes.items()
@@ -424,17 +464,51 @@ def started_job(
         reporter.progress("torn down")
 
 
-def _wait_attached(job: LauncherSSHJob, name: str, host_mesh: HostMesh, timeout_s: float) -> None:
-    try:
-        host_mesh.initialized.get(timeout=timeout_s + 5)
-    except Exception as error:
-        exited = job.exited_ssh()
-        if exited:
-            listing = ", ".join(f"{host} (ssh exit {code})" for host, code in exited.items())
-            raise RuntimeError(
-                f"mesh {name} did not attach: the worker's ssh session ended on {listing}"
-            ) from error
-        raise
+def _wait_attached(
+    job: LauncherSSHJob,
+    name: str,
+    host_mesh: HostMesh,
+    timeout_s: float,
+    names: Mapping[str, str],
+) -> None:
+    """Wait until ``host_mesh`` attached, checking the ssh clients every ``ATTACH_POLL_S``.
+
+    Raises:
+        WorkerStartFailed: a worker's ssh client exited first (any mesh's: the launch cannot
+            go on), naming its host, ssh's exit status and the worker's last output.
+        TimeoutError: not attached within ``timeout_s`` plus 5 seconds.
+    """
+    attached = host_mesh.initialized  # one Future: a get() that times out does not consume it
+    deadline = time.monotonic() + timeout_s + 5
+    while True:
+        polled = time.monotonic()
+        try:
+            attached.get(timeout=ATTACH_POLL_S)
+            return
+        except Exception as error:
+            _raise_if_workers_exited(job, name, names, cause=error)
+            # A TimeoutError before the poll's time is up is Monarch's own answer, not the poll's.
+            early = time.monotonic() - polled < ATTACH_POLL_S / 2
+            if not isinstance(error, TimeoutError) or early:
+                raise
+            if time.monotonic() > deadline:
+                limit = f"{timeout_s + 5:g}s"
+                raise TimeoutError(f"mesh {name} did not attach within {limit}") from None
+
+
+def _raise_if_workers_exited(
+    job: LauncherSSHJob,
+    name: str,
+    names: Mapping[str, str],
+    cause: BaseException | None = None,
+) -> None:
+    exited = job.exited_ssh()
+    if exited:
+        exits = {
+            names.get(address, address): (code, job.output_tail(address))
+            for address, code in exited.items()
+        }
+        raise WorkerStartFailed(name, exits) from cause
 
 
 def teardown(job: LauncherSSHJob, host_meshes: Mapping[str, HostMesh], reporter: Reporter) -> None:

@@ -43,6 +43,7 @@ from monarch_operator.launcher.session import (
     check_hosts,
     install_fault_hook,
     one_line,
+    signals_deferred,
     started_job,
 )
 from monarch_operator.launcher.ssh import SshSettings
@@ -58,6 +59,8 @@ STOP_GRACE_S = 5.0
 COLLECT_GRACE_S = 10.0
 # Poll interval per pending rank while waiting, seconds.
 _POLL_S = 0.05
+# At teardown: how long after the stop grace the procs may take to confirm, seconds.
+_STOP_ANSWER_S = 3.0
 # torchrun's words for --nproc-per-node (torch.distributed.run): "cpu" is resolved from this
 # machine's CPU count, "gpu" and "auto" from the hosts' slots; see plan_spmd.
 NPROC_KEYWORDS = ("cpu", "gpu", "auto")
@@ -279,6 +282,7 @@ class SpmdLauncher:
         self._ranks: Any = None
         self._control: Any = None
         self._broken: str | None = None
+        self._lost_hosts: set[str] = set()
 
     def describe(self) -> list[str]:
         """Lines describing the plan, printed before start."""
@@ -305,12 +309,12 @@ class SpmdLauncher:
         """
         if self._stack is not None:
             return
-        from monarch_operator.launcher.spmd_actor import LOCAL_LABEL, SpmdControl, SpmdRank, World
-
         names = [host.name for host in self.hosts]
         addresses = check_hosts(self.session, names, self.reporter)
         self.reporter.progress(f"pre-flight ok on {len(addresses)} hosts")
-        install_fault_hook(self.recorder)
+        install_fault_hook(self.recorder)  # before the first Monarch import (its log settings)
+        from monarch_operator.launcher.spmd_actor import LOCAL_LABEL, SpmdControl, SpmdRank, World
+
         stack = contextlib.ExitStack()
         try:
             host_meshes = stack.enter_context(
@@ -347,11 +351,39 @@ class SpmdLauncher:
         self._stack = stack
 
     def close(self) -> None:
-        """Stop every rank and worker and end the ssh sessions; safe to call twice."""
+        """Stop every rank and worker and end the ssh sessions; safe to call twice.
+
+        Running scripts are stopped first with their whole process group (SIGTERM, SIGKILL after
+        ``STOP_GRACE_S``), so that what a script started itself (a data loader worker, a shell
+        pipeline) ends with it; shutting the procs down alone would kill only the scripts.
+        """
         stack, self._stack = self._stack, None
-        self._ranks = self._control = None
-        if stack is not None:
-            stack.close()
+        control, self._ranks, self._control = self._control, None, None
+        try:
+            if control is not None:
+                self._stop_scripts(control)
+        finally:
+            if stack is not None:
+                stack.close()
+
+    def _stop_scripts(self, control: Any) -> None:
+        """SIGTERM then SIGKILL every running script's process group, host by host, skipping
+        hosts whose worker was lost (they cannot answer); bounded, errors ignored."""
+        with signals_deferred():
+            calls = []
+            for host_index, host in enumerate(self.hosts):
+                if host.name in self._lost_hosts:
+                    continue
+                try:
+                    calls.append(control.slice(hosts=host_index).terminate.call(STOP_GRACE_S))
+                except Exception:  # noqa: BLE001 - best effort: the procs are shut down next
+                    pass
+            deadline = time.monotonic() + STOP_GRACE_S + _STOP_ANSWER_S
+            for call in calls:
+                try:
+                    call.get(timeout=max(0.1, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001 - e.g. a proc that died: go on with teardown
+                    pass
 
     def __enter__(self) -> SpmdLauncher:
         return self
@@ -404,6 +436,7 @@ class SpmdLauncher:
             outcomes = self._collect(futures, stoppable=endpoint == "run_command")
         except WorkerLost as lost:
             self._broken = str(lost)
+            self._lost_hosts.update(lost.hosts)
             raise SpmdRunError(self._lost_ranks(lost), self.world_size) from None
         failures = sorted(
             (outcome for outcome in outcomes if outcome.exit_code != 0),

@@ -5,12 +5,15 @@ passed (the launcher keeps ``--help`` and bad-input errors fast).
 
 Upstream ``SSHJob._start_host`` (torchmonarch 0.7.0, ``monarch/_src/job/job.py``) runs
 ``ssh <args> <host> -n '<python> -c <worker loop>'`` with the launcher's stdout. This subclass
-changes two things and keeps the rest (the worker address, ``-n``, a new session per ssh):
+changes the following and keeps the rest (the worker address, ``-n``, a new session per ssh):
 
 - the remote command is prefixed with ``env K=V ...`` (see :mod:`.environment`), because sshd
   starts sessions with a clean environment, and the worker loads the pod's own environment
   when the host is a MonarchJob worker pod (``MONARCH_POD_ENV_FILE``, field case C16);
-- the ssh client's stdout can go to another stream (``--json`` keeps stdout for JSON lines);
+- the ssh client's stdout goes through a pipe: a reader thread forwards every byte unchanged to
+  the launcher's stdout or another stream (``--json`` keeps stdout for JSON lines) and keeps
+  each worker's last lines, so a worker that dies is reported with its own last words;
+- the worker bounds Monarch's log file before Monarch starts (see :mod:`.environment`);
 - the ssh client dies with the launcher (``PR_SET_PDEATHSIG``), so a launcher killed with
   SIGKILL leaves no ssh client, and so (``-tt``) no remote worker, behind.
 """
@@ -18,19 +21,28 @@ changes two things and keeps the rest (the worker address, ``-n``, a new session
 from __future__ import annotations
 
 import ctypes
+import os
 import shlex
 import signal
 import subprocess
+import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from monarch_operator import constants
 from monarch_operator.launcher.monarch_compat import ProcessState, SSHJob, service_proc_addr
 
-from monarch_operator.launcher.environment import env_prefix
+from monarch_operator.launcher.environment import (
+    MONARCH_FILE_LOG_DEFAULT,
+    MONARCH_LOG_ROTATE_BYTES,
+    env_prefix,
+)
 
 # prctl(2) option: deliver a signal to the child when the thread that forked it exits.
 _PR_SET_PDEATHSIG = 1
+# Lines of each worker's output kept for failure reports.
+OUTPUT_TAIL_LINES = 20
 
 
 def _die_with_parent() -> None:
@@ -68,6 +80,61 @@ if pod_env_path:
 """
 
 
+# Prepended to every worker's code, after its environment is loaded and before Monarch starts
+# (Monarch reads its log settings when its extension loads): environment.bound_monarch_log, for
+# the worker's host. A value the user or the pod sets wins.
+_BOUND_MONARCH_LOG = """import os, pwd
+os.environ.setdefault("MONARCH_FILE_LOG", {level!r})
+try:
+    log_suffix = os.environ.get("MONARCH_LOG_SUFFIX", "")
+    log_path = "/tmp/%s/monarch_log%s.log" % (
+        pwd.getpwuid(os.geteuid()).pw_name or "monarch", "_" + log_suffix if log_suffix else "")
+    if os.path.getsize(log_path) > {limit}:
+        os.replace(log_path, log_path + ".1")
+except (OSError, KeyError):
+    pass
+"""
+
+
+class _OutputTail:
+    """Copies one ssh client's output unchanged to a file descriptor; keeps its last lines."""
+
+    def __init__(self, source: IO[bytes], target_fd: int) -> None:
+        self._lines: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
+        self._partial = b""
+        self._thread = threading.Thread(
+            target=self._pump, args=(source, target_fd), name="ssh-output", daemon=True
+        )
+        self._thread.start()
+
+    def _pump(self, source: IO[bytes], target_fd: int) -> None:
+        with source:
+            # read1: forward what arrived at once, partial lines (progress bars) included.
+            while chunk := source.read1(65536):  # type: ignore[attr-defined]
+                _write_all(target_fd, chunk)
+                *complete, self._partial = (self._partial + chunk).split(b"\n")
+                self._lines.extend(_text(line) for line in complete)
+        if self._partial:
+            self._lines.append(_text(self._partial))
+
+    def last_lines(self, wait_s: float) -> list[str]:
+        """The last lines written, once the output ended or after ``wait_s`` seconds."""
+        self._thread.join(wait_s)
+        return list(self._lines)
+
+
+def _text(line: bytes) -> str:
+    return line.decode(errors="replace").rstrip("\r")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:
+        pass  # the launcher's output is gone (closed pipe): keep draining ssh all the same
+
+
 class LauncherSSHJob(SSHJob):
     """An SSHJob whose workers get ``environment`` and whose ssh output goes to ``stdout``."""
 
@@ -87,7 +154,8 @@ class LauncherSSHJob(SSHJob):
             ssh_args: ssh options before the host (see :func:`.ssh.ssh_args`).
             monarch_port: the port every worker listens on.
             environment: variables set in every worker (and so in every proc it spawns).
-            stdout: where the ssh clients (and so the workers) write; None = inherit.
+            stdout: where the ssh clients' (and so the workers') output is copied to; None = the
+                launcher's stdout (file descriptor 1).
             private_env_file: ``address -> remote file`` holding the worker's private variables
                 (written by the pre-flight); the worker loads it, deletes it, and refuses to
                 start without it. None: no private variables.
@@ -97,6 +165,7 @@ class LauncherSSHJob(SSHJob):
         self._ssh_stdout = stdout
         self._private_env_file = private_env_file
         self.ssh_processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._output_tails: dict[str, _OutputTail] = {}
 
     def _start_host(self, host: str) -> ProcessState:
         address = service_proc_addr(
@@ -106,7 +175,13 @@ class LauncherSSHJob(SSHJob):
             "from monarch.actor import run_worker_loop_forever\n"
             f"run_worker_loop_forever(address={address!r}, ca='trust_all_connections')"
         )
-        loop = _LOAD_POD_ENV.format(variable=constants.ENV_POD_ENV_FILE) + loop
+        loop = (
+            _LOAD_POD_ENV.format(variable=constants.ENV_POD_ENV_FILE)
+            + _BOUND_MONARCH_LOG.format(
+                level=MONARCH_FILE_LOG_DEFAULT, limit=MONARCH_LOG_ROTATE_BYTES
+            )
+            + loop
+        )
         if self._private_env_file is not None:
             loop = _LOAD_PRIVATE_ENV.format(path=self._private_env_file(host)) + loop
         command = (
@@ -120,9 +195,12 @@ class LauncherSSHJob(SSHJob):
             # But never outlive the launcher: if it is killed (SIGKILL, OOM), the kernel kills
             # ssh, and with ``-tt`` sshd then hangs up the remote worker.
             preexec_fn=_die_with_parent,
-            stdout=self._ssh_stdout,
+            stdout=subprocess.PIPE,
         )
         self.ssh_processes[host] = process
+        assert process.stdout is not None
+        target = self._ssh_stdout.fileno() if self._ssh_stdout is not None else 1
+        self._output_tails[host] = _OutputTail(process.stdout, target)
         return ProcessState(process.pid, address)
 
     def exited_ssh(self) -> dict[str, int]:
@@ -137,6 +215,16 @@ class LauncherSSHJob(SSHJob):
             if (code := process.poll()) is not None
         }
 
+    def output_tail(self, host: str, wait_s: float = 1.0) -> list[str]:
+        """The last lines (at most :data:`OUTPUT_TAIL_LINES`) the worker on ``host`` printed.
+
+        Args:
+            host: the host as given to the job (its address).
+            wait_s: how long to wait for the rest of the output of an ssh client that exited.
+        """
+        tail = self._output_tails.get(host)
+        return tail.last_lines(wait_s) if tail is not None else []
+
     def _kill(self) -> None:
         super()._kill()
         for process in self.ssh_processes.values():
@@ -144,3 +232,5 @@ class LauncherSSHJob(SSHJob):
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
+        for tail in self._output_tails.values():
+            tail.last_lines(wait_s=1.0)  # the workers' last words come before the launcher's
