@@ -1,17 +1,22 @@
-"""Node agent of the local cluster: runs each scheduled pod's container as a real local process.
+"""Node agent of the local cluster: the kubelet of kwok's fake nodes, with real local processes.
 
-It stands in for the kubelet and container runtime of kwok's fake nodes:
-- a pod that kwok marked Running with an IP gets its first container's command started inside
-  a private mount and UTS namespace (``unshare``): its own hostname, its own ``/dev`` (a tmpfs
-  mirroring the machine's devices), its Secret/ConfigMap volumes bind-mounted at their mount
-  paths, a cluster hosts file at ``/etc/hosts`` and a fresh empty file at its
-  ``terminationMessagePath`` (the machine's ``/etc/hosts`` and ``/dev`` are never edited);
-- the container's ``tcpSocket`` readiness probe is run against the pod IP, and the result goes
-  back as an annotation that a kwok Stage turns into the Ready condition;
-- when the process ends, its exit code and termination message (``terminationMessagePolicy``
-  ``File`` or ``FallbackToLogsOnError``, as the kubelet reads them) go back as annotations
-  (kwok Stage -> phase and ``state.terminated``); when the pod is deleted, every process of its
-  mount namespace is killed.
+For each pod that kwok gave an IP on one of its nodes, the agent:
+- runs the pod's init containers in order, each to completion, then its containers, each as a
+  local process in its own mount and UTS namespace (``sandbox.py``): the pod's hostname, a
+  private ``/dev`` mirroring the machine's, its Secret/ConfigMap/emptyDir volumes at their mount
+  paths (the same directories for every container of the pod), a cluster hosts file at
+  ``/etc/hosts`` and a fresh empty file at ``terminationMessagePath`` for every instance;
+- restarts containers as ``restartPolicy`` asks, with the kubelet's crash-loop back-off
+  (``podstatus.py``), and runs ``tcpSocket`` readiness probes against the pod IP;
+- reports the pod's status as the kubelet computes it (phase, conditions, ``containerStatuses``
+  and ``initContainerStatuses`` with exit codes, termination messages, restart counts) as one
+  annotation, which a kwok Stage copies into the pod's status;
+- when a container's main process ends, kills the rest of its processes (as the end of its PID
+  namespace would) and lets go of its namespace; when the pod is deleted, stops all of it.
+Failures of the agent show on the pod: a sandbox that could not start a container ends that
+container with reason ``StartError`` (exit code 128) and the sandbox's own words; an unexpected
+error fails the pod with reason ``NodeAgentError``.
+
 Without network namespaces all pods share the loopback interface, so the agent passes the pod
 IP as ``SSH_LISTEN_ADDRESS`` for sshd to bind. Containers run as the agent's user.
 """
@@ -19,11 +24,11 @@ IP as ``SSH_LISTEN_ADDRESS`` for sshd to bind. Containers run as the agent's use
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,97 +38,72 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.localcluster import podfiles
+from monarch_operator.localcluster import podfiles, podstatus, sandbox
 
-ANNOTATION_READY = "localcluster.monarch-operator.dev/ready"
-ANNOTATION_EXIT_CODE = "localcluster.monarch-operator.dev/exit-code"
-ANNOTATION_TERMINATION_MESSAGE = "localcluster.monarch-operator.dev/termination-message"
+# The pod status the agent computed, as JSON; the kwok Stage local-pod-status applies it.
+ANNOTATION_STATUS = "localcluster.monarch-operator.dev/status"
+# Optional, on a pod: the crash-loop back-off's first delay in seconds (kubelet: 10; for tests).
+ANNOTATION_BACKOFF = "localcluster.monarch-operator.dev/crash-loop-backoff-seconds"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # Image paths that live elsewhere on this machine: the worker image's entrypoint.
 IMAGE_PATHS = {"/usr/local/bin/monarch-worker-entrypoint": REPO_ROOT / "images/worker/entrypoint.sh"}
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-# Runs inside the new namespaces: set the hostname, give the pod its own /dev, bind-mount
-# volumes and files, exec the command. It waits on the fd in $1 until the agent holds the
-# namespace (a command that exits at once must not take its namespace with it before the agent
-# can track it).
-# The private /dev is a tmpfs mirroring the machine's /dev (devices and symlinks copied,
-# directories such as pts and shm and anything else bind-mounted), so that mount points such as
-# /dev/termination-log are created there and never in the machine's /dev. $2 is an empty
-# directory that holds the machine's /dev meanwhile; it is unmounted again before the command.
-SANDBOX_SCRIPT = r"""
-set -e
-private_dev() {
-  real="$1"
-  mount --rbind /dev "$real"
-  mount -t tmpfs -o mode=755,nosuid tmpfs /dev
-  set --
-  for entry in "$real"/* "$real"/.[!.]*; do
-    [ -e "$entry" ] || [ -L "$entry" ] || continue
-    name="${entry##*/}"
-    if [ -L "$entry" ] || [ -c "$entry" ] || [ -b "$entry" ]; then set -- "$@" "$entry"
-    elif [ -d "$entry" ]; then mkdir "/dev/$name"; mount --rbind "$entry" "/dev/$name"
-    else : > "/dev/$name"; mount --bind "$entry" "/dev/$name"; fi
-  done
-  # One cp for the ~100 device nodes (fast); binding each one is the fallback without mknod.
-  if [ $# -gt 0 ] && ! cp -a "$@" /dev/ 2>/dev/null; then
-    for entry; do
-      name="${entry##*/}"
-      if [ -L "$entry" ]; then [ -L "/dev/$name" ] || ln -s "$(readlink "$entry")" "/dev/$name"
-      else [ -e "/dev/$name" ] || : > "/dev/$name"; mount --bind "$entry" "/dev/$name"; fi
-    done
-  fi
-  umount -R "$real" 2>/dev/null || umount -l "$real"
-}
-go_fd="$1"; shift
-private_dev "$1"; shift
-hostname "$1"; shift
-while [ "$1" != "--" ]; do
-  src="${1%%=*}"; dst="${1#*=}"; shift
-  if [ -d "$src" ]; then mkdir -p "$dst"
-  elif [ ! -e "$dst" ]; then mkdir -p "${dst%/*}"; : > "$dst"; fi
-  mount --bind "$src" "$dst"
-done
-shift
-eval "read -r _ <&$go_fd; exec $go_fd<&-"
-exec "$@"
-"""
+STOP_GRACE_SECONDS = 3.0
 
 log = logging.getLogger("localcluster.agent")
 
 
 @dataclass
-class PodProcess:
-    """A pod's running container process and what was last reported about it."""
+class Running:
+    """A container instance whose main process the agent still waits for."""
 
-    namespace: str
-    name: str
-    process: subprocess.Popen[bytes]
-    mount_ns: str
-    # Open fd on the namespace: keeps it alive so its inode number cannot be reused by a new
-    # pod's namespace while we may still kill "every process in mount_ns".
-    mount_ns_fd: int
-    probe_port: int | None
-    pod_ip: str
-    container: dict[str, Any]
-    log_path: Path
+    record: podstatus.ContainerRecord
+    process: sandbox.ContainerProcess
+    spec: dict[str, Any]
     termination_path: Path  # the machine's side of the container's terminationMessagePath
-    reported_ready: str | None = None
-    exit_reported: bool = False
-    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PodRun:
+    """A pod this agent runs: the kubelet's record of it and its live container instances."""
+
+    pod: dict[str, Any]
+    record: podstatus.PodRecord
+    workdir: Path
+    containers: dict[str, Running] = field(default_factory=dict)
+    volumes: dict[str, Path] | None = None
+    reported: str = ""
+
+    @property
+    def pod_ip(self) -> str:
+        """The IP kwok gave the pod."""
+        return str(self.pod["status"]["podIP"])
+
+    def spec_of(self, record: podstatus.ContainerRecord) -> dict[str, Any]:
+        """The pod spec's entry for ``record``'s container."""
+        key = "initContainers" if record.init else "containers"
+        return next(c for c in self.pod["spec"][key] if c["name"] == record.name)
 
 
 class Agent:
-    """Keeps local processes in line with the pods scheduled on the cluster's nodes."""
+    """Keeps local processes in line with the pods scheduled on the cluster's nodes.
 
-    def __init__(self, state_dir: Path, core: kubernetes.client.CoreV1Api) -> None:
+    Args:
+        backoff_base: the crash-loop back-off's first delay in seconds, unless a pod's
+            ``ANNOTATION_BACKOFF`` says otherwise.
+    """
+
+    def __init__(self, state_dir: Path, core: kubernetes.client.CoreV1Api,
+                 backoff_base: float = podstatus.DEFAULT_BACKOFF_SECONDS) -> None:
         self.state_dir = state_dir
         self.core = core
+        self.backoff_base = backoff_base
         self.pods_dir = state_dir / "pods"
         self.hosts_path = state_dir / "hosts"
         self.hosts_path.write_text(podfiles.hosts_file([]))
-        self.running: dict[str, PodProcess] = {}
-        self.failed_uids: set[str] = set()
+        self.runs: dict[str, PodRun] = {}
+        # Container instances with a process that survived SIGKILL so far (released later).
+        self.lingering: list[sandbox.ContainerProcess] = []
 
     def run_forever(self, interval: float = 0.5) -> None:
         """Poll pods every ``interval`` seconds until SIGTERM, then stop every pod process."""
@@ -141,11 +121,10 @@ class Agent:
             except Exception:  # keep the node alive through API hiccups; log them
                 log.exception("sync failed")
             time.sleep(interval)
-        for uid in list(self.running):
-            self._stop(uid)
+        self._stop(list(self.runs))
 
     def sync(self) -> None:
-        """One pass: start new pods, stop deleted ones, report exits and readiness."""
+        """One pass: stop deleted pods, start new ones, step and report every pod."""
         pods = [self.core.api_client.sanitize_for_serialization(p)
                 for p in self.core.list_pod_for_all_namespaces().items]
         pods = [p for p in pods if p["spec"].get("nodeName")]
@@ -154,84 +133,141 @@ class Agent:
                 if not pod["metadata"].get("deletionTimestamp")}
         # Stop departed pods first: kwok hands a freed pod IP to the next pod at once, and a
         # new sshd must not find the old one (with another job's key) still on that address.
-        for uid in [uid for uid in self.running if uid not in live]:
-            self._stop(uid)
-        busy_ips = {pod_process.pod_ip for pod_process in self.running.values()}
+        self._stop([uid for uid in self.runs if uid not in live])
+        self.lingering = [process for process in self.lingering if not process.release()]
+        busy_ips = {run.pod_ip for run in self.runs.values() if run.containers}
         for pod in pods:
-            uid = pod["metadata"]["uid"]
-            status = pod.get("status") or {}
-            annotations = pod["metadata"].get("annotations") or {}
-            if (uid in live and uid not in self.running and uid not in self.failed_uids
-                    and status.get("phase") == "Running" and status.get("podIP")
-                    and status["podIP"] not in busy_ips
-                    and ANNOTATION_EXIT_CODE not in annotations):
-                self._start(pod)
-        for pod_process in list(self.running.values()):
-            self._report(pod_process)
+            if self._should_start(pod, live, busy_ips):
+                run = self._new_run(pod)
+                self.runs[run.record.uid] = run
+                busy_ips.add(run.pod_ip)
+        for run in list(self.runs.values()):
+            now = time.time()
+            if not run.record.finished:
+                self._step_safely(run, now)
+            self._report(run, now)
 
-    # -- starting ----------------------------------------------------------------------------
-    def _start(self, pod: dict[str, Any]) -> None:
-        meta, spec = pod["metadata"], pod["spec"]
-        uid = meta["uid"]
-        workdir = self.pods_dir / meta["namespace"] / meta["name"] / uid[:8]
-        container = spec["containers"][0]
+    def _should_start(self, pod: dict[str, Any], live: set[str], busy_ips: set[str]) -> bool:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        return (meta["uid"] in live and meta["uid"] not in self.runs
+                and bool(status.get("podIP")) and status["podIP"] not in busy_ips
+                and status.get("phase") not in ("Succeeded", "Failed")
+                # run by an earlier agent process: its containers are gone with it
+                and ANNOTATION_STATUS not in (meta.get("annotations") or {}))
+
+    def _new_run(self, pod: dict[str, Any]) -> PodRun:
+        meta = pod["metadata"]
+        workdir = self.pods_dir / meta["namespace"] / meta["name"] / meta["uid"][:8]
+        workdir.mkdir(parents=True, exist_ok=True)
+        base = self.backoff_base
         try:
-            command = [*(container.get("command") or []), *(container.get("args") or [])]
-            if not command:
-                raise ValueError("container has no command; the agent cannot run image defaults")
-            volumes = podfiles.write_volumes(pod, workdir / "volumes", self._lookup)
-            env = self._env(pod, container, workdir)
-            command = [str(IMAGE_PATHS.get(command[0], command[0])),
-                       *(podfiles.expand(arg, env) for arg in command[1:])]
+            base = float((meta.get("annotations") or {})[ANNOTATION_BACKOFF])
+        except (KeyError, ValueError):
+            pass
+        return PodRun(pod=pod, record=podstatus.PodRecord.from_pod(pod, backoff_base=base),
+                      workdir=workdir)
+
+    # -- one pod -------------------------------------------------------------------------------
+    def _step_safely(self, run: PodRun, now: float) -> None:
+        try:
+            self._step(run, now)
+        except Exception as error:  # a bug of ours must show on the pod, not only in our log
+            log.exception("%s/%s: node agent error", run.record.namespace, run.record.name)
+            run.record.agent_error = f"local node agent: {type(error).__name__}: {error}"
+            self._stop_containers(list(run.containers.values()))
+            run.containers.clear()
+
+    def _step(self, run: PodRun, now: float) -> None:
+        """Collect exits, probe readiness, start what is due (the next init container, or the
+        containers, or restarts whose back-off is over)."""
+        for name, running in list(run.containers.items()):
+            code = running.process.poll()
+            if code is not None:
+                del run.containers[name]
+                self._finish(run, running, code, now)
+        for running in run.containers.values():
+            if not running.record.init:
+                running.record.ready = self._probe(run, running.spec)
+        for record in run.record.due(now):
+            self._start_container(run, record, now)
+
+    def _finish(self, run: PodRun, running: Running, code: int, now: float) -> None:
+        exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128+N
+        process = running.process
+        if process.exec_started():
+            reason = "Completed" if exit_code == 0 else "Error"
+            message = podfiles.termination_message(
+                running.spec, exit_code,
+                _read_end(running.termination_path, podfiles.MAX_TERMINATION_MESSAGE_BYTES),
+                _read_end(process.log_path, podfiles.FALLBACK_LOG_BYTES))
+        else:
+            exit_code, reason = podstatus.START_ERROR_EXIT_CODE, "StartError"
+            message = ("local node agent: the container's sandbox failed: "
+                       f"{sandbox.tail_text(process.log_path)}")
+        # The container's other processes end with it, as with the end of its PID namespace.
+        self._stop_containers([running], grace=0.0)
+        log.info("%s/%s container %s exited with %d (%s)", run.record.namespace,
+                 run.record.name, running.record.name, exit_code, reason)
+        running.record.exited(exit_code, reason, message, now, run.record.restart_policy,
+                              run.record.ref)
+
+    def _start_container(self, run: PodRun, record: podstatus.ContainerRecord,
+                         now: float) -> None:
+        pod, spec, workdir = run.pod, run.spec_of(record), run.workdir
+        try:
+            if run.volumes is None:
+                run.volumes = podfiles.write_volumes(pod, workdir / "volumes", self._lookup)
+            env = self._env(pod, spec, workdir)
         except (ValueError, KeyError, ApiException) as error:
-            log.error("cannot start %s/%s: %s", meta["namespace"], meta["name"], error)
-            self.failed_uids.add(uid)
-            self._annotate(meta["namespace"], meta["name"], {
-                ANNOTATION_EXIT_CODE: "128", ANNOTATION_TERMINATION_MESSAGE: str(error)})
+            why = (f"reading its Secret/ConfigMap: {error.status} {error.reason}"
+                   if isinstance(error, ApiException) else str(error).strip("'\""))
+            log.warning("%s/%s container %s: %s", run.record.namespace, run.record.name,
+                        record.name, why)
+            record.config_failed("CreateContainerConfigError", why, now)
             return
-        mounts = [f"{self.hosts_path}=/etc/hosts"]
-        for mount in container.get("volumeMounts") or []:
-            source = volumes[mount["name"]] / mount.get("subPath", "")
-            mounts.append(f"{source}={mount['mountPath']}")
-        # As the kubelet does: a fresh empty file per container, writable by any user.
-        termination_path = workdir / f"{container['name']}.termination-log"
+        command = [*(spec.get("command") or []), *(spec.get("args") or [])]
+        if not command:
+            self._start_failed(run, record, now, "the local node agent cannot run an image's "
+                               "default entrypoint: give the container a command")
+            return
+        command = [str(IMAGE_PATHS.get(command[0], command[0])),
+                   *(podfiles.expand(arg, env) for arg in command[1:])]
+        log_path = workdir / f"{record.name}.log"
+        if record.runs and log_path.exists():  # `kubectl logs --previous` keeps one instance
+            log_path.replace(workdir / f"{record.name}.previous.log")
+        # As the kubelet does: a fresh empty file per container instance, writable by any user.
+        termination_path = workdir / f"{record.name}.termination-log"
         termination_path.write_bytes(b"")
         termination_path.chmod(0o666)
-        mounts.append(f"{termination_path}={podfiles.termination_message_path(container)}")
-        real_dev = workdir / "machine-dev"  # stays an empty directory outside the pod
-        real_dev.mkdir(exist_ok=True)
-        hostname = spec.get("hostname") or meta["name"]
-        log_path = workdir / f"{container['name']}.log"
-        go_read, go_write = os.pipe()
-        with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
-                ["unshare", "--mount", "--uts", "--propagation", "private", "--",
-                 "sh", "-c", SANDBOX_SCRIPT, "pod-sandbox", str(go_read), str(real_dev),
-                 hostname, *mounts, "--", *command],
-                env=env, cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(go_read,))
-        os.close(go_read)
+        mounts = [(self.hosts_path, "/etc/hosts")]
+        for mount in spec.get("volumeMounts") or []:
+            mounts.append((run.volumes[mount["name"]] / mount.get("subPath", ""),
+                           mount["mountPath"]))
+        mounts.append((termination_path, podfiles.termination_message_path(spec)))
         try:
-            mount_ns = _wait_new_mount_ns(process.pid)
-            mount_ns_fd = os.open(f"/proc/{process.pid}/ns/mnt", os.O_RDONLY)
-        except (RuntimeError, OSError) as error:
-            os.close(go_write)
-            code = process.wait(timeout=10)
-            log.error("%s/%s sandbox failed (exit %s): %s; see %s", meta["namespace"],
-                      meta["name"], code, error, log_path)
-            self.failed_uids.add(uid)
-            self._annotate(meta["namespace"], meta["name"], {
-                ANNOTATION_EXIT_CODE: "128", ANNOTATION_TERMINATION_MESSAGE: str(error)})
+            process = sandbox.start(
+                command, hostname=pod["spec"].get("hostname") or pod["metadata"]["name"],
+                mounts=mounts, env=env, workdir=workdir, log_path=log_path, name=record.name,
+                working_dir=spec.get("workingDir") or "")
+        except sandbox.SandboxError as error:
+            self._start_failed(run, record, now, f"the container's sandbox failed: {error}")
             return
-        os.write(go_write, b"go\n")
-        os.close(go_write)
-        self.running[uid] = PodProcess(
-            namespace=meta["namespace"], name=meta["name"], process=process,
-            mount_ns=mount_ns, mount_ns_fd=mount_ns_fd, probe_port=_probe_port(container),
-            pod_ip=pod["status"]["podIP"], container=container, log_path=log_path,
-            termination_path=termination_path)
-        log.info("started %s/%s (pid %d): %s", meta["namespace"], meta["name"], process.pid,
+        record.started(now)
+        run.containers[record.name] = Running(record=record, process=process, spec=spec,
+                                              termination_path=termination_path)
+        log.info("%s/%s started %scontainer %s (pid %d): %s", run.record.namespace,
+                 run.record.name, "init " if record.init else "", record.name, process.pid,
                  " ".join(command))
+
+    def _start_failed(self, run: PodRun, record: podstatus.ContainerRecord, now: float,
+                      why: str) -> None:
+        """The runtime could not start the container: it ends at once with StartError (128)
+        and ``restartPolicy`` applies, as for a kubelet."""
+        log.error("%s/%s container %s: %s", run.record.namespace, run.record.name,
+                  record.name, why)
+        record.started(now)
+        record.exited(podstatus.START_ERROR_EXIT_CODE, "StartError", f"local node agent: {why}",
+                      now, run.record.restart_policy, run.record.ref)
 
     def _env(self, pod: dict[str, Any], container: dict[str, Any], workdir: Path) -> dict[str, str]:
         home = workdir / "home"
@@ -247,35 +283,27 @@ class Agent:
         return env
 
     def _lookup(self, kind: str, namespace: str, name: str) -> dict[str, bytes]:
-        if kind == "Secret":
-            obj = self.core.read_namespaced_secret(name, namespace)
-        else:
-            obj = self.core.read_namespaced_config_map(name, namespace)
+        try:
+            if kind == "Secret":
+                obj = self.core.read_namespaced_secret(name, namespace)
+            else:
+                obj = self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as error:
+            if error.status == 404:  # the kubelet's words, e.g. `secret "demo-ssh" not found`
+                raise KeyError(f'{kind.lower()} "{name}" not found') from error
+            raise
         return podfiles.decode_data(self.core.api_client.sanitize_for_serialization(obj))
 
-    # -- reporting ---------------------------------------------------------------------------
-    def _report(self, pod_process: PodProcess) -> None:
-        code = pod_process.process.poll()
-        if code is not None:
-            if not pod_process.exit_reported:
-                exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128+N
-                log.info("%s/%s exited with %d", pod_process.namespace, pod_process.name, exit_code)
-                # One patch: the exit Stage must see the message together with the exit code.
-                annotations = {ANNOTATION_EXIT_CODE: str(exit_code)}
-                message = podfiles.termination_message(
-                    pod_process.container, exit_code,
-                    _read_end(pod_process.termination_path, podfiles.MAX_TERMINATION_MESSAGE_BYTES),
-                    _read_end(pod_process.log_path, podfiles.FALLBACK_LOG_BYTES))
-                if message:
-                    annotations[ANNOTATION_TERMINATION_MESSAGE] = message
-                self._annotate(pod_process.namespace, pod_process.name, annotations)
-                pod_process.exit_reported = True
-            return
-        ready = "true" if pod_process.probe_port is None else _tcp_probe(
-            pod_process.pod_ip, pod_process.probe_port)
-        if ready != pod_process.reported_ready:
-            self._annotate(pod_process.namespace, pod_process.name, {ANNOTATION_READY: ready})
-            pod_process.reported_ready = ready
+    def _probe(self, run: PodRun, spec: dict[str, Any]) -> bool:
+        port = _probe_port(spec)
+        return port is None or _tcp_probe(run.pod_ip, port)
+
+    # -- reporting -----------------------------------------------------------------------------
+    def _report(self, run: PodRun, now: float) -> None:
+        document = json.dumps(run.record.api_status(now), sort_keys=True, separators=(",", ":"))
+        if document != run.reported:
+            self._annotate(run.record.namespace, run.record.name, {ANNOTATION_STATUS: document})
+            run.reported = document
 
     def _annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         try:
@@ -293,25 +321,19 @@ class Agent:
                 hosts.truncate(0)
                 hosts.write(content)
 
-    # -- stopping ----------------------------------------------------------------------------
-    def _stop(self, uid: str) -> None:
-        pod_process = self.running.pop(uid)
-        log.info("stopping %s/%s", pod_process.namespace, pod_process.name)
-        for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
-            pids = _pids_in_mount_ns(pod_process.mount_ns)
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and _pids_in_mount_ns(pod_process.mount_ns):
-                pod_process.process.poll()
-                time.sleep(0.05)
-        pod_process.process.poll()
-        os.close(pod_process.mount_ns_fd)
+    # -- stopping ------------------------------------------------------------------------------
+    def _stop(self, uids: list[str]) -> None:
+        """Stop every container of these pods at once and forget the pods."""
+        runs = [self.runs.pop(uid) for uid in uids]
+        for run in runs:
+            log.info("stopping %s/%s", run.record.namespace, run.record.name)
+        self._stop_containers([r for run in runs for r in run.containers.values()])
+
+    def _stop_containers(self, containers: list[Running],
+                         grace: float = STOP_GRACE_SECONDS) -> None:
+        processes = [running.process for running in containers]
+        sandbox.stop_all(processes, grace=grace)
+        self.lingering += [process for process in processes if not process.release()]
 
 
 def _probe_port(container: dict[str, Any]) -> int | None:
@@ -335,37 +357,12 @@ def _read_end(path: Path, max_bytes: int) -> bytes:
         return b""
 
 
-def _tcp_probe(ip: str, port: int) -> str:
+def _tcp_probe(ip: str, port: int) -> bool:
     try:
         with socket.create_connection((ip, port), timeout=1):
-            return "true"
+            return True
     except OSError:
-        return "false"
-
-
-def _mount_ns(pid: int | str) -> str:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/mnt")
-    except OSError:
-        return ""
-
-
-def _wait_new_mount_ns(pid: int, timeout: float = 5.0) -> str:
-    """The mount namespace of ``pid`` once ``unshare`` has moved it out of ours."""
-    own = _mount_ns("self")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ns = _mount_ns(pid)
-        if ns and ns != own:
-            return ns
-        time.sleep(0.01)
-    raise RuntimeError(f"pid {pid} did not enter a new mount namespace")
-
-
-def _pids_in_mount_ns(mount_ns: str) -> list[int]:
-    own = os.getpid()
-    return [int(entry) for entry in os.listdir("/proc")
-            if entry.isdigit() and int(entry) != own and _mount_ns(entry) == mount_ns]
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -373,11 +370,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--crash-loop-backoff-seconds", type=float,
+                        default=podstatus.DEFAULT_BACKOFF_SECONDS,
+                        help="first restart back-off (doubling up to 5 minutes; kubelet: 10)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     kubernetes.config.load_kube_config(args.kubeconfig)
-    Agent(args.state_dir.resolve(), kubernetes.client.CoreV1Api()).run_forever()
+    Agent(args.state_dir.resolve(), kubernetes.client.CoreV1Api(),
+          backoff_base=args.crash_loop_backoff_seconds).run_forever()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Examples::
     monarch-localcluster up              # build binaries if needed, start, wait for nodes
     eval "$(monarch-localcluster env)"    # KUBECONFIG and kubectl on PATH for this shell
     monarch-localcluster logs team-a/demo-launcher-abcde
+    monarch-localcluster logs team-a/demo-worker-0 -c prep --previous
     monarch-localcluster down            # stop every process it started
 """
 
@@ -21,9 +22,14 @@ from monarch_operator.localcluster.cluster import LocalCluster
 DEFAULT_STATE_DIR = Path(os.environ.get("MONARCH_LOCALCLUSTER_DIR", ".localcluster"))
 
 
-def pod_log_path(state_dir: Path, namespace: str, pod: str) -> Path | None:
-    """Newest log file of the pod's container process, or ``None`` if it never ran here."""
-    logs = sorted((state_dir / "pods" / namespace / pod).glob("*/*.log"),
+def pod_log_path(state_dir: Path, namespace: str, pod: str, container: str | None = None,
+                 previous: bool = False) -> Path | None:
+    """Log file of the pod's container (default: the newest one written), or ``None`` if it
+    never ran here; ``previous``: the instance before the current one (after a restart)."""
+    suffix = ".previous.log" if previous else ".log"
+    logs = sorted((path for path in (state_dir / "pods" / namespace / pod).glob(
+                       f"*/{container or '*'}{suffix}")
+                   if previous or not path.name.endswith(".previous.log")),
                   key=lambda path: path.stat().st_mtime)
     return logs[-1] if logs else None
 
@@ -42,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
     logs = sub.add_parser("logs", help="print a pod's container output (NAMESPACE/POD)")
     logs.add_argument("pod")
+    logs.add_argument("-c", "--container", help="container name (default: the newest log)")
+    logs.add_argument("-p", "--previous", action="store_true",
+                      help="the container's previous instance (before its last restart)")
     args = parser.parse_args(argv)
     cluster = LocalCluster(args.dir, nodes=getattr(args, "nodes", 3),
                            gpus_per_node=getattr(args, "gpus_per_node", 8))
@@ -54,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"export {key}={shlex.quote(value)}")
     else:
         namespace, _, pod = args.pod.rpartition("/")
-        path = pod_log_path(cluster.state_dir, namespace or "default", pod)
+        path = pod_log_path(cluster.state_dir, namespace or "default", pod, args.container,
+                            args.previous)
         if path is None:
             print(f"no local process ran for pod {args.pod}", file=sys.stderr)
             return 1

@@ -124,6 +124,13 @@ class LocalCluster:
         pids = json.loads(self._record.read_text()).get("pids", {})
         return bool(pids) and all(_alive(pid) for pid in pids.values())
 
+    def pid(self, component: str) -> int | None:
+        """Process id of a running component (``"agent"``, ``"kwok"``, ...), or ``None``."""
+        if not self._record.exists():
+            return None
+        pid = json.loads(self._record.read_text()).get("pids", {}).get(component)
+        return int(pid) if pid is not None else None
+
     def env(self) -> dict[str, str]:
         """Environment for clients: ``KUBECONFIG`` and kubectl's directory on ``PATH``."""
         bin_dir = ensure_binaries()

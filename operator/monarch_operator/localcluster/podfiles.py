@@ -76,8 +76,15 @@ def container_env(pod: dict[str, Any], container: dict[str, Any], lookup: Lookup
         elif "secretKeyRef" in source or "configMapKeyRef" in source:
             kind = "Secret" if "secretKeyRef" in source else "ConfigMap"
             ref = source.get("secretKeyRef") or source["configMapKeyRef"]
-            env[name] = lookup(kind, namespace, ref["name"])[ref["key"]].decode()
+            env[name] = _key(lookup(kind, namespace, ref["name"]), ref["key"], kind,
+                             f"{namespace}/{ref['name']}").decode()
     return env
+
+
+def _key(data: dict[str, bytes], key: str, kind: str, where: str) -> bytes:
+    if key not in data:  # the kubelet's words
+        raise KeyError(f"couldn't find key {key} in {kind} {where}")
+    return data[key]
 
 
 def write_volumes(pod: dict[str, Any], root: Path, lookup: Lookup) -> dict[str, Path]:
@@ -105,7 +112,7 @@ def write_volumes(pod: dict[str, Any], root: Path, lookup: Lookup) -> dict[str, 
         for item in items:
             path = directory / item["path"]
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data[item["key"]])
+            path.write_bytes(_key(data, item["key"], kind, f"{namespace}/{name}"))
             path.chmod(item.get("mode", source.get("defaultMode", 0o644)))
     return directories
 

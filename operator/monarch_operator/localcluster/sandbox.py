@@ -1,0 +1,269 @@
+"""One container as a local process in its own mount and UTS namespace, and how it is stopped.
+
+``start()`` runs ``unshare --mount --uts`` with a small POSIX shell script (``SANDBOX_SCRIPT``)
+that gives the process its hostname, a private ``/dev`` mirroring the machine's, the pod's
+volumes and files bind-mounted at their container paths, then execs the command. The machine's
+``/etc/hosts`` and ``/dev`` are never edited.
+
+The shell script names no file descriptor numbers (``dash`` reads only single-digit ones in
+redirections, and the agent's descriptors go well past 9): the agent's "go" arrives on the
+script's standard input, which is then replaced by ``/dev/null`` before the exec.
+
+A ``ContainerProcess`` holds one descriptor, on its mount namespace, only while a process of it
+can be alive: the open namespace keeps its inode number from being reused by another
+container's namespace while the agent may still signal "every process of this namespace".
+``release()`` closes it once the namespace is empty.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Runs inside the new namespaces. Arguments: marker file (relative to the working directory),
+# an empty directory for the machine's /dev meanwhile, hostname, working directory ("" = stay),
+# SOURCE=TARGET mounts, "--", the command. Its standard input carries the agent's "go": the
+# agent says go once it holds the namespace, so that a command that exits at once cannot take
+# its namespace with it before the agent tracks it.
+# The private /dev is a tmpfs mirroring the machine's /dev (devices and symlinks copied,
+# directories such as pts and shm and anything else bind-mounted), so that mount points such as
+# /dev/termination-log are created there and never in the machine's /dev.
+# The marker file says "the sandbox is ready and the command exists": without it, an exit is the
+# sandbox's failure (reported as StartError), not the command's.
+SANDBOX_SCRIPT = r"""
+set -e
+private_dev() {
+  real="$1"
+  mount --rbind /dev "$real"
+  mount -t tmpfs -o mode=755,nosuid tmpfs /dev
+  set --
+  for entry in "$real"/* "$real"/.[!.]*; do
+    [ -e "$entry" ] || [ -L "$entry" ] || continue
+    name="${entry##*/}"
+    if [ -L "$entry" ] || [ -c "$entry" ] || [ -b "$entry" ]; then set -- "$@" "$entry"
+    elif [ -d "$entry" ]; then mkdir "/dev/$name"; mount --rbind "$entry" "/dev/$name"
+    else : > "/dev/$name"; mount --bind "$entry" "/dev/$name"; fi
+  done
+  # One cp for the ~100 device nodes (fast); binding each one is the fallback without mknod.
+  if [ $# -gt 0 ] && ! cp -a "$@" /dev/ 2>/dev/null; then
+    for entry; do
+      name="${entry##*/}"
+      if [ -L "$entry" ]; then [ -L "/dev/$name" ] || ln -s "$(readlink "$entry")" "/dev/$name"
+      else [ -e "/dev/$name" ] || : > "/dev/$name"; mount --bind "$entry" "/dev/$name"; fi
+    done
+  fi
+  umount -R "$real" 2>/dev/null || umount -l "$real"
+}
+marker="$1"; shift
+private_dev "$1"; shift
+hostname "$1"; shift
+workdir="$1"; shift
+while [ "$1" != "--" ]; do
+  src="${1%%=*}"; dst="${1#*=}"; shift
+  if [ -d "$src" ]; then mkdir -p "$dst"
+  elif [ ! -e "$dst" ]; then mkdir -p "${dst%/*}"; : > "$dst"; fi
+  mount --bind "$src" "$dst"
+done
+shift
+read -r _
+exec < /dev/null
+case "$1" in
+  */*) [ -f "$1" ] && [ -x "$1" ] ;;
+  *) command -v "$1" > /dev/null ;;
+esac || { echo "exec: \"$1\": executable file not found in \$PATH" >&2; exit 127; }
+: > "$marker"
+if [ -n "$workdir" ]; then mkdir -p "$workdir"; cd "$workdir"; fi
+exec "$@"
+"""
+
+NAMESPACE_TIMEOUT_SECONDS = 5.0
+
+
+class SandboxError(RuntimeError):
+    """The container's sandbox could not be set up (the message says why)."""
+
+
+@dataclass
+class ContainerProcess:
+    """A started container: its main process and the mount namespace holding all of its
+    processes (children, daemons) until it is empty."""
+
+    process: subprocess.Popen[bytes]
+    mount_ns: str
+    marker: Path
+    log_path: Path
+    _ns_fd: int | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        """The main process id."""
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        """The main process's return code once it ended (reaped), else ``None``."""
+        return self.process.poll()
+
+    def exec_started(self) -> bool:
+        """Whether the sandbox got as far as exec'ing the command (its marker file exists)."""
+        return self.marker.exists()
+
+    def pids(self) -> list[int]:
+        """Every live process of the container's mount namespace (empty once released)."""
+        if self._ns_fd is None:
+            return []
+        return pids_in_mount_ns(self.mount_ns)
+
+    def signal_all(self, sig: int) -> None:
+        """Send ``sig`` to every process of the container."""
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def release(self) -> bool:
+        """Close the namespace descriptor if no process is left; returns whether it is closed."""
+        self.process.poll()
+        if self._ns_fd is None:
+            return True
+        if pids_in_mount_ns(self.mount_ns):
+            return False
+        os.close(self._ns_fd)
+        self._ns_fd = None
+        return True
+
+
+def start(command: list[str], *, hostname: str, mounts: Iterable[tuple[Path, str]],
+          env: dict[str, str], workdir: Path, log_path: Path, name: str,
+          working_dir: str = "") -> ContainerProcess:
+    """Start ``command`` in a new mount and UTS namespace; returns once the agent tracks it.
+
+    Args:
+        hostname: the pod's hostname, set in the new UTS namespace.
+        mounts: (machine path, container path) pairs, bind-mounted in order.
+        workdir: the pod's directory on the machine (the process starts there).
+        log_path: the container's stdout and stderr go to the end of this file.
+        name: the container's name (names the marker file and the /dev placeholder).
+        working_dir: the container's ``workingDir`` ("" = stay in ``workdir``).
+
+    Raises:
+        SandboxError: the namespace did not come up; the message carries the sandbox's output.
+    """
+    marker = workdir / f".{name}.exec"
+    marker.unlink(missing_ok=True)
+    real_dev = workdir / f".{name}.machine-dev"  # stays an empty directory outside the pod
+    real_dev.mkdir(exist_ok=True)
+    mount_args = [f"{source}={target}" for source, target in mounts]
+    go_read, go_write = os.pipe()
+    try:
+        with open(log_path, "ab") as log_file:
+            process = subprocess.Popen(
+                ["unshare", "--mount", "--uts", "--propagation", "private", "--",
+                 "sh", "-c", SANDBOX_SCRIPT, "pod-sandbox", marker.name, str(real_dev),
+                 hostname, working_dir, *mount_args, "--", *command],
+                env=env, cwd=workdir, stdin=go_read, stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True)
+    finally:
+        os.close(go_read)
+    try:
+        mount_ns = _wait_new_mount_ns(process)
+        ns_fd = os.open(f"/proc/{process.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except (SandboxError, OSError) as error:
+        os.close(go_write)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        raise SandboxError(f"{error}; sandbox output: {tail_text(log_path)}") from error
+    try:
+        os.write(go_write, b"go\n")
+    except OSError:
+        pass  # the sandbox already failed; its exit without the marker says so
+    finally:
+        os.close(go_write)
+    return ContainerProcess(process=process, mount_ns=mount_ns, marker=marker,
+                            log_path=log_path, _ns_fd=ns_fd)
+
+
+def stop_all(containers: list[ContainerProcess], grace: float = 3.0,
+             kill_wait: float = 2.0) -> None:
+    """SIGTERM every process of ``containers`` at once, SIGKILL what is left after ``grace``
+    seconds, then release each namespace that emptied (all of them, unless a process hangs)."""
+    tracked = [c for c in containers if c._ns_fd is not None]
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_wait)):
+        live = processes_by_mount_ns({c.mount_ns for c in tracked})
+        if not live:
+            break
+        for pids in live.values():
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and live:
+            for container in tracked:
+                container.process.poll()
+            time.sleep(0.05)
+            live = processes_by_mount_ns(set(live))
+    for container in containers:
+        container.release()
+
+
+def tail_text(path: Path, max_bytes: int = 1024) -> str:
+    """The file's last ``max_bytes`` bytes as one line of text ("" if unreadable)."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(max(0, os.fstat(file.fileno()).st_size - max_bytes))
+            data = file.read(max_bytes)
+    except OSError:
+        return ""
+    return " ".join(data.decode("utf-8", "replace").split())
+
+
+def _mount_ns(pid: int | str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return ""
+
+
+def _wait_new_mount_ns(process: subprocess.Popen[bytes]) -> str:
+    """The mount namespace of ``process`` once ``unshare`` has moved it out of ours."""
+    own = _mount_ns("self")
+    deadline = time.monotonic() + NAMESPACE_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        ns = _mount_ns(process.pid)
+        if ns and ns != own:
+            return ns
+        if process.poll() is not None:
+            raise SandboxError(f"sandbox exited with {process.returncode} before entering its "
+                               "mount namespace")
+        time.sleep(0.005)
+    raise SandboxError(f"pid {process.pid} did not enter a new mount namespace in "
+                       f"{NAMESPACE_TIMEOUT_SECONDS:.0f}s")
+
+
+def pids_in_mount_ns(mount_ns: str) -> list[int]:
+    """Live processes (zombies excluded) whose mount namespace is ``mount_ns``."""
+    return processes_by_mount_ns({mount_ns}).get(mount_ns, [])
+
+
+def processes_by_mount_ns(namespaces: set[str]) -> dict[str, list[int]]:
+    """Live processes of each of ``namespaces`` that has any, in one pass over ``/proc``."""
+    own = os.getpid()
+    found: dict[str, list[int]] = {}
+    if not namespaces:
+        return found
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != own:
+            ns = _mount_ns(entry)
+            if ns in namespaces:
+                found.setdefault(ns, []).append(int(entry))
+    return found

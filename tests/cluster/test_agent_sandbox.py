@@ -1,0 +1,62 @@
+"""The node agent's container sandbox on this machine (root, unshare; no control plane): it
+starts whatever descriptors the agent holds, says when the sandbox itself failed, and stopping a
+container ends all of its processes and lets go of its namespace."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from monarch_operator.localcluster import sandbox
+
+pytestmark = pytest.mark.cluster
+
+
+def wait_exit(process: sandbox.ContainerProcess, timeout: float = 10) -> int:
+    deadline = time.monotonic() + timeout
+    while (code := process.poll()) is None:
+        assert time.monotonic() < deadline, "container did not exit"
+        time.sleep(0.01)
+    return code
+
+
+def start(tmp_path: Path, command: list[str], name: str = "main") -> sandbox.ContainerProcess:
+    return sandbox.start(command, hostname="pod-a", mounts=[], env={"PATH": os.environ["PATH"]},
+                         workdir=tmp_path, log_path=tmp_path / f"{name}.log", name=name)
+
+
+def test_starts_with_many_descriptors_open(tmp_path):
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(40)]  # fd numbers well past 9
+    try:
+        container = start(tmp_path, ["sh", "-c", "hostname; exit 3"])
+        assert wait_exit(container) == 3
+        assert container.exec_started()
+        assert (tmp_path / "main.log").read_text() == "pod-a\n"
+        assert container.release()
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def test_missing_command_is_the_sandboxs_failure_not_an_exit_code(tmp_path):
+    container = start(tmp_path, ["no-such-command-here"])
+    assert wait_exit(container) == 127
+    assert not container.exec_started()
+    assert sandbox.tail_text(tmp_path / "main.log") == (
+        'exec: "no-such-command-here": executable file not found in $PATH')
+
+
+def test_stop_ends_background_processes_and_releases_the_namespace(tmp_path):
+    fds_before = len(os.listdir("/proc/self/fd"))
+    container = start(tmp_path, ["sh", "-c", "sleep 300 & trap '' TERM; sleep 300"])
+    deadline = time.monotonic() + 5
+    while len(container.pids()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(container.pids()) == 3
+    assert len(os.listdir("/proc/self/fd")) == fds_before + 1, "one fd: the namespace"
+    sandbox.stop_all([container], grace=0.5, kill_wait=5)
+    assert container.poll() is not None and container.pids() == []
+    assert len(os.listdir("/proc/self/fd")) == fds_before
