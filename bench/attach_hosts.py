@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from monarch_operator.launcher.preflight import PreflightSettings, run_preflight
-from monarch_operator.launcher.ssh import SshSettings, ssh_args
+from monarch_operator.launcher.session.preflight import PreflightSettings, run_preflight
+from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
 from monarch_operator.testing.loopback_sshd import (
     LoopbackSshd,
     SshCluster,

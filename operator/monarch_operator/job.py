@@ -33,11 +33,11 @@ This module is the stable surface: names imported from here keep working across 
 monarch-operator; the modules under ``monarch_operator.launcher`` may change.
 """
 
-from monarch_operator.launcher.placement import PlacementError, Plan, RolePlan
-from monarch_operator.launcher.preflight import PreflightError
-from monarch_operator.launcher.rankside import RankInfo
-from monarch_operator.launcher.rolejob import Job, JobConfig, JobError, RankFailure
-from monarch_operator.launcher.session import Terminated, WorkerLost
+from monarch_operator.launcher.hosts.placement import PlacementError, Plan, RolePlan
+from monarch_operator.launcher.session.preflight import PreflightError
+from monarch_operator.launcher.programs.rankside import RankInfo
+from monarch_operator.launcher.programs.job import Job, JobConfig, JobError, RankFailure
+from monarch_operator.launcher.session.lifecycle import Terminated, WorkerLost
 
 __all__ = [
     "Job",

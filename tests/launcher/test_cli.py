@@ -12,7 +12,7 @@ import pytest
 
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher.cli import build_parser, config_from_args, main
-from monarch_operator.launcher.ssh import SshSettings, ssh_args
+from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
 
 
 def test_flags_default_from_the_operator_environment(

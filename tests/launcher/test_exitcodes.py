@@ -50,8 +50,8 @@ def test_no_code_anywhere_gives_generic_failure() -> None:
 
 def test_monarch_failure_is_described_by_role_host_and_rank() -> None:
     from monarch_operator.hostfile import Host
-    from monarch_operator.launcher.placement import plan_placement
-    from monarch_operator.launcher.runner import describe_failure
+    from monarch_operator.launcher.hosts.placement import plan_placement
+    from monarch_operator.launcher.programs.roles import describe_failure
 
     plan = plan_placement([Host("a", 2), Host("b", 2), Host("c", 1)], 2, 1)
     message = (

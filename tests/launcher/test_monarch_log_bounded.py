@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch_operator.launcher.environment import monarch_log_path
+from monarch_operator.launcher.session.environment import monarch_log_path
 from monarch_operator.testing.loopback_sshd import SshCluster
 from tests.launcher.launching import run_launch
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from monarch_operator.launcher import network
-from monarch_operator.launcher.network import (
+from monarch_operator.launcher.session import network
+from monarch_operator.launcher.session.network import (
     NetworkCheckError,
     client_address,
     probe_sshd,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from monarch_operator.launcher import preflight
-from monarch_operator.launcher.preflight import (
+from monarch_operator.launcher.session import preflight
+from monarch_operator.launcher.session.preflight import (
     DNS_NOT_RESOLVABLE,
     IMPORT_FAILED,
     LOOPBACK_ADDRESS,
@@ -33,7 +33,7 @@ from monarch_operator.launcher.preflight import (
     loopback_failures,
     run_preflight,
 )
-from monarch_operator.launcher.ssh import SshSettings, ssh_args
+from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
 from monarch_operator.testing.loopback_sshd import SshCluster
 
 pytestmark = pytest.mark.ssh

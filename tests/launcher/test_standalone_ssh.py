@@ -34,7 +34,7 @@ def expected_steps(steps: int) -> list[tuple[float, float]]:
     import torch
     import torch.nn.functional as functional
 
-    from monarch_operator.launcher import workload
+    from monarch_operator.launcher.programs import workload
 
     model, frozen = workload.new_model(), workload.new_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=workload.LEARNING_RATE)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch_operator.launcher.environment import (
+from monarch_operator.launcher.session.environment import (
     MONARCH_FILE_LOG_DEFAULT,
     EnvSpecError,
     bound_monarch_log,

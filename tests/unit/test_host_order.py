@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 
 from monarch_operator.hostfile import Host, parse_hostfile
-from monarch_operator.launcher.hostsources import hosts_from_list, hosts_from_slurm
-from monarch_operator.launcher.placement import plan_placement
-from monarch_operator.launcher.spmd import default_master_addr, plan_spmd
-from monarch_operator.launcher.spmd_actor import World, rank_environment
+from monarch_operator.launcher.hosts.sources import hosts_from_list, hosts_from_slurm
+from monarch_operator.launcher.hosts.placement import plan_placement
+from monarch_operator.launcher.programs.spmd import default_master_addr, plan_spmd
+from monarch_operator.launcher.programs.spmd_actor import World, rank_environment
 
 C11_HOSTS = ["127.0.0.7", "127.0.0.66", "127.0.0.8", "127.0.0.70"]
 C11_HOSTFILE = "".join(f"{name} slots=2\n" for name in C11_HOSTS)

@@ -1,7 +1,7 @@
 """Host sources of the standalone launcher: --hosts lists, Slurm allocations, the one-source rule.
 
 Pure: the environment is a plain dict, no Slurm needed. Rules are documented in
-monarch_operator/launcher/hostsources.py.
+monarch_operator/launcher/hosts/sources.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from monarch_operator.hostfile import DEFAULT_SLOTS, Host
-from monarch_operator.launcher.hostsources import (
+from monarch_operator.launcher.hosts.sources import (
     HostSourceError,
     hosts_from_list,
     hosts_from_slurm,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from monarch_operator.launcher import exitrecords
-from monarch_operator.launcher.program import TargetError, load_target
-from monarch_operator.launcher.rolejob import RankFailure, argv_from_options, describe_exit_code
+from monarch_operator.launcher.session import exitrecords
+from monarch_operator.launcher.programs.user import TargetError, load_target
+from monarch_operator.launcher.programs.job import RankFailure, argv_from_options, describe_exit_code
 
 
 def test_rank_failure_summary_and_signal() -> None:
@@ -88,7 +88,7 @@ def test_exit_recorder_writes_the_proc_record_and_forked_children_write_none(
     script = textwrap.dedent(
         """
         import os
-        from monarch_operator.launcher.exitrecords import install_exit_recorder
+        from monarch_operator.launcher.session.exitrecords import install_exit_recorder
         install_exit_recorder("run1", "trainer", 2, "host-b", 1)
         child = os.fork()
         if child == 0:
@@ -139,7 +139,7 @@ def test_good_targets_resolve(tmp_path: Path) -> None:
 def test_untested_monarch_versions_are_refused_with_the_supported_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from monarch_operator.launcher import monarch_compat
+    from monarch_operator.launcher.session import monarch_compat
 
     monkeypatch.setattr(monarch_compat.importlib.metadata, "version", lambda _name: "0.9.1")
     monkeypatch.delenv("MONARCH_LAUNCH_ANY_MONARCH", raising=False)

@@ -1,6 +1,6 @@
 """Placement of the trainer and ref roles on hostfile hosts: a table of named cases.
 
-Pure: no Monarch, no sockets. Rules are documented in monarch_operator/launcher/placement.py.
+Pure: no Monarch, no sockets. Rules are documented in monarch_operator/launcher/hosts/placement.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from monarch_operator.hostfile import Host
-from monarch_operator.launcher.placement import (
+from monarch_operator.launcher.hosts.placement import (
     COLOCATED_MESH,
     REF,
     TRAINER,

@@ -6,8 +6,8 @@ import pytest
 
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher.cli import UsageError
-from monarch_operator.launcher.spmd import SpmdConfigError, plan_spmd
-from monarch_operator.launcher.spmd_actor import World, rank_environment
+from monarch_operator.launcher.programs.spmd import SpmdConfigError, plan_spmd
+from monarch_operator.launcher.programs.spmd_actor import World, rank_environment
 from monarch_operator.launcher.spmd_cli import build_parser, command_argv, nproc_per_node
 
 HOSTS = [Host("a", 4), Host("b", 4), Host("c", 4)]

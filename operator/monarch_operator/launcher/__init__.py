@@ -1,7 +1,7 @@
 """monarch-launch: the standalone launcher that runs Monarch meshes on the hosts of a hostfile.
 
 Kept import-light on purpose: the pre-flight checks every worker host with
-``find_spec("monarch_operator.launcher.workload")`` (or ``.spmd_actor``), which imports this
+``find_spec("monarch_operator.launcher.programs.workload")`` (or ``.spmd_actor``), which imports this
 package. Monarch is imported only once the pre-flight has passed, torch only by ``workload``.
 Nothing here imports the operator's controller, kopf or a Kubernetes client.
 """
@@ -14,7 +14,7 @@ __all__ = ["SpmdLauncher", "SpmdRunError", "spmd_launcher"]
 def __getattr__(name: str) -> Any:
     # The in-code SPMD API, imported on first use so that the package itself stays light.
     if name in __all__:
-        from monarch_operator.launcher import spmd
+        from monarch_operator.launcher.programs import spmd
 
         return getattr(spmd, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,11 +3,11 @@
 Two modes:
 
 - role mode (``monarch-launch [flags]``): the trainer and reference-model meshes of the built-in
-  example workload, placed on the hosts by :mod:`.placement`. Every flag the operator sets on its
+  example workload, placed on the hosts by :mod:`monarch_operator.launcher.hosts.placement`. Every flag the operator sets on its
   launcher pod defaults from the environment variable named in :mod:`monarch_operator.constants`,
   so the pod runs ``monarch-launch`` with no arguments.
 - SPMD mode (``monarch-launch spmd [torchrun flags] script.py args``, also ``monarch-torchrun``):
-  see :mod:`.spmd_cli`.
+  see :mod:`monarch_operator.launcher.spmd_cli`.
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ from collections.abc import Callable, Mapping, Sequence
 
 from monarch_operator import constants
 from monarch_operator.hostfile import Host
-from monarch_operator.launcher.environment import EnvSpecError, parse_env_items, worker_environment
+from monarch_operator.launcher.session.environment import EnvSpecError, parse_env_items, worker_environment
 from monarch_operator.launcher.flagtypes import (
     non_negative_seconds,
     port_number,
     positive_int,
     positive_seconds,
 )
-from monarch_operator.launcher.hostsources import HostSourceError, resolve_host_source
+from monarch_operator.launcher.hosts.sources import HostSourceError, resolve_host_source
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.rolejob import JobConfig
-from monarch_operator.launcher.runner import ROLE_MODULES, LaunchConfig, launch
-from monarch_operator.launcher.session import SessionConfig, install_termination_handlers
-from monarch_operator.launcher.ssh import SshSettings
+from monarch_operator.launcher.programs.job import JobConfig
+from monarch_operator.launcher.programs.roles import ROLE_MODULES, LaunchConfig, launch
+from monarch_operator.launcher.session.lifecycle import SessionConfig, install_termination_handlers
+from monarch_operator.launcher.session.ssh import SshSettings
 
 _EXAMPLES = """\
 examples:
@@ -74,7 +74,7 @@ failure (a host failing pre-flight, attach timeout, an exception in an actor).
 
 def _env_int(name: str, check: Callable[[str], int] = int) -> int | None:
     """The integer in environment variable ``name`` (None when unset or empty), read with
-    ``check`` (a :mod:`.flagtypes` function, so a variable obeys the same rule as its flag)."""
+    ``check`` (a :mod:`monarch_operator.launcher.flagtypes` function, so a variable obeys the same rule as its flag)."""
     value = os.environ.get(name, "").strip()
     if not value:
         return None
@@ -342,7 +342,7 @@ def session_from_args(
 def job_config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str], modules: tuple[str, ...]
 ) -> JobConfig:
-    """Turn parsed host, placement and session flags into a :class:`.rolejob.JobConfig`.
+    """Turn parsed host, placement and session flags into a :class:`monarch_operator.launcher.programs.job.JobConfig`.
 
     Raises:
         UsageError: bad host source, ``--env`` item or ``--ssh-key``.
@@ -383,8 +383,8 @@ def config_from_args(
 
 
 def install_sigterm_handler() -> None:
-    """Turn SIGTERM and SIGHUP into :class:`.session.Terminated` so that teardown runs (see
-    :func:`.session.install_termination_handlers`); the exit status is then 128 + the signal."""
+    """Turn SIGTERM and SIGHUP into :class:`monarch_operator.launcher.session.lifecycle.Terminated` so that teardown runs (see
+    :func:`monarch_operator.launcher.session.lifecycle.install_termination_handlers`); the exit status is then 128 + the signal."""
     install_termination_handlers()
 
 
@@ -448,10 +448,10 @@ def build_run_parser() -> argparse.ArgumentParser:
 
 
 def run_main(argv: Sequence[str]) -> int:
-    """``monarch-launch run``: check the flags, then run TARGET (see :mod:`.program`)."""
-    from monarch_operator.launcher.placement import PlacementError
-    from monarch_operator.launcher.program import run_program
-    from monarch_operator.launcher.rolejob import JOB_MODULES, Job
+    """``monarch-launch run``: check the flags, then run TARGET (see :mod:`monarch_operator.launcher.programs.user`)."""
+    from monarch_operator.launcher.hosts.placement import PlacementError
+    from monarch_operator.launcher.programs.user import run_program
+    from monarch_operator.launcher.programs.job import JOB_MODULES, Job
 
     args = build_run_parser().parse_args(list(argv))
     reporter = Reporter(json_mode=args.json, quiet=args.quiet)

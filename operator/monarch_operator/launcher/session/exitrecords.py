@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from monarch_operator.launcher.ssh import SshSettings, ssh_args
+from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
 
 RECORD_DIR = "~/.cache/monarch-launch"
 _PREFIX = "exit-"

@@ -30,7 +30,7 @@ from monarch.actor import Actor, current_rank, current_size, endpoint
 
 if TYPE_CHECKING:
     # Not exported from monarch.actor in torchmonarch 0.7.0; used for annotations only.
-    from monarch_operator.launcher.monarch_compat import ActorMesh
+    from monarch_operator.launcher.session.monarch_compat import ActorMesh
 
 FEATURES = 8
 CLASSES = 4

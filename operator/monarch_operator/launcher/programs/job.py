@@ -3,13 +3,13 @@
 :class:`Job` is a context manager. Entering it plans the placement, runs the pre-flight (every
 host, in parallel, with a reason per failing host), starts one Monarch worker per host over ssh,
 attaches the host meshes, spawns each role's procs (one per GPU, with the role's
-``CUDA_VISIBLE_DEVICES``) and identifies every rank (:mod:`.rankside`). Leaving it, normally,
+``CUDA_VISIBLE_DEVICES``) and identifies every rank (:mod:`monarch_operator.launcher.programs.rankside`). Leaving it, normally,
 by an exception or by SIGTERM/SIGHUP, shuts the meshes down and ends the ssh sessions.
 
 Failures of user actors reach the controller as :class:`RankFailure` (role, rank, host, local
 rank, exit code or signal, remote traceback): from :meth:`Job.get`, from :meth:`Job.failure`
 on a caught Monarch error, or raised out of the ``with`` block in place of Monarch's error.
-A rank that ended its own process is reported with its own exit status (:mod:`.exitrecords`),
+A rank that ended its own process is reported with its own exit status (:mod:`monarch_operator.launcher.session.exitrecords`),
 never a guess from Monarch's supervision text.
 """
 
@@ -26,17 +26,17 @@ from typing import Any
 
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher import exitcodes
-from monarch_operator.launcher.exitrecords import ExitRecord, collect
-from monarch_operator.launcher.placement import (
+from monarch_operator.launcher.session.exitrecords import ExitRecord, collect
+from monarch_operator.launcher.hosts.placement import (
     Plan,
     RolePlan,
     format_plan,
     plan_placement,
     plan_to_dict,
 )
-from monarch_operator.launcher.procenv import set_environment
+from monarch_operator.launcher.session.procenv import set_environment
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.session import (
+from monarch_operator.launcher.session.lifecycle import (
     FaultRecorder,
     SessionConfig,
     check_hosts,
@@ -47,7 +47,7 @@ from monarch_operator.launcher.session import (
 )
 
 # Modules every role proc imports (pre-flight ``ImportFailed`` names a host that lacks them).
-JOB_MODULES = ("monarch", "monarch_operator.launcher.rankside")
+JOB_MODULES = ("monarch", "monarch_operator.launcher.programs.rankside")
 # Limit for identifying the ranks after their procs started, seconds.
 IDENTIFY_TIMEOUT_S = 60.0
 
@@ -61,7 +61,7 @@ class JobConfig:
         session: how to reach the hosts and start workers.
         source: a description of the host source, for the printed plan.
         trainer_hosts, ref_hosts: hosts per role (None: the defaults of
-            :func:`.placement.plan_placement`).
+            :func:`monarch_operator.launcher.hosts.placement.plan_placement`).
         colocate: both roles on the same hosts, disjoint GPU sets.
         trainer_gpus, ref_gpus: per-host GPUs of each role when colocated (None: split).
     """
@@ -77,7 +77,7 @@ class JobConfig:
 
 
 class JobError(RuntimeError):
-    """A job failed; ``exit_code`` is the launcher's exit status for it (:mod:`.exitcodes`)."""
+    """A job failed; ``exit_code`` is the launcher's exit status for it (:mod:`monarch_operator.launcher.exitcodes`)."""
 
     exit_code: int = exitcodes.FAILURE
 
@@ -178,7 +178,7 @@ class Job:
             modules: further modules every host must be able to import (pre-flight).
 
         Raises:
-            monarch_operator.launcher.placement.PlacementError: the roles do not fit the hosts.
+            monarch_operator.launcher.hosts.placement.PlacementError: the roles do not fit the hosts.
         """
         self.config = config
         self.plan: Plan = plan_placement(
@@ -222,10 +222,10 @@ class Job:
 
         Raises:
             monarch_operator.launcher.cli.UsageError: bad flags or host source.
-            monarch_operator.launcher.placement.PlacementError: the roles do not fit.
+            monarch_operator.launcher.hosts.placement.PlacementError: the roles do not fit.
         """
         from monarch_operator.launcher.cli import build_parser, job_config_from_args
-        from monarch_operator.launcher.program import LAUNCH_ARGS_ENV
+        from monarch_operator.launcher.programs.user import LAUNCH_ARGS_ENV
 
         environ = os.environ if environ is None else environ
         if not argv and environ.get(LAUNCH_ARGS_ENV):
@@ -283,8 +283,8 @@ class Job:
         """Pre-flight, start the workers, spawn each role's procs and identify the ranks.
 
         Raises:
-            monarch_operator.launcher.preflight.PreflightError: hosts failed the pre-flight.
-            monarch_operator.launcher.session.Terminated: SIGTERM/SIGHUP while starting.
+            monarch_operator.launcher.session.preflight.PreflightError: hosts failed the pre-flight.
+            monarch_operator.launcher.session.lifecycle.Terminated: SIGTERM/SIGHUP while starting.
             Exception: what Monarch raises while attaching; nothing is left running.
         """
         if self._stack is not None:
@@ -337,7 +337,7 @@ class Job:
         )
 
     def _identify(self, role: RolePlan) -> list[Any]:
-        from monarch_operator.launcher.rankside import RankProbe
+        from monarch_operator.launcher.programs.rankside import RankProbe
 
         hosts = self.plan.mesh(role.mesh).hosts
         probe = self._procs[role.role].spawn(
@@ -392,7 +392,7 @@ class Job:
             The :class:`RankFailure`, or None when ``error`` is not about a rank (a timeout,
             an error of the controller's own code).
         """
-        from monarch_operator.launcher.monarch_compat import ActorError
+        from monarch_operator.launcher.session.monarch_compat import ActorError
 
         if error is None or isinstance(error, RankFailure):
             return error
@@ -427,7 +427,7 @@ class Job:
         return list(self._exit_records)
 
     def _raised(self, error: Any) -> RankFailure | None:
-        from monarch_operator.launcher.rankside import NOTE_PATTERN
+        from monarch_operator.launcher.programs.rankside import NOTE_PATTERN
 
         formatted = str(getattr(error, "exception_formatted", "") or error)
         match = NOTE_PATTERN.search(formatted)
@@ -451,7 +451,7 @@ class Job:
         )
 
     def _from_supervision_text(self, text: str) -> RankFailure | None:
-        from monarch_operator.launcher.runner import parse_failed_actor
+        from monarch_operator.launcher.programs.roles import parse_failed_actor
 
         parsed = parse_failed_actor(text)
         if parsed is None:

@@ -5,10 +5,10 @@ The job spawns one :class:`RankProbe` actor on each role's proc mesh right after
 
 - records the rank's identity (role, rank, host, local rank, GPUs) from the proc's position in
   the whole mesh;
-- makes ``os._exit`` leave an exit record first (:mod:`.exitrecords`), so the launcher reports a
+- makes ``os._exit`` leave an exit record first (:mod:`monarch_operator.launcher.session.exitrecords`), so the launcher reports a
   rank's own exit status exactly;
 - adds a note ``raised on <role> rank R (host H, local rank L)`` to every exception a user
-  endpoint raises in this proc (:func:`.monarch_compat.add_note_to_actor_errors`), so the
+  endpoint raises in this proc (:func:`monarch_operator.launcher.session.monarch_compat.add_note_to_actor_errors`), so the
   controller's error names the rank.
 
 Imports Monarch and the standard library only (no torch: it costs ~2 s of CPU per proc).
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from monarch.actor import Actor, current_rank, current_size, endpoint
 
-from monarch_operator.launcher.exitrecords import install_exit_recorder
+from monarch_operator.launcher.session.exitrecords import install_exit_recorder
 
 # Label of the per-host proc dimension; Monarch's SPMD helpers treat the last label as local rank.
 PROCS_LABEL = "gpus"
@@ -125,7 +125,7 @@ class RankProbe(Actor):
         global _identity
         import socket
 
-        from monarch_operator.launcher.monarch_compat import add_note_to_actor_errors
+        from monarch_operator.launcher.session.monarch_compat import add_note_to_actor_errors
 
         point, sizes = current_rank(), current_size()
         host_index = point[HOSTS_LABEL] if HOSTS_LABEL in sizes else 0

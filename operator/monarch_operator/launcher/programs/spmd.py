@@ -3,7 +3,7 @@
 Two ways in:
 
 - the command line, ``monarch-launch spmd [torchrun flags] script.py args`` (also installed as
-  ``monarch-torchrun``), see :mod:`.spmd_cli`;
+  ``monarch-torchrun``), see :mod:`monarch_operator.launcher.spmd_cli`;
 - the in-code API, for notebooks and scripts::
 
       from monarch_operator.launcher import spmd_launcher
@@ -14,7 +14,7 @@ Two ways in:
           except SpmdRunError as error:               # raised in train on some rank
               print(error.failures[0].rank, error.failures[0].error)
 
-Every rank gets torchrun's variables (see :mod:`.spmd_actor`). When one rank fails, the others
+Every rank gets torchrun's variables (see :mod:`monarch_operator.launcher.programs.spmd_actor`). When one rank fails, the others
 are stopped (SIGTERM, then SIGKILL after a grace period) and the run's exit status is that of
 the rank that failed first (by the time it ended; ties go to the lowest rank), ``128 + N`` for a
 signal N, as in field case C9.
@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher import exitcodes
-from monarch_operator.launcher.hostsources import resolve_host_source
-from monarch_operator.launcher.placement import is_loopback_name
+from monarch_operator.launcher.hosts.sources import resolve_host_source
+from monarch_operator.launcher.hosts.placement import is_loopback_name
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.session import (
+from monarch_operator.launcher.session.lifecycle import (
     FaultRecorder,
     SessionConfig,
     WorkerLost,
@@ -46,13 +46,13 @@ from monarch_operator.launcher.session import (
     signals_deferred,
     started_job,
 )
-from monarch_operator.launcher.ssh import SshSettings
+from monarch_operator.launcher.session.ssh import SshSettings
 
 if TYPE_CHECKING:
-    from monarch_operator.launcher.spmd_actor import RankOutcome
+    from monarch_operator.launcher.programs.spmd_actor import RankOutcome
 
 SPMD_MESH = "spmd"
-SPMD_MODULES = ("monarch", "monarch_operator.launcher.spmd_actor")
+SPMD_MODULES = ("monarch", "monarch_operator.launcher.programs.spmd_actor")
 # After the first rank fails: how long the others get to stop before they are killed, and how
 # long the launcher waits for their outcomes after that, seconds.
 STOP_GRACE_S = 5.0
@@ -74,7 +74,7 @@ class SpmdRunError(RuntimeError):
     """One or more ranks failed.
 
     Attributes:
-        failures: the failed ranks' :class:`.spmd_actor.RankOutcome`, first failure first
+        failures: the failed ranks' :class:`monarch_operator.launcher.programs.spmd_actor.RankOutcome`, first failure first
             (ranks the launcher stopped after that first failure are included, last).
         exit_code: the run's exit status, the first failure's (see the module doc).
     """
@@ -304,7 +304,7 @@ class SpmdLauncher:
         """Check the hosts, start one worker per host and one proc per rank.
 
         Raises:
-            monarch_operator.launcher.preflight.PreflightError: a host failed pre-flight.
+            monarch_operator.launcher.session.preflight.PreflightError: a host failed pre-flight.
             Exception: whatever Monarch raises while attaching; nothing is left running.
         """
         if self._stack is not None:
@@ -313,7 +313,7 @@ class SpmdLauncher:
         addresses = check_hosts(self.session, names, self.reporter)
         self.reporter.progress(f"pre-flight ok on {len(addresses)} hosts")
         install_fault_hook(self.recorder)  # before the first Monarch import (its log settings)
-        from monarch_operator.launcher.spmd_actor import LOCAL_LABEL, SpmdControl, SpmdRank, World
+        from monarch_operator.launcher.programs.spmd_actor import LOCAL_LABEL, SpmdControl, SpmdRank, World
 
         stack = contextlib.ExitStack()
         try:
@@ -424,7 +424,7 @@ class SpmdLauncher:
                 f"this launcher cannot run again: {self._broken}; close() it and make a new one"
             )
         self.start()
-        from monarch_operator.launcher.spmd_actor import LOCAL_LABEL
+        from monarch_operator.launcher.programs.spmd_actor import LOCAL_LABEL
 
         futures = {}
         for host_index in range(len(self.hosts)):
@@ -448,7 +448,7 @@ class SpmdLauncher:
 
     def _lost_ranks(self, lost: WorkerLost) -> list[RankOutcome]:
         """Outcomes for every rank on a host whose worker was lost."""
-        from monarch_operator.launcher.spmd_actor import RankOutcome
+        from monarch_operator.launcher.programs.spmd_actor import RankOutcome
 
         now = time.time()
         return [
@@ -466,7 +466,7 @@ class SpmdLauncher:
         ]
 
     def _outcome_from_error(self, rank: int, error: BaseException) -> RankOutcome:
-        from monarch_operator.launcher.spmd_actor import RankOutcome
+        from monarch_operator.launcher.programs.spmd_actor import RankOutcome
 
         text = str(error)
         code = exitcodes.exit_code_for_failure([*self.recorder.reports, text])
@@ -536,11 +536,11 @@ def spmd_launcher(
         nnodes: hosts to use (default: all).
         ssh_key, ssh_port, ssh_user: how to log in (default user: the current one).
         python_exe: worker Python, same path on every host (default: this interpreter).
-        env: extra variables for every rank, on top of the allow-list of :mod:`.environment`.
+        env: extra variables for every rank, on top of the allow-list of :mod:`monarch_operator.launcher.session.environment`.
         monarch_port: the Monarch worker port on every host.
         master_port: ``MASTER_PORT`` (default: a free port on the first host).
         quiet: print only failures.
-        **session: further :class:`.session.SessionConfig` fields (e.g. ``attach_timeout_s``).
+        **session: further :class:`monarch_operator.launcher.session.lifecycle.SessionConfig` fields (e.g. ``attach_timeout_s``).
 
     Raises:
         HostSourceError, SpmdConfigError: bad host source or counts.
@@ -548,7 +548,7 @@ def spmd_launcher(
     import getpass
     import sys
 
-    from monarch_operator.launcher.environment import worker_environment
+    from monarch_operator.launcher.session.environment import worker_environment
 
     host_list = hosts if hosts is None or isinstance(hosts, str) else ",".join(hosts)
     if ssh_key and not os.path.isfile(os.path.expanduser(ssh_key)):

@@ -3,7 +3,7 @@
 TARGET is one of
 
 - ``package.module:function``: the launcher enters the job (pre-flight, workers, trainer and
-  reference proc meshes) and calls ``function(job)`` with the entered :class:`.rolejob.Job`;
+  reference proc meshes) and calls ``function(job)`` with the entered :class:`monarch_operator.launcher.programs.job.Job`;
 - ``package.module``: run as ``__main__`` (``python -m`` style); the program builds its own job
   with ``Job.from_env()``;
 - ``path/to/script.py``: run as ``__main__``, likewise.
@@ -13,8 +13,8 @@ host, placement and ssh flags reach ``Job.from_env()`` inside the program throug
 ``MONARCH_LAUNCH_ARGS`` (a JSON list), so the program needs no flags of its own.
 
 Exit status: 0 when the program returns; the code of ``SystemExit``; a failed rank's status
-(:class:`.rolejob.RankFailure`, e.g. 3 when a trainer rank exited with 3); the rules of
-:mod:`.exitcodes` for pre-flight failures and signals; 1 for any other exception (traceback
+(:class:`monarch_operator.launcher.programs.job.RankFailure`, e.g. 3 when a trainer rank exited with 3); the rules of
+:mod:`monarch_operator.launcher.exitcodes` for pre-flight failures and signals; 1 for any other exception (traceback
 printed).
 """
 
@@ -85,8 +85,8 @@ def run_program(
         launch_args: monarch-launch's host, placement and ssh flags, for ``Job.from_env()``.
         reporter: where the result and progress go.
     """
-    from monarch_operator.launcher.rolejob import Job
-    from monarch_operator.launcher.session import FaultRecorder, report_failure
+    from monarch_operator.launcher.programs.job import Job
+    from monarch_operator.launcher.session.lifecycle import FaultRecorder, report_failure
 
     # Importing the user's module can need the cwd (python -m does the same).
     if "" not in sys.path and os.getcwd() not in sys.path:
@@ -135,9 +135,9 @@ def _system_exit_code(stop: SystemExit) -> int:
 
 def _is_launch_error(error: BaseException) -> bool:
     """Errors of the job itself (reported with their own status and reason)."""
-    from monarch_operator.launcher.preflight import PreflightError
-    from monarch_operator.launcher.rolejob import RankFailure
-    from monarch_operator.launcher.session import Terminated, WorkerLost
+    from monarch_operator.launcher.session.preflight import PreflightError
+    from monarch_operator.launcher.programs.job import RankFailure
+    from monarch_operator.launcher.session.lifecycle import Terminated, WorkerLost
 
     return isinstance(
         error, (RankFailure, PreflightError, Terminated, WorkerLost, KeyboardInterrupt)

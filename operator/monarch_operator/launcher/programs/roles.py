@@ -1,9 +1,9 @@
 """Role mode, the built-in example: a user of the public job API like any other program.
 
-:func:`launch` plans, enters a :class:`.rolejob.Job` (pre-flight, workers, role procs, ranks),
-runs the example workload (:mod:`.workload`) and leaves the job (teardown). It never raises for
+:func:`launch` plans, enters a :class:`monarch_operator.launcher.programs.job.Job` (pre-flight, workers, role procs, ranks),
+runs the example workload (:mod:`monarch_operator.launcher.programs.workload`) and leaves the job (teardown). It never raises for
 an expected failure; it reports ``failed: <reason>`` and returns the exit status from
-:mod:`.exitcodes`. A trainer rank that exits with code 3 gives 3, read from the rank's own exit
+:mod:`monarch_operator.launcher.exitcodes`. A trainer rank that exits with code 3 gives 3, read from the rank's own exit
 record, not from Monarch's supervision text.
 """
 
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from monarch_operator.launcher import exitcodes
-from monarch_operator.launcher.placement import (
+from monarch_operator.launcher.hosts.placement import (
     REF,
     TRAINER,
     PlacementError,
@@ -22,18 +22,18 @@ from monarch_operator.launcher.placement import (
     plan_to_dict,
 )
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.rolejob import JOB_MODULES, Job, JobConfig
-from monarch_operator.launcher.session import report_failure
+from monarch_operator.launcher.programs.job import JOB_MODULES, Job, JobConfig
+from monarch_operator.launcher.session.lifecycle import report_failure
 
 # Label of the per-host proc dimension; Monarch's SPMD helpers treat the last label as local rank.
 PROCS_LABEL = "gpus"
 # Modules the worker Python must import in role mode (the actor classes live there).
-ROLE_MODULES = (*JOB_MODULES, "monarch_operator.launcher.workload")
+ROLE_MODULES = (*JOB_MODULES, "monarch_operator.launcher.programs.workload")
 
 
 @dataclass(frozen=True)
 class LaunchConfig(JobConfig):
-    """A :class:`.rolejob.JobConfig` plus the built-in workload's settings."""
+    """A :class:`monarch_operator.launcher.programs.job.JobConfig` plus the built-in workload's settings."""
 
     steps: int = 3
     call_timeout_s: float = 120.0
@@ -50,7 +50,7 @@ def launch(config: LaunchConfig, reporter: Reporter | None = None) -> int:
         reporter: output sink (default: human text on stdout/stderr).
 
     Returns:
-        0 on success, else the status defined in :mod:`.exitcodes`.
+        0 on success, else the status defined in :mod:`monarch_operator.launcher.exitcodes`.
     """
     reporter = reporter or Reporter()
     try:
@@ -72,7 +72,7 @@ def launch(config: LaunchConfig, reporter: Reporter | None = None) -> int:
 
 def _run_workload(job: Job, config: LaunchConfig, reporter: Reporter) -> None:
     """Spawn the example's actors, form the trainer's gloo group and train ``steps`` steps."""
-    from monarch_operator.launcher import workload
+    from monarch_operator.launcher.programs import workload
 
     trainer = job.trainer.spawn(
         TRAINER, workload.Trainer, config.fail_at_step, config.fail_exit_code
@@ -96,7 +96,7 @@ def _run_workload(job: Job, config: LaunchConfig, reporter: Reporter) -> None:
 
 
 # How Monarch names a failed actor in supervision errors (torchmonarch 0.7.0), e.g.
-# "The actor <root>.<monarch_operator.launcher.workload.Trainer trainer{'hosts': 1/2,
+# "The actor <root>.<monarch_operator.launcher.programs.workload.Trainer trainer{'hosts': 1/2,
 # 'gpus': 0/1}> and all its descendants have failed: the process ... exited with non-zero code 3"
 _FAILED_ACTOR = re.compile(
     r"<(?:[\w.]+\.)?\w+ (?P<role>\w+)\{'hosts': (?P<host>\d+)/\d+, '"

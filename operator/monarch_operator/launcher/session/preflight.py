@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from monarch_operator.launcher.environment import env_prefix, private_env_path
-from monarch_operator.launcher.network import NetworkCheckError, probe_sshd, resolve_host
-from monarch_operator.launcher.ssh import SshSettings, ssh_args
+from monarch_operator.launcher.session.environment import env_prefix, private_env_path
+from monarch_operator.launcher.session.network import NetworkCheckError, probe_sshd, resolve_host
+from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
 
 DNS_NOT_RESOLVABLE = "DNSNotResolvable"
 LOOPBACK_ADDRESS = "LoopbackAddress"
@@ -219,7 +219,7 @@ class PreflightSettings:
         monarch_port: the worker port that must be free on every host.
         environment: variables the workers will get (prefix of the remote command).
         private_environment: variables written to each host's private env file (see
-            :mod:`.environment`), never on a command line.
+            :mod:`monarch_operator.launcher.session.environment`), never on a command line.
         run_id: names the private env files of this run.
         modules: modules the worker Python must be able to import.
         clean_stale: stop Monarch workers of an earlier run bound to the worker port.
