@@ -34,10 +34,10 @@ monarch-operator; the modules under ``monarch_operator.launcher`` may change.
 """
 
 from monarch_operator.launcher.hosts.placement import PlacementError, Plan, RolePlan
-from monarch_operator.launcher.session.preflight import PreflightError
-from monarch_operator.launcher.programs.rankside import RankInfo
 from monarch_operator.launcher.programs.job import Job, JobConfig, JobError, RankFailure
+from monarch_operator.launcher.programs.rankside import RankInfo
 from monarch_operator.launcher.session.lifecycle import Terminated, WorkerLost
+from monarch_operator.launcher.session.preflight import PreflightError
 
 __all__ = [
     "Job",

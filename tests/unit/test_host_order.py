@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from monarch_operator.hostfile import Host, parse_hostfile
-from monarch_operator.launcher.hosts.sources import hosts_from_list, hosts_from_slurm
 from monarch_operator.launcher.hosts.placement import plan_placement
+from monarch_operator.launcher.hosts.sources import hosts_from_list, hosts_from_slurm
 from monarch_operator.launcher.programs.spmd import default_master_addr, plan_spmd
 from monarch_operator.launcher.programs.spmd_actor import World, rank_environment
 

@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from monarch_operator.launcher.session import exitrecords
+from monarch_operator.launcher.programs.job import (
+    RankFailure,
+    argv_from_options,
+    describe_exit_code,
+)
 from monarch_operator.launcher.programs.user import TargetError, load_target
-from monarch_operator.launcher.programs.job import RankFailure, argv_from_options, describe_exit_code
+from monarch_operator.launcher.session import exitrecords
 
 
 def test_rank_failure_summary_and_signal() -> None:

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from monarch_operator import constants
-from monarch_operator.controller.builders.launcher import build_launcher_job
 from monarch_operator.controller import spec as spec_module
+from monarch_operator.controller.builders.launcher import build_launcher_job
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import InvalidSpecError, JobSpec
 

@@ -1,8 +1,8 @@
 """monarch-launch: the standalone launcher that runs Monarch meshes on the hosts of a hostfile.
 
 Kept import-light on purpose: the pre-flight checks every worker host with
-``find_spec("monarch_operator.launcher.programs.workload")`` (or ``.spmd_actor``), which imports this
-package. Monarch is imported only once the pre-flight has passed, torch only by ``workload``.
+``find_spec("monarch_operator.launcher.programs.workload")`` (or ``.spmd_actor``), which imports
+this package. Monarch is imported only once the pre-flight has passed, torch only by ``workload``.
 Nothing here imports the operator's controller, kopf or a Kubernetes client.
 """
 

@@ -3,11 +3,12 @@
 Two modes:
 
 - role mode (``monarch-launch [flags]``): the trainer and reference-model meshes of the built-in
-  example workload, placed on the hosts by :mod:`monarch_operator.launcher.hosts.placement`. Every flag the operator sets on its
+  example workload, placed on the hosts by :mod:`launcher.hosts.placement`. Every flag the operator
+  sets on its
   launcher pod defaults from the environment variable named in :mod:`monarch_operator.constants`,
   so the pod runs ``monarch-launch`` with no arguments.
 - SPMD mode (``monarch-launch spmd [torchrun flags] script.py args``, also ``monarch-torchrun``):
-  see :mod:`monarch_operator.launcher.spmd_cli`.
+  see :mod:`launcher.spmd_cli`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 from monarch_operator import constants
 from monarch_operator.hostfile import Host
-from monarch_operator.launcher.session.environment import EnvSpecError, parse_env_items, worker_environment
 from monarch_operator.launcher.flagtypes import (
     non_negative_seconds,
     port_number,
@@ -29,9 +29,14 @@ from monarch_operator.launcher.flagtypes import (
     positive_seconds,
 )
 from monarch_operator.launcher.hosts.sources import HostSourceError, resolve_host_source
-from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.programs.job import JobConfig
 from monarch_operator.launcher.programs.roles import ROLE_MODULES, LaunchConfig, launch
+from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session.environment import (
+    EnvSpecError,
+    parse_env_items,
+    worker_environment,
+)
 from monarch_operator.launcher.session.lifecycle import SessionConfig, install_termination_handlers
 from monarch_operator.launcher.session.ssh import SshSettings
 
@@ -74,7 +79,8 @@ failure (a host failing pre-flight, attach timeout, an exception in an actor).
 
 def _env_int(name: str, check: Callable[[str], int] = int) -> int | None:
     """The integer in environment variable ``name`` (None when unset or empty), read with
-    ``check`` (a :mod:`monarch_operator.launcher.flagtypes` function, so a variable obeys the same rule as its flag)."""
+    ``check`` (a :mod:`launcher.flagtypes` function, so a variable obeys the same rule as its
+    flag)."""
     value = os.environ.get(name, "").strip()
     if not value:
         return None
@@ -342,7 +348,8 @@ def session_from_args(
 def job_config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str], modules: tuple[str, ...]
 ) -> JobConfig:
-    """Turn parsed host, placement and session flags into a :class:`monarch_operator.launcher.programs.job.JobConfig`.
+    """Turn parsed host, placement and session flags into a
+    :class:`launcher.programs.job.JobConfig`.
 
     Raises:
         UsageError: bad host source, ``--env`` item or ``--ssh-key``.
@@ -383,8 +390,10 @@ def config_from_args(
 
 
 def install_sigterm_handler() -> None:
-    """Turn SIGTERM and SIGHUP into :class:`monarch_operator.launcher.session.lifecycle.Terminated` so that teardown runs (see
-    :func:`monarch_operator.launcher.session.lifecycle.install_termination_handlers`); the exit status is then 128 + the signal."""
+    """Turn SIGTERM and SIGHUP into :class:`launcher.session.lifecycle.Terminated` so that teardown
+    runs (see
+    :func:`launcher.session.lifecycle.install_termination_handlers`); the exit status is then 128 +
+    the signal."""
     install_termination_handlers()
 
 
@@ -410,7 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 _RUN_EXAMPLES = """\
 examples:
   # your controller function receives the entered job (trainer and ref proc meshes)
-  monarch-launch run --hostfile hosts.txt --trainer-hosts 2 --ref-hosts 1 my_rl.controller:main --lr 1e-4
+  monarch-launch run --hostfile hosts.txt --trainer-hosts 2 --ref-hosts 1 my_rl.controller:main
+  --lr 1e-4
 
   # a module or script that builds its own job with Job.from_env(); these flags reach it
   monarch-launch run --hostfile hosts.txt --colocate --trainer-gpus 6 --ref-gpus 2 my_rl.train
@@ -448,10 +458,11 @@ def build_run_parser() -> argparse.ArgumentParser:
 
 
 def run_main(argv: Sequence[str]) -> int:
-    """``monarch-launch run``: check the flags, then run TARGET (see :mod:`monarch_operator.launcher.programs.user`)."""
+    """``monarch-launch run``: check the flags, then run TARGET (see
+    :mod:`launcher.programs.user`)."""
     from monarch_operator.launcher.hosts.placement import PlacementError
-    from monarch_operator.launcher.programs.user import run_program
     from monarch_operator.launcher.programs.job import JOB_MODULES, Job
+    from monarch_operator.launcher.programs.user import run_program
 
     args = build_run_parser().parse_args(list(argv))
     reporter = Reporter(json_mode=args.json, quiet=args.quiet)

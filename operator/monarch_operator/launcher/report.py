@@ -118,7 +118,7 @@ class Reporter:
         Text mode: ``monarch-launch: succeeded`` on stdout, or ``monarch-launch: failed:
         <reason>`` on stderr. JSON mode: ``{"event": "result", "status", "exit_code",
         "reason", ...fields}`` on stdout. A failure's reason also goes to the container's
-        termination log (:mod:`monarch_operator.launcher.termination`).
+        termination log (:mod:`launcher.termination`).
         """
         status = "succeeded" if exit_code == 0 else "failed"
         if exit_code != 0 and reason:

@@ -7,8 +7,8 @@ either ``-`` or ``_`` (``--nproc-per-node``/``--nproc_per_node``), as torchrun a
 
 - used: ``--nnodes N`` (first N hosts; ``N:N`` accepted), ``--nproc-per-node N|cpu|gpu|auto``
   (default: the hosts' slots; ``cpu`` is this machine's CPU count and needs every host to be
-  this machine, see :func:`monarch_operator.launcher.programs.spmd.plan_spmd`), ``--master-addr``, ``--master-port`` (1..65535),
-  ``--rdzv-id`` (the run id),
+  this machine, see :func:`launcher.programs.spmd.plan_spmd`), ``--master-addr``, ``--master-port``
+  (1..65535), ``--rdzv-id`` (the run id),
   ``--role`` (output prefix), ``-m``/``--module``, ``--no-python``, ``--standalone`` (one host),
   ``--max-restarts 0``;
 - accepted and ignored, with a note: ``--rdzv-backend``, ``--rdzv-endpoint``, ``--rdzv-conf``,
@@ -37,14 +37,19 @@ from monarch_operator.launcher.cli import (
     session_from_args,
 )
 from monarch_operator.launcher.flagtypes import port_number
-from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.session.lifecycle import Terminated, WorkerLost, one_line, report_failure
 from monarch_operator.launcher.programs.spmd import (
     NPROC_KEYWORDS,
     SPMD_MODULES,
     SpmdConfigError,
     SpmdLauncher,
     SpmdRunError,
+)
+from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session.lifecycle import (
+    Terminated,
+    WorkerLost,
+    one_line,
+    report_failure,
 )
 
 _EXAMPLES = """\
@@ -159,7 +164,7 @@ def _nnodes(value: str | None, standalone: bool) -> int | None:
 
 def nproc_per_node(text: str) -> int | str:
     """argparse ``type=`` for ``--nproc-per-node``: an integer of at least 1, or one of torchrun's
-    keywords ``cpu``, ``gpu``, ``auto`` (resolved by :func:`monarch_operator.launcher.programs.spmd.plan_spmd`).
+    keywords ``cpu``, ``gpu``, ``auto`` (resolved by :func:`launcher.programs.spmd.plan_spmd`).
 
     Args:
         text: the flag's value as given.

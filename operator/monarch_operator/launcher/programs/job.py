@@ -3,14 +3,14 @@
 :class:`Job` is a context manager. Entering it plans the placement, runs the pre-flight (every
 host, in parallel, with a reason per failing host), starts one Monarch worker per host over ssh,
 attaches the host meshes, spawns each role's procs (one per GPU, with the role's
-``CUDA_VISIBLE_DEVICES``) and identifies every rank (:mod:`monarch_operator.launcher.programs.rankside`). Leaving it, normally,
-by an exception or by SIGTERM/SIGHUP, shuts the meshes down and ends the ssh sessions.
+``CUDA_VISIBLE_DEVICES``) and identifies every rank (:mod:`launcher.programs.rankside`). Leaving
+it, normally, by an exception or by SIGTERM/SIGHUP, shuts the meshes down and ends the ssh sessions.
 
 Failures of user actors reach the controller as :class:`RankFailure` (role, rank, host, local
 rank, exit code or signal, remote traceback): from :meth:`Job.get`, from :meth:`Job.failure`
 on a caught Monarch error, or raised out of the ``with`` block in place of Monarch's error.
-A rank that ended its own process is reported with its own exit status (:mod:`monarch_operator.launcher.session.exitrecords`),
-never a guess from Monarch's supervision text.
+A rank that ended its own process is reported with its own exit status
+(:mod:`launcher.session.exitrecords`), never a guess from Monarch's supervision text.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ import contextlib
 import functools
 import json
 import os
-import signal
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher import exitcodes
-from monarch_operator.launcher.session.exitrecords import ExitRecord, collect
 from monarch_operator.launcher.hosts.placement import (
     Plan,
     RolePlan,
@@ -34,8 +33,8 @@ from monarch_operator.launcher.hosts.placement import (
     plan_placement,
     plan_to_dict,
 )
-from monarch_operator.launcher.session.procenv import set_environment
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session.exitrecords import ExitRecord, collect
 from monarch_operator.launcher.session.lifecycle import (
     FaultRecorder,
     SessionConfig,
@@ -45,9 +44,12 @@ from monarch_operator.launcher.session.lifecycle import (
     one_line,
     started_job,
 )
+from monarch_operator.launcher.session.procenv import set_environment
 
 # Modules every role proc imports (pre-flight ``ImportFailed`` names a host that lacks them).
 JOB_MODULES = ("monarch", "monarch_operator.launcher.programs.rankside")
+# Label of the per-host proc dimension (Monarch's SPMD helpers read the last label as local rank).
+_PROCS_LABEL = "gpus"
 # Limit for identifying the ranks after their procs started, seconds.
 IDENTIFY_TIMEOUT_S = 60.0
 
@@ -61,7 +63,7 @@ class JobConfig:
         session: how to reach the hosts and start workers.
         source: a description of the host source, for the printed plan.
         trainer_hosts, ref_hosts: hosts per role (None: the defaults of
-            :func:`monarch_operator.launcher.hosts.placement.plan_placement`).
+            :func:`launcher.hosts.placement.plan_placement`).
         colocate: both roles on the same hosts, disjoint GPU sets.
         trainer_gpus, ref_gpus: per-host GPUs of each role when colocated (None: split).
     """
@@ -77,7 +79,8 @@ class JobConfig:
 
 
 class JobError(RuntimeError):
-    """A job failed; ``exit_code`` is the launcher's exit status for it (:mod:`monarch_operator.launcher.exitcodes`)."""
+    """A job failed; ``exit_code`` is the launcher's exit status for it
+    (:mod:`launcher.exitcodes`)."""
 
     exit_code: int = exitcodes.FAILURE
 
@@ -178,7 +181,8 @@ class Job:
             modules: further modules every host must be able to import (pre-flight).
 
         Raises:
-            monarch_operator.launcher.hosts.placement.PlacementError: the roles do not fit the hosts.
+            monarch_operator.launcher.hosts.placement.PlacementError: the roles do not fit the
+            hosts.
         """
         self.config = config
         self.plan: Plan = plan_placement(
@@ -329,7 +333,7 @@ class Job:
 
     def _spawn_role(self, role: RolePlan) -> Any:
         return self.host_meshes[role.mesh].spawn_procs(
-            per_host={"gpus": role.procs_per_host},
+            per_host={_PROCS_LABEL: role.procs_per_host},
             name=role.role,
             bootstrap=functools.partial(
                 set_environment, {"CUDA_VISIBLE_DEVICES": role.cuda_visible_devices}
@@ -451,8 +455,6 @@ class Job:
         )
 
     def _from_supervision_text(self, text: str) -> RankFailure | None:
-        from monarch_operator.launcher.programs.roles import parse_failed_actor
-
         parsed = parse_failed_actor(text)
         if parsed is None:
             return None
@@ -472,6 +474,28 @@ class Job:
             describe_exit_code(code) if code != exitcodes.FAILURE else what,
             detail=one_line(text, 600),
         )
+
+
+# How Monarch names a failed actor in supervision errors (torchmonarch 0.7.0), e.g.
+# "The actor <root>.<monarch_operator.launcher.programs.workload.Trainer trainer{'hosts': 1/2,
+# 'gpus': 0/1}> and all its descendants have failed: the process ... exited with non-zero code 3"
+_FAILED_ACTOR = re.compile(
+    r"<(?:[\w.]+\.)?\w+ (?P<role>\w+)\{'hosts': (?P<host>\d+)/\d+, '"
+    + _PROCS_LABEL
+    + r"': (?P<local>\d+)/\d+\}> and all its descendants have failed: (?P<what>[^\n]+)"
+)
+
+
+def parse_failed_actor(message: str) -> tuple[str, int, int, str] | None:
+    """Read ``(actor name, host index, local rank, what happened)`` from a supervision message.
+
+    The actor name is the name it was spawned with (our role names). Returns None when the
+    message names no actor on a ``hosts`` x ``gpus`` mesh.
+    """
+    match = _FAILED_ACTOR.search(message)
+    if match is None:
+        return None
+    return match["role"], int(match["host"]), int(match["local"]), match["what"].strip().rstrip(".")
 
 
 def argv_from_options(options: Mapping[str, Any]) -> list[str]:

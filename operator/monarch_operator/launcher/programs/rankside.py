@@ -5,11 +5,11 @@ The job spawns one :class:`RankProbe` actor on each role's proc mesh right after
 
 - records the rank's identity (role, rank, host, local rank, GPUs) from the proc's position in
   the whole mesh;
-- makes ``os._exit`` leave an exit record first (:mod:`monarch_operator.launcher.session.exitrecords`), so the launcher reports a
-  rank's own exit status exactly;
+- makes ``os._exit`` leave an exit record first (:mod:`launcher.session.exitrecords`), so the
+  launcher reports a rank's own exit status exactly;
 - adds a note ``raised on <role> rank R (host H, local rank L)`` to every exception a user
-  endpoint raises in this proc (:func:`monarch_operator.launcher.session.monarch_compat.add_note_to_actor_errors`), so the
-  controller's error names the rank.
+  endpoint raises in this proc (:func:`launcher.session.monarch_compat.add_note_to_actor_errors`),
+  so the controller's error names the rank.
 
 Imports Monarch and the standard library only (no torch: it costs ~2 s of CPU per proc).
 """

@@ -1,15 +1,16 @@
 """Role mode, the built-in example: a user of the public job API like any other program.
 
-:func:`launch` plans, enters a :class:`monarch_operator.launcher.programs.job.Job` (pre-flight, workers, role procs, ranks),
-runs the example workload (:mod:`monarch_operator.launcher.programs.workload`) and leaves the job (teardown). It never raises for
+:func:`launch` plans, enters a :class:`launcher.programs.job.Job` (pre-flight, workers, role procs,
+ranks),
+runs the example workload (:mod:`launcher.programs.workload`) and leaves the job (teardown). It
+never raises for
 an expected failure; it reports ``failed: <reason>`` and returns the exit status from
-:mod:`monarch_operator.launcher.exitcodes`. A trainer rank that exits with code 3 gives 3, read from the rank's own exit
-record, not from Monarch's supervision text.
+:mod:`launcher.exitcodes`. A trainer rank that exits with code 3 gives 3, read from the rank's own
+exit record, not from Monarch's supervision text.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from monarch_operator.launcher import exitcodes
@@ -21,8 +22,8 @@ from monarch_operator.launcher.hosts.placement import (
     format_plan,
     plan_to_dict,
 )
+from monarch_operator.launcher.programs.job import JOB_MODULES, Job, JobConfig, parse_failed_actor
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.programs.job import JOB_MODULES, Job, JobConfig
 from monarch_operator.launcher.session.lifecycle import report_failure
 
 # Label of the per-host proc dimension; Monarch's SPMD helpers treat the last label as local rank.
@@ -33,7 +34,7 @@ ROLE_MODULES = (*JOB_MODULES, "monarch_operator.launcher.programs.workload")
 
 @dataclass(frozen=True)
 class LaunchConfig(JobConfig):
-    """A :class:`monarch_operator.launcher.programs.job.JobConfig` plus the built-in workload's settings."""
+    """A :class:`launcher.programs.job.JobConfig` plus the built-in workload's settings."""
 
     steps: int = 3
     call_timeout_s: float = 120.0
@@ -50,7 +51,7 @@ def launch(config: LaunchConfig, reporter: Reporter | None = None) -> int:
         reporter: output sink (default: human text on stdout/stderr).
 
     Returns:
-        0 on success, else the status defined in :mod:`monarch_operator.launcher.exitcodes`.
+        0 on success, else the status defined in :mod:`launcher.exitcodes`.
     """
     reporter = reporter or Reporter()
     try:
@@ -93,28 +94,6 @@ def _run_workload(job: Job, config: LaunchConfig, reporter: Reporter) -> None:
             loss=result.loss,
             kl=result.kl,
         )
-
-
-# How Monarch names a failed actor in supervision errors (torchmonarch 0.7.0), e.g.
-# "The actor <root>.<monarch_operator.launcher.programs.workload.Trainer trainer{'hosts': 1/2,
-# 'gpus': 0/1}> and all its descendants have failed: the process ... exited with non-zero code 3"
-_FAILED_ACTOR = re.compile(
-    r"<(?:[\w.]+\.)?\w+ (?P<role>\w+)\{'hosts': (?P<host>\d+)/\d+, '"
-    + PROCS_LABEL
-    + r"': (?P<local>\d+)/\d+\}> and all its descendants have failed: (?P<what>[^\n]+)"
-)
-
-
-def parse_failed_actor(message: str) -> tuple[str, int, int, str] | None:
-    """Read ``(actor name, host index, local rank, what happened)`` from a supervision message.
-
-    The actor name is the name it was spawned with (our role names). Returns None when the
-    message names no actor on a ``hosts`` x ``gpus`` mesh.
-    """
-    match = _FAILED_ACTOR.search(message)
-    if match is None:
-        return None
-    return match["role"], int(match["host"]), int(match["local"]), match["what"].strip().rstrip(".")
 
 
 def describe_failure(plan: Plan, message: str) -> str | None:

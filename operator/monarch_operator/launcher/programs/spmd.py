@@ -3,7 +3,7 @@
 Two ways in:
 
 - the command line, ``monarch-launch spmd [torchrun flags] script.py args`` (also installed as
-  ``monarch-torchrun``), see :mod:`monarch_operator.launcher.spmd_cli`;
+  ``monarch-torchrun``), see :mod:`launcher.spmd_cli`;
 - the in-code API, for notebooks and scripts::
 
       from monarch_operator.launcher import spmd_launcher
@@ -14,7 +14,8 @@ Two ways in:
           except SpmdRunError as error:               # raised in train on some rank
               print(error.failures[0].rank, error.failures[0].error)
 
-Every rank gets torchrun's variables (see :mod:`monarch_operator.launcher.programs.spmd_actor`). When one rank fails, the others
+Every rank gets torchrun's variables (see :mod:`launcher.programs.spmd_actor`). When one rank
+fails, the others
 are stopped (SIGTERM, then SIGKILL after a grace period) and the run's exit status is that of
 the rank that failed first (by the time it ended; ties go to the lowest rank), ``128 + N`` for a
 signal N, as in field case C9.
@@ -33,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher import exitcodes
-from monarch_operator.launcher.hosts.sources import resolve_host_source
 from monarch_operator.launcher.hosts.placement import is_loopback_name
+from monarch_operator.launcher.hosts.sources import resolve_host_source
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.lifecycle import (
     FaultRecorder,
@@ -74,7 +75,8 @@ class SpmdRunError(RuntimeError):
     """One or more ranks failed.
 
     Attributes:
-        failures: the failed ranks' :class:`monarch_operator.launcher.programs.spmd_actor.RankOutcome`, first failure first
+        failures: the failed ranks' :class:`launcher.programs.spmd_actor.RankOutcome`, first
+        failure first
             (ranks the launcher stopped after that first failure are included, last).
         exit_code: the run's exit status, the first failure's (see the module doc).
     """
@@ -313,7 +315,12 @@ class SpmdLauncher:
         addresses = check_hosts(self.session, names, self.reporter)
         self.reporter.progress(f"pre-flight ok on {len(addresses)} hosts")
         install_fault_hook(self.recorder)  # before the first Monarch import (its log settings)
-        from monarch_operator.launcher.programs.spmd_actor import LOCAL_LABEL, SpmdControl, SpmdRank, World
+        from monarch_operator.launcher.programs.spmd_actor import (
+            LOCAL_LABEL,
+            SpmdControl,
+            SpmdRank,
+            World,
+        )
 
         stack = contextlib.ExitStack()
         try:
@@ -536,11 +543,12 @@ def spmd_launcher(
         nnodes: hosts to use (default: all).
         ssh_key, ssh_port, ssh_user: how to log in (default user: the current one).
         python_exe: worker Python, same path on every host (default: this interpreter).
-        env: extra variables for every rank, on top of the allow-list of :mod:`monarch_operator.launcher.session.environment`.
-        monarch_port: the Monarch worker port on every host.
+        env: extra variables for every rank, on top of the allow-list of
+        :mod:`launcher.session.environment`. monarch_port: the Monarch worker port on every host.
         master_port: ``MASTER_PORT`` (default: a free port on the first host).
         quiet: print only failures.
-        **session: further :class:`monarch_operator.launcher.session.lifecycle.SessionConfig` fields (e.g. ``attach_timeout_s``).
+        **session: further :class:`launcher.session.lifecycle.SessionConfig` fields (e.g.
+        ``attach_timeout_s``).
 
     Raises:
         HostSourceError, SpmdConfigError: bad host source or counts.

@@ -3,7 +3,8 @@
 TARGET is one of
 
 - ``package.module:function``: the launcher enters the job (pre-flight, workers, trainer and
-  reference proc meshes) and calls ``function(job)`` with the entered :class:`monarch_operator.launcher.programs.job.Job`;
+  reference proc meshes) and calls ``function(job)`` with the entered
+  :class:`launcher.programs.job.Job`;
 - ``package.module``: run as ``__main__`` (``python -m`` style); the program builds its own job
   with ``Job.from_env()``;
 - ``path/to/script.py``: run as ``__main__``, likewise.
@@ -13,14 +14,15 @@ host, placement and ssh flags reach ``Job.from_env()`` inside the program throug
 ``MONARCH_LAUNCH_ARGS`` (a JSON list), so the program needs no flags of its own.
 
 Exit status: 0 when the program returns; the code of ``SystemExit``; a failed rank's status
-(:class:`monarch_operator.launcher.programs.job.RankFailure`, e.g. 3 when a trainer rank exited with 3); the rules of
-:mod:`monarch_operator.launcher.exitcodes` for pre-flight failures and signals; 1 for any other exception (traceback
+(:class:`launcher.programs.job.RankFailure`, e.g. 3 when a trainer rank exited with 3); the rules of
+:mod:`launcher.exitcodes` for pre-flight failures and signals; 1 for any other exception (traceback
 printed).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import runpy
@@ -118,7 +120,8 @@ def run_program(
             recorder = job.recorder if job is not None else FaultRecorder(reporter)
             return report_failure(error, recorder, reporter)
         reporter.warning("".join(traceback.format_exception(error)).rstrip())
-        return reporter.result(exitcodes.FAILURE, f"{target} raised {type(error).__name__}: {error}")
+        reason = f"{target} raised {type(error).__name__}: {error}"
+        return reporter.result(exitcodes.FAILURE, reason)
     finally:
         sys.argv = saved_argv
     return reporter.result(exitcodes.SUCCESS)
@@ -135,9 +138,9 @@ def _system_exit_code(stop: SystemExit) -> int:
 
 def _is_launch_error(error: BaseException) -> bool:
     """Errors of the job itself (reported with their own status and reason)."""
-    from monarch_operator.launcher.session.preflight import PreflightError
     from monarch_operator.launcher.programs.job import RankFailure
     from monarch_operator.launcher.session.lifecycle import Terminated, WorkerLost
+    from monarch_operator.launcher.session.preflight import PreflightError
 
     return isinstance(
         error, (RankFailure, PreflightError, Terminated, WorkerLost, KeyboardInterrupt)

@@ -21,9 +21,10 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NoReturn
 
 from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
 
@@ -64,21 +65,21 @@ def install_exit_recorder(run_id: str, role: str, rank: int, host: str, local_ra
     Idempotent (a second call replaces the identity). Children forked from the proc (a data
     loader's workers end with ``os._exit`` too) inherit the wrapper but write nothing.
     """
-    real_exit = getattr(os._exit, "__wrapped__", os._exit)
+    real_exit: Callable[[int], NoReturn] = getattr(os._exit, "__wrapped__", os._exit)
     path = os.path.expanduser(record_path(run_id, role, rank))
     proc_pid = os.getpid()
 
-    def exit_with_record(code: int) -> None:
+    def exit_with_record(status: int) -> NoReturn:
         if os.getpid() != proc_pid:
-            real_exit(code)
+            real_exit(status)
         try:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            record = ExitRecord(role, rank, host, local_rank, int(code), time.time())
+            record = ExitRecord(role, rank, host, local_rank, int(status), time.time())
             with open(path, "w") as out:
                 out.write(json.dumps(record.__dict__) + "\n")
         except (OSError, TypeError, ValueError):
             pass
-        real_exit(code)
+        real_exit(status)
 
     exit_with_record.__wrapped__ = real_exit  # type: ignore[attr-defined]
     os._exit = exit_with_record

@@ -1,7 +1,8 @@
 """One Monarch session over ssh, shared by role mode and SPMD mode: check hosts, start, tear down.
 
-- :func:`check_hosts` runs the pre-flight (:mod:`monarch_operator.launcher.session.preflight`) with progress output.
-- :func:`started_job` starts one worker per host with :class:`monarch_operator.launcher.session.sshjob.LauncherSSHJob`, waits
+- :func:`check_hosts` runs the pre-flight (:mod:`launcher.session.preflight`) with progress output.
+- :func:`started_job` starts one worker per host with
+  :class:`launcher.session.sshjob.LauncherSSHJob`, waits
   until every host mesh is attached (failing at once, naming the host, when a worker dies
   first) and, whatever happens inside, shuts the meshes down and kills the ssh clients.
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.environment import (
     bound_monarch_log,
     private_env_path,
@@ -43,7 +45,6 @@ from monarch_operator.launcher.session.preflight import (
     remove_private_env_files,
     run_preflight,
 )
-from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class SessionConfig:
         ssh: login settings.
         python_exe: worker interpreter, the same path on every host.
         monarch_port: the port every worker listens on.
-        environment: variables set for every worker (see :mod:`monarch_operator.launcher.session.environment`).
+        environment: variables set for every worker (see :mod:`launcher.session.environment`).
         client_address: the launcher's Monarch listen address, or None to derive it.
         attach_timeout_s: limit for workers to start and attach, seconds.
         host_wait_s: how long hosts still coming up are retried in pre-flight, seconds.
@@ -271,10 +272,11 @@ def report_failure(
     reporter: Reporter,
     describe: Callable[[str], str | None] | None = None,
 ) -> int:
-    """Report why a launch stopped and return its exit status (rules in :mod:`monarch_operator.launcher.exitcodes`).
+    """Report why a launch stopped and return its exit status (rules in :mod:`launcher.exitcodes`).
 
     Args:
-        error: a :class:`~monarch_operator.launcher.session.preflight.PreflightError` (each host's reason is reported),
+        error: a :class:`~launcher.session.preflight.PreflightError` (each host's reason is
+        reported),
             :class:`Terminated`, KeyboardInterrupt, or any other Exception (its code is read
             from Monarch's fault reports and the error text).
         recorder: the faults Monarch reported during the launch.
@@ -331,7 +333,8 @@ def report_failure(
 
 
 def preflight_settings(config: SessionConfig) -> PreflightSettings:
-    """The pre-flight settings of a session (environment split as in :mod:`monarch_operator.launcher.session.environment`)."""
+    """The pre-flight settings of a session (environment split as in
+    :mod:`launcher.session.environment`)."""
     public, private = split_environment(config.environment)
     return PreflightSettings(
         ssh=config.ssh,
@@ -352,7 +355,8 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
         ``{host: IPv4 address}`` in the order given.
 
     Raises:
-        monarch_operator.launcher.session.preflight.PreflightError: naming each failing host and reason.
+        monarch_operator.launcher.session.preflight.PreflightError: naming each failing host and
+        reason.
     """
     settings = preflight_settings(config)
 
@@ -383,8 +387,8 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
 def install_fault_hook(recorder: FaultRecorder) -> None:
     """Make Monarch report faults to ``recorder`` and poll proc liveness every 500 ms.
 
-    Also bounds Monarch's log file (:func:`monarch_operator.launcher.session.environment.bound_monarch_log`); this is the
-    launcher's first Monarch import, and Monarch reads its log settings then.
+    Also bounds Monarch's log file (:func:`launcher.session.environment.bound_monarch_log`); this
+    is the launcher's first Monarch import, and Monarch reads its log settings then.
     """
     os.environ.setdefault(_SUPERVISION_POLL_ENV, SUPERVISION_POLL)
     bound_monarch_log(os.environ)

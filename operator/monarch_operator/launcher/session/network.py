@@ -7,7 +7,7 @@
   workers dial back to it.
 
 The per-host pre-flight that combines them (retries, the loopback rule of field case C3, the
-ssh login) lives in :mod:`monarch_operator.launcher.session.preflight`.
+ssh login) lives in :mod:`launcher.session.preflight`.
 """
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ class PreflightSettings:
         monarch_port: the worker port that must be free on every host.
         environment: variables the workers will get (prefix of the remote command).
         private_environment: variables written to each host's private env file (see
-            :mod:`monarch_operator.launcher.session.environment`), never on a command line.
+            :mod:`launcher.session.environment`), never on a command line.
         run_id: names the private env files of this run.
         modules: modules the worker Python must be able to import.
         clean_stale: stop Monarch workers of an earlier run bound to the worker port.

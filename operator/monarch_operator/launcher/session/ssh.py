@@ -1,6 +1,7 @@
 """SSH login settings and the ssh options the launcher uses for SSHJob and its pre-flight.
 
-:func:`ssh_args` is shared by SSHJob (the workers) and :mod:`monarch_operator.launcher.session.preflight` (the checks before
+:func:`ssh_args` is shared by SSHJob (the workers) and :mod:`launcher.session.preflight` (the
+checks before
 them), so both log in exactly the same way: never prompting, never touching known_hosts.
 """
 

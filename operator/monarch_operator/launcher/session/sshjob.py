@@ -7,13 +7,15 @@ Upstream ``SSHJob._start_host`` (torchmonarch 0.7.0, ``monarch/_src/job/job.py``
 ``ssh <args> <host> -n '<python> -c <worker loop>'`` with the launcher's stdout. This subclass
 changes the following and keeps the rest (the worker address, ``-n``, a new session per ssh):
 
-- the remote command is prefixed with ``env K=V ...`` (see :mod:`monarch_operator.launcher.session.environment`), because sshd
+- the remote command is prefixed with ``env K=V ...`` (see :mod:`launcher.session.environment`),
+  because sshd
   starts sessions with a clean environment, and the worker loads the pod's own environment
   when the host is a MonarchJob worker pod (``MONARCH_POD_ENV_FILE``, field case C16);
 - the ssh client's stdout goes through a pipe: a reader thread forwards every byte unchanged to
   the launcher's stdout or another stream (``--json`` keeps stdout for JSON lines) and keeps
   each worker's last lines, so a worker that dies is reported with its own last words;
-- the worker bounds Monarch's log file before Monarch starts (see :mod:`monarch_operator.launcher.session.environment`);
+- the worker bounds Monarch's log file before Monarch starts (see
+  :mod:`launcher.session.environment`);
 - the ssh client dies with the launcher (``PR_SET_PDEATHSIG``), so a launcher killed with
   SIGKILL leaves no ssh client, and so (``-tt``) no remote worker, behind.
 """
@@ -31,13 +33,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from monarch_operator import constants
-from monarch_operator.launcher.session.monarch_compat import ProcessState, SSHJob, service_proc_addr
-
 from monarch_operator.launcher.session.environment import (
     MONARCH_FILE_LOG_DEFAULT,
     MONARCH_LOG_ROTATE_BYTES,
     env_prefix,
 )
+from monarch_operator.launcher.session.monarch_compat import ProcessState, SSHJob, service_proc_addr
 
 # prctl(2) option: deliver a signal to the child when the thread that forked it exits.
 _PR_SET_PDEATHSIG = 1
@@ -151,7 +152,7 @@ class LauncherSSHJob(SSHJob):
 
         Args:
             python_exe: worker interpreter path, the same on every host.
-            ssh_args: ssh options before the host (see :func:`monarch_operator.launcher.session.ssh.ssh_args`).
+            ssh_args: ssh options before the host (see :func:`launcher.session.ssh.ssh_args`).
             monarch_port: the port every worker listens on.
             environment: variables set in every worker (and so in every proc it spawns).
             stdout: where the ssh clients' (and so the workers') output is copied to; None = the
