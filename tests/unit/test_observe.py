@@ -71,6 +71,61 @@ def test_why_not_ready(pod: dict[str, Any] | None, expected: str) -> None:
     assert why_not_ready(pod) == expected
 
 
+def init_pod(prep: dict[str, Any], main_state: dict[str, Any] | None = None,
+             phase: str = "Pending") -> dict[str, Any]:
+    done = {"name": "fetch", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+    return {"status": {
+        "phase": phase,
+        "initContainerStatuses": [done, {"name": "prep", **prep}],
+        "containerStatuses": [{"name": "worker", "state": main_state
+                               or {"waiting": {"reason": "PodInitializing"}}}]}}
+
+
+EXITED_1 = {"terminated": {"exitCode": 1, "reason": "Error"}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        (
+            init_pod({"state": {"waiting": {"reason": "CrashLoopBackOff",
+                                            "message": "back-off 10s restarting failed ..."}},
+                      "lastState": EXITED_1, "restartCount": 2}),
+            "Init:CrashLoopBackOff: init container prep exited 1",
+        ),
+        (
+            init_pod({"state": {"terminated": {"exitCode": 3, "reason": "Error",
+                                               "message": "no data\n"}}}, phase="Failed"),
+            "Init:Error: init container prep exited 3: no data",
+        ),
+        (init_pod({"state": {"running": {}}}), "Init:1/2: init container prep running"),
+        (
+            init_pod({"state": {"waiting": {"reason": "CreateContainerConfigError",
+                                            "message": 'secret "s" not found'}}}),
+            'Init:CreateContainerConfigError: secret "s" not found',
+        ),
+        (
+            {"status": {"phase": "Running", "containerStatuses": [{
+                "name": "worker", "lastState": EXITED_1,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}}]}},
+            "CrashLoopBackOff: container worker exited 1",
+        ),
+        (
+            {"status": {"phase": "Failed", "reason": "NodeAgentError",
+                        "message": "local node agent: OSError: boom"}},
+            "NodeAgentError: local node agent: OSError: boom",
+        ),
+    ],
+    ids=["init-crash-loop", "init-failed", "init-running", "init-config", "crash-loop",
+         "agent-error"],
+)
+def test_why_not_ready_names_failing_init_and_restarting_containers(
+    pod: dict[str, Any], expected: str
+) -> None:
+    """Field case C13: the startup-timeout message names the init container that fails."""
+    assert why_not_ready(pod) == expected
+
+
 FAILED_JOB = {"status": {"conditions": [
     {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
      "message": "Job has reached the specified backoff limit"}]}}

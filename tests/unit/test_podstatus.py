@@ -83,7 +83,7 @@ def test_failed_init_container_with_restart_policy_never_fails_the_pod():
     (prep,) = status["initContainerStatuses"]
     assert prep["state"]["terminated"]["exitCode"] == 1
     assert prep["state"]["terminated"]["reason"] == "Error"
-    assert status["containerStatuses"][0]["state"] == {"waiting": {"reason": "ContainerCreating"}}
+    assert status["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
     assert record.due(T0 + 100) == [], "the containers never start"
     initialized = next(c for c in status["conditions"] if c["type"] == "Initialized")
     assert initialized == {"type": "Initialized", "status": "False",

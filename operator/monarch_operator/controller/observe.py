@@ -43,8 +43,10 @@ def why_not_ready(pod: dict[str, Any] | None) -> str:
 
     Returns:
         E.g. ``"Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."``
-        (scheduler), ``"ImagePullBackOff: ..."`` (kubelet), ``"sshd not accepting connections
-        yet"`` (running, readiness probe failing), ``"not created"``.
+        (scheduler), ``"Init:CrashLoopBackOff: init container prep exited 1"`` (an init
+        container that fails, named as ``kubectl get pods`` shows it), ``"ImagePullBackOff:
+        ..."`` or ``"CrashLoopBackOff: container worker exited 1"`` (kubelet), ``"sshd not
+        accepting connections yet"`` (running, readiness probe failing), ``"not created"``.
     """
     if pod is None:
         return "not created"
@@ -54,14 +56,57 @@ def why_not_ready(pod: dict[str, Any] | None) -> str:
     for condition in status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             return _reason_text(condition)
+    if status.get("reason"):  # the whole pod: Evicted, NodeAgentError, ...
+        return _reason_text(status)
+    init_problem = _init_containers_problem(status.get("initContainerStatuses") or [])
+    if init_problem:
+        return init_problem
     for container in status.get("containerStatuses") or []:
-        waiting = (container.get("state") or {}).get("waiting")
-        if waiting:
-            return _reason_text(waiting)
+        problem = _container_problem(container, "container")
+        if problem:
+            return problem
     phase = status.get("phase") or "Pending"
     if phase == "Running":
         return "sshd not accepting connections yet (readiness probe)"
     return phase
+
+
+def _init_containers_problem(statuses: list[dict[str, Any]]) -> str:
+    """The first init container that has not succeeded, as ``kubectl get pods`` words it
+    (``Init:<reason>`` or ``Init:<done>/<all>``), naming it and how it last ended."""
+    for done, container in enumerate(statuses):
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        if terminated and terminated.get("exitCode") == 0:
+            continue
+        problem = _container_problem(container, "init container")
+        if problem:
+            return f"Init:{problem}"
+        return f"Init:{done}/{len(statuses)}: init container {container.get('name')} running"
+    return ""
+
+
+def _container_problem(container: dict[str, Any], kind: str) -> str:
+    """``<reason>: <kind> <name> exited <code>[: <message>]`` for a container that failed or
+    waits to be restarted, ``<reason>: <message>`` for one waiting otherwise, else ""."""
+    state = container.get("state") or {}
+    name = container.get("name")
+    terminated = state.get("terminated")
+    if terminated and terminated.get("exitCode") != 0:
+        return f"{terminated.get('reason') or 'Error'}: {_exit_text(kind, name, terminated)}"
+    waiting = state.get("waiting") or {}
+    reason = waiting.get("reason") or ""
+    if not waiting or reason == "PodInitializing":
+        return ""
+    last = (container.get("lastState") or {}).get("terminated")
+    if last and reason == "CrashLoopBackOff":
+        return f"{reason}: {_exit_text(kind, name, last)}"
+    return _reason_text(waiting)
+
+
+def _exit_text(kind: str, name: Any, terminated: dict[str, Any]) -> str:
+    text = f"{kind} {name} exited {terminated.get('exitCode')}"
+    message = " ".join((terminated.get("message") or "").split())
+    return f"{text}: {message[:200]}" if message else text
 
 
 def _reason_text(entry: dict[str, Any]) -> str:

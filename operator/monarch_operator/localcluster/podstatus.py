@@ -109,6 +109,11 @@ class ContainerRecord:
             self.state = {"waiting": {"reason": "PodInitializing" if self.init
                                       else "ContainerCreating"}}
 
+    def waiting_for_init(self) -> None:
+        """Before its pod's init containers are done the container waits as PodInitializing."""
+        if not self.runs:
+            self.state = {"waiting": {"reason": "PodInitializing"}}
+
     @property
     def running(self) -> bool:
         """Whether an instance runs now."""
@@ -206,11 +211,15 @@ class PodRecord:
             return ContainerRecord(name=container["name"], image=container.get("image", ""),
                                    init=init, backoff=Backoff(base=backoff_base))
 
+        init_containers = [record(c, True) for c in spec.get("initContainers") or []]
+        containers = [record(c, False) for c in spec["containers"]]
+        if init_containers:
+            for container in containers:
+                container.waiting_for_init()
         return cls(
             name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""),
             restart_policy=spec.get("restartPolicy") or ALWAYS,
-            init_containers=[record(c, True) for c in spec.get("initContainers") or []],
-            containers=[record(c, False) for c in spec["containers"]],
+            init_containers=init_containers, containers=containers,
             conditions={c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []})
 
     @property
