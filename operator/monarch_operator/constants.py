@@ -54,8 +54,23 @@ ENV_REF_GPUS = "MONARCH_REF_GPUS"
 # The MonarchJob a launcher pod belongs to, for programs that label their own output or metrics.
 ENV_JOB_NAME = "MONARCH_JOB_NAME"
 ENV_NAMESPACE = "MONARCH_JOB_NAMESPACE"
-# Prefix the operator reserves on the launcher pod; spec.launcher.env may not use it (CRD rule).
-ENV_RESERVED_PREFIX = "MONARCH_"
+# The launcher pod variables the operator owns; spec.launcher.env may not set them (CRD rule,
+# which lists the same names: a unit test keeps the two equal). Other MONARCH_* names stay the
+# user's: Monarch's own MONARCH_FILE_LOG, the launcher's MONARCH_TERMINATION_LOG and so on.
+LAUNCHER_RESERVED_ENV = (
+    "POD_IP",
+    ENV_JOB_NAME,
+    ENV_NAMESPACE,
+    ENV_HOSTFILE,
+    ENV_SSH_KEY,
+    ENV_SSH_PORT,
+    ENV_TRAINER_HOSTS,
+    ENV_REF_HOSTS,
+    ENV_COLOCATE,
+    ENV_TRAINER_GPUS,
+    ENV_REF_GPUS,
+    ENV_CLIENT_ADDRESS,
+)
 
 # Set by the worker entrypoint for every ssh session (sshd SetEnv): a JSON object holding the
 # worker container's own environment, because sshd starts sessions with a clean one (field

@@ -75,7 +75,7 @@ REFUSED = [
     ("reserved-env",
      {"launcher": {"env": [{"name": "OK", "value": "1"},
                            {"name": "MONARCH_HOSTFILE", "value": "/x"}]}},
-     ["spec.launcher.env: Forbidden", "must not start with MONARCH_"]),
+     ["spec.launcher.env: Forbidden", "must not set the operator's own launcher variables"]),
     ("bad-quantity", {"launcher": {"resources": {"limits": {"cpu": "2 cores"}}}},
      ["spec.launcher.resources.limits.cpu", "should match"]),
 ]
@@ -101,7 +101,9 @@ ACCEPTED = [
                          "spmd": {"module": "my_project.train", "nprocPerNode": 2,
                                   "args": ["--config", "big.yaml"]}}),
     ("program-args-env", {"launcher": {"program": "my_rl.train:main", "args": ["--lr", "1e-4"],
-                                       "env": [{"name": "HF_HOME", "value": "/cache"}],
+                                       # Other MONARCH_* names are the user's (Monarch's own).
+                                       "env": [{"name": "HF_HOME", "value": "/cache"},
+                                               {"name": "MONARCH_FILE_LOG", "value": "info"}],
                                        "template": {"spec": {"nodeSelector": {"a": "b"}}}}}),
 ]
 

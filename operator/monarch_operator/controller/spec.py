@@ -153,10 +153,10 @@ def check_launcher_rules(spec: dict[str, Any]) -> None:
             "spec.launcher.args does not apply with spec.spmd: give the arguments in spec.spmd.args"
         )
     for item in launcher.get("env") or []:
-        if str(item.get("name", "")).startswith(constants.ENV_RESERVED_PREFIX):
+        if str(item.get("name", "")) in constants.LAUNCHER_RESERVED_ENV:
             raise InvalidSpecError(
-                f"spec.launcher.env: {item.get('name')} starts with "
-                f"{constants.ENV_RESERVED_PREFIX}, reserved for the operator's own variables"
+                f"spec.launcher.env: {item.get('name')} is set by the operator from the spec "
+                "and cannot be given in launcher.env"
             )
 
 
