@@ -53,6 +53,7 @@ def agent_sample(pid: int) -> dict[str, float]:
 
 
 def pod_body(name: str, script: str) -> dict[str, Any]:
+    """A pod that runs ``sh -c script`` once (restartPolicy Never)."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"restartPolicy": "Never",
                      "containers": [{"name": "main", "image": IMAGE,
@@ -60,6 +61,7 @@ def pod_body(name: str, script: str) -> dict[str, Any]:
 
 
 def percentile(values: list[float], fraction: float) -> float:
+    """The value below which ``fraction`` of ``values`` lie (nan for none)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
 
@@ -107,6 +109,7 @@ def churn(core: kubernetes.client.CoreV1Api, agent_pid: int, total: int, concurr
 
 def report(timings: dict[str, Any], samples: list[dict[str, float]],
            baseline: dict[str, float], wall: float, settled: dict[str, float]) -> int:
+    """Print the numbers; returns 1 on failed pods or fds/children left afterwards, else 0."""
     created, running, finished = timings["created"], timings["running"], timings["finished"]
     to_running = [running[n] - created[n] for n in running if n in created]
     to_done = [finished[n][0] - created[n] for n in finished

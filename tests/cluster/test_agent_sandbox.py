@@ -23,9 +23,11 @@ def wait_exit(process: sandbox.ContainerProcess, timeout: float = 10) -> int:
     return code
 
 
-def start(tmp_path: Path, command: list[str], name: str = "main") -> sandbox.ContainerProcess:
-    return sandbox.start(command, hostname="pod-a", mounts=[], env={"PATH": os.environ["PATH"]},
-                         workdir=tmp_path, log_path=tmp_path / f"{name}.log", name=name)
+def start(tmp_path: Path, command: list[str], name: str = "main",
+          **options) -> sandbox.ContainerProcess:
+    return sandbox.start(command, hostname="pod-a", env={"PATH": os.environ["PATH"]},
+                         workdir=tmp_path, log_path=tmp_path / f"{name}.log", name=name,
+                         **{"mounts": [], **options})
 
 
 def test_starts_with_many_descriptors_open(tmp_path):
@@ -60,3 +62,14 @@ def test_stop_ends_background_processes_and_releases_the_namespace(tmp_path):
     sandbox.stop_all([container], grace=0.5, kill_wait=5)
     assert container.poll() is not None and container.pids() == []
     assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+def test_mounts_and_working_dir_inside_the_container_only(tmp_path):
+    volume, target, working = tmp_path / "vol", tmp_path / "mnt", tmp_path / "wd"
+    volume.mkdir()
+    (volume / "greeting").write_text("hello")
+    container = start(tmp_path, ["sh", "-c", f"pwd; cat {target}/greeting"],
+                      mounts=[(volume, str(target))], working_dir=str(working))
+    assert wait_exit(container) == 0
+    assert (tmp_path / "main.log").read_text() == f"{working}\nhello"
+    assert not (target / "greeting").exists(), "the machine's view is unchanged"

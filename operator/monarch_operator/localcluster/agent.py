@@ -227,23 +227,12 @@ class Agent:
             return
         command = [*(spec.get("command") or []), *(spec.get("args") or [])]
         if not command:
-            self._start_failed(run, record, now, "the local node agent cannot run an image's "
-                               "default entrypoint: give the container a command")
+            self._start_failed(run, record, now, "cannot run an image's default entrypoint: "
+                               "give the container a command")
             return
         command = [str(IMAGE_PATHS.get(command[0], command[0])),
                    *(podfiles.expand(arg, env) for arg in command[1:])]
-        log_path = workdir / f"{record.name}.log"
-        if record.runs and log_path.exists():  # `kubectl logs --previous` keeps one instance
-            log_path.replace(workdir / f"{record.name}.previous.log")
-        # As the kubelet does: a fresh empty file per container instance, writable by any user.
-        termination_path = workdir / f"{record.name}.termination-log"
-        termination_path.write_bytes(b"")
-        termination_path.chmod(0o666)
-        mounts = [(self.hosts_path, "/etc/hosts")]
-        for mount in spec.get("volumeMounts") or []:
-            mounts.append((run.volumes[mount["name"]] / mount.get("subPath", ""),
-                           mount["mountPath"]))
-        mounts.append((termination_path, podfiles.termination_message_path(spec)))
+        log_path, termination_path, mounts = self._instance_files(run, record, spec)
         try:
             process = sandbox.start(
                 command, hostname=pod["spec"].get("hostname") or pod["metadata"]["name"],
@@ -258,6 +247,23 @@ class Agent:
         log.info("%s/%s started %scontainer %s (pid %d): %s", run.record.namespace,
                  run.record.name, "init " if record.init else "", record.name, process.pid,
                  " ".join(command))
+
+    def _instance_files(self, run: PodRun, record: podstatus.ContainerRecord,
+                        spec: dict[str, Any]) -> tuple[Path, Path, list[tuple[Path, str]]]:
+        """Log file, termination-message file and mounts for a new instance of a container."""
+        workdir, volumes = run.workdir, run.volumes or {}
+        log_path = workdir / f"{record.name}.log"
+        if record.runs and log_path.exists():  # `kubectl logs --previous` keeps one instance
+            log_path.replace(workdir / f"{record.name}.previous.log")
+        # As the kubelet does: a fresh empty file per container instance, writable by any user.
+        termination_path = workdir / f"{record.name}.termination-log"
+        termination_path.write_bytes(b"")
+        termination_path.chmod(0o666)
+        mounts = [(self.hosts_path, "/etc/hosts")]
+        for mount in spec.get("volumeMounts") or []:
+            mounts.append((volumes[mount["name"]] / mount.get("subPath", ""), mount["mountPath"]))
+        mounts.append((termination_path, podfiles.termination_message_path(spec)))
+        return log_path, termination_path, mounts
 
     def _start_failed(self, run: PodRun, record: podstatus.ContainerRecord, now: float,
                       why: str) -> None:

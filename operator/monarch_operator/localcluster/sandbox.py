@@ -76,8 +76,9 @@ case "$1" in
   */*) [ -f "$1" ] && [ -x "$1" ] ;;
   *) command -v "$1" > /dev/null ;;
 esac || { echo "exec: \"$1\": executable file not found in \$PATH" >&2; exit 127; }
+if [ -n "$workdir" ]; then mkdir -p "$workdir"; fi
 : > "$marker"
-if [ -n "$workdir" ]; then mkdir -p "$workdir"; cd "$workdir"; fi
+if [ -n "$workdir" ]; then cd "$workdir"; fi
 exec "$@"
 """
 
