@@ -86,8 +86,8 @@ class Policy(Actor):
         (cross_entropy + self.beta * kl).backward()
         return {
             "grads": [p.grad.detach().clone() for p in self.model.parameters()],
-            "loss": float(cross_entropy),
-            "kl": float(kl),
+            "loss": float(cross_entropy.detach()),
+            "kl": float(kl.detach()),
             "rows": len(targets),
         }
 

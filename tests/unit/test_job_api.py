@@ -124,11 +124,30 @@ def test_exit_recorder_writes_the_proc_record_and_forked_children_write_none(
         ("json:no_such_function", "json has no function 'no_such_function'"),
         ("missing/train.py", "missing/train.py: no such script"),
         (":main", "give 'module:function', 'module' or 'script.py'"),
+        ("json:JSONDecodeError", "JSONDecodeError must take the entered job as its one argument"),
     ],
 )
 def test_bad_targets_are_named(target: str, message: str) -> None:
     with pytest.raises(TargetError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_target(target)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"hostfile": "h", "colocte": True}, "unrecognized arguments: --colocte"),
+        ({"hostfile": "h", "trainer_hosts": "two"}, "--trainer-hosts: invalid"),
+        ({"hostfile": "h", "trainer_host": 2}, "unrecognized arguments: --trainer-host"),
+        ({"hostfile": "h", "steps": 5}, "steps belong to the built-in example"),
+    ],
+)
+def test_job_from_args_refuses_bad_options_with_an_exception(options, message) -> None:
+    # In a notebook or driver: a UsageError naming the option, never usage text and exit.
+    from monarch_operator.launcher.cli import UsageError
+    from monarch_operator.launcher.programs.job import Job
+
+    with pytest.raises(UsageError, match=message):
+        Job.from_args(**options)
 
 
 def test_good_targets_resolve(tmp_path: Path) -> None:

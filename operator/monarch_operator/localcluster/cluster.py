@@ -104,7 +104,22 @@ class LocalCluster:
                  f"export KUBECONFIG={self.kubeconfig}")
 
     def down(self, quiet: bool = False) -> None:
-        """Stop every process of the cluster (agent first, etcd last) and wait for them."""
+        """Stop every process of the cluster (an operator started for it by the demo or the
+        tests first, then the agent, ..., etcd last) and wait for them."""
+        operator_pid = self.state_dir / "operator.pid"
+        if operator_pid.exists():
+            try:
+                pid = int(operator_pid.read_text().strip())
+                # Only if that pid is still our operator (pids are reused).
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    ours = b"monarch_operator.controller" in cmdline.read()
+            except (OSError, ValueError):
+                ours = False
+            if ours:
+                _stop_group(pid)
+                if not quiet:
+                    print("stopped monarch-operator")
+            operator_pid.unlink(missing_ok=True)
         if not self._record.exists():
             return
         record = json.loads(self._record.read_text())

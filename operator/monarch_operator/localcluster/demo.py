@@ -49,16 +49,26 @@ def install_crds(kubectl: Kubectl) -> None:
             "crd/monarchjobs.monarch-operator.dev")
 
 
+# Where start_operator records the operator's pid (read by LocalCluster.down()).
+OPERATOR_PID_FILE = "operator.pid"
+
+
 def start_operator(state_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Run ``monarch-operator`` with output to ``<state_dir>/logs/operator.log``."""
+    """Run ``monarch-operator`` with output to ``<state_dir>/logs/operator.log``.
+
+    Its pid goes to ``<state_dir>/operator.pid`` so that ``monarch-localcluster down`` stops it
+    too (``scripts/demo.sh --keep`` leaves it running with the cluster).
+    """
     log_path = state_dir / "logs" / "operator.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, "-m", "monarch_operator.controller"],
             env={**os.environ, **env, "MONARCH_OPERATOR_RESYNC_SECONDS": "1"},
             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
+    (state_dir / OPERATOR_PID_FILE).write_text(f"{process.pid}\n")
+    return process
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout: float = 15) -> None:

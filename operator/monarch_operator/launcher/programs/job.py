@@ -22,7 +22,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher import exitcodes
@@ -212,11 +212,13 @@ class Job:
         environ: Mapping[str, str] | None = None,
         reporter: Reporter | None = None,
         modules: Sequence[str] = (),
+        library_call: bool = True,
     ) -> Job:
         """Build the job as ``monarch-launch`` would from ``argv`` and the environment.
 
         ``modules``: further modules every host must import (pre-flight ``ImportFailed``),
-        typically the package of the program's actors.
+        typically the package of the program's actors. ``library_call``: a bad flag raises
+        UsageError (True, the default) instead of printing usage and exiting.
 
         In a MonarchJob's launcher pod the operator's ``MONARCH_*`` variables give the hostfile,
         key, port and roles (README, "The launcher pod's contract"), so ``Job.from_env()``
@@ -235,7 +237,12 @@ class Job:
         if not argv and environ.get(LAUNCH_ARGS_ENV):
             # Inside `monarch-launch run module` / `run script.py`: the launcher's own flags.
             argv = json.loads(environ[LAUNCH_ARGS_ENV])
-        args = build_parser().parse_args(list(argv))
+        parser = build_parser()
+        if library_call:
+            # From code (not the command line): a bad option raises instead of exiting.
+            parser.allow_abbrev = False
+            parser.error = _raise_usage  # type: ignore[method-assign]
+        args = parser.parse_args(list(argv))
         reporter = reporter or Reporter(json_mode=args.json, quiet=args.quiet)
         return cls(job_config_from_args(args, environ, JOB_MODULES), reporter, modules)
 
@@ -251,6 +258,15 @@ class Job:
         Raises:
             monarch_operator.launcher.cli.UsageError, PlacementError: as :meth:`from_env`.
         """
+        workload_only = {"steps", "call_timeout", "fail_at_step", "fail_exit_code", "dry_run"}
+        misplaced = sorted(workload_only & set(options))
+        if misplaced:
+            from monarch_operator.launcher.cli import UsageError
+
+            raise UsageError(
+                f"Job.from_args: {', '.join(misplaced)} belong to the built-in example "
+                "(monarch-launch), not to a job"
+            )
         return cls.from_env(argv_from_options(options), None, reporter)
 
     # -- the meshes -------------------------------------------------------------------------
@@ -496,6 +512,12 @@ def parse_failed_actor(message: str) -> tuple[str, int, int, str] | None:
     if match is None:
         return None
     return match["role"], int(match["host"]), int(match["local"]), match["what"].strip().rstrip(".")
+
+
+def _raise_usage(message: str) -> NoReturn:
+    from monarch_operator.launcher.cli import UsageError
+
+    raise UsageError(message)
 
 
 def argv_from_options(options: Mapping[str, Any]) -> list[str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import runpy
@@ -70,6 +71,15 @@ def load_target(target: str) -> tuple[str, Callable[..., Any] | None]:
     function = getattr(module, function_name, None)
     if not callable(function):
         raise TargetError(f"{target}: {module_name} has no function {function_name!r}")
+    try:
+        inspect.signature(function).bind(object())
+    except TypeError:
+        raise TargetError(
+            f"{target}: {function_name} must take the entered job as its one argument, "
+            f"as in 'def {function_name}(job)'"
+        ) from None
+    except ValueError:
+        pass  # no signature to check (a builtin): let the call decide
     return "function", function
 
 
