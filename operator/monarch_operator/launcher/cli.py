@@ -419,8 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 _RUN_EXAMPLES = """\
 examples:
   # your controller function receives the entered job (trainer and ref proc meshes)
-  monarch-launch run --hostfile hosts.txt --trainer-hosts 2 --ref-hosts 1 my_rl.controller:main
-  --lr 1e-4
+  monarch-launch run --hostfile hosts.txt --trainer-hosts 2 --ref-hosts 1 \\
+      my_rl.controller:main --lr 1e-4
 
   # a module or script that builds its own job with Job.from_env(); these flags reach it
   monarch-launch run --hostfile hosts.txt --colocate --trainer-gpus 6 --ref-gpus 2 my_rl.train
