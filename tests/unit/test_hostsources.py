@@ -120,7 +120,7 @@ def test_hosts_from_list_refuses(text: str, slots: int | None, message: str) -> 
         ("r[2,1]n[02,01]", ["r2n02", "r2n01", "r1n02", "r1n01"]),
         ("  node[01-02]\n", ["node01", "node02"]),
         ("a, b", ["a", "b"]),
-        ("10.0.0.[7-8],gpu-a.b_c", ["10.0.0.7", "10.0.0.8", "gpu-a.b_c"]),
+        ("192.0.2.[7-8],gpu-a.b_c", ["192.0.2.7", "192.0.2.8", "gpu-a.b_c"]),
     ],
     ids=[
         "single", "zero-padded-range", "mixed", "width-grows", "list-in-brackets",
