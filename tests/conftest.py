@@ -7,6 +7,7 @@ error: cluster and end-to-end tests never fall back to a mock API.
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,17 +33,62 @@ def kubectl(local_cluster: LocalCluster) -> Kubectl:
     return Kubectl(local_cluster.env())
 
 
+class OperatorProcess:
+    """The operator under test as a process that a test may stop, kill and start again.
+
+    ``start(**env)`` runs it with extra environment (e.g. a crash point for field case C6);
+    every test leaves it running with the default environment (``ensure_default``).
+    """
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.log_path = cluster.state_dir / "logs" / "operator.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.extra_env: dict[str, str] = {}
+
+    def start(self, **extra_env: str) -> None:
+        self.stop()
+        self.extra_env = dict(extra_env)
+        self.process = start_operator(self.cluster.state_dir, {**self.cluster.env(), **extra_env})
+
+    def stop(self) -> int | None:
+        """SIGTERM (then SIGKILL); returns the exit status, None if it was not running."""
+        if self.process is None:
+            return None
+        stop_process(self.process)
+        code, self.process = self.process.returncode, None
+        return code
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.process is not None
+        code = self.process.wait(timeout)
+        self.process = None
+        return code
+
+    def ensure_default(self) -> None:
+        if self.process is None or self.process.poll() is not None or self.extra_env:
+            self.start()
+
+
 @pytest.fixture(scope="session")
-def operator(local_cluster: LocalCluster, kubectl: Kubectl) -> Iterator[Path]:
-    """The CRDs installed and ``monarch-operator`` running; yields its log path."""
+def operator_process(local_cluster: LocalCluster, kubectl: Kubectl) -> Iterator[OperatorProcess]:
+    """The CRDs installed and ``monarch-operator`` running (restartable by tests)."""
     install_crds(kubectl)
-    process = start_operator(local_cluster.state_dir, local_cluster.env())
-    log_path = local_cluster.state_dir / "logs" / "operator.log"
+    handle = OperatorProcess(local_cluster)
+    handle.start()
     try:
-        yield log_path
+        yield handle
     finally:
-        stop_process(process)
-    assert process.returncode in (0, -15), log_path.read_text()[-3000:]
+        code = handle.stop()
+        assert code in (None, 0, -15), handle.log_path.read_text()[-3000:]
+
+
+@pytest.fixture
+def operator(operator_process: OperatorProcess) -> Iterator[Path]:
+    """``monarch-operator`` running with its default settings; yields its log path."""
+    operator_process.ensure_default()
+    yield operator_process.log_path
+    operator_process.ensure_default()
 
 
 @pytest.fixture

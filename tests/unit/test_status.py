@@ -24,3 +24,23 @@ def test_phase_is_derived_from_conditions():
     assert st.summarize_phase(done) == "Succeeded" and st.is_finished(done)
     failed = st.set_condition(s, st.FAILED, True, "F", "", 1, "t")
     assert st.summarize_phase(failed) == "Failed" and st.is_finished(failed)
+
+
+def test_transitions_are_status_or_reason_changes_not_messages():
+    before = st.set_condition({}, st.WORKERS_READY, False, st.REASON_WAITING_FOR_WORKERS,
+                              "1/2 workers ready", 1, "2026-01-01T00:00:00Z")
+    same_but_message = st.set_condition(before, st.WORKERS_READY, False,
+                                        st.REASON_WAITING_FOR_WORKERS, "2/2", 1,
+                                        "2026-01-01T00:00:05Z")
+    assert st.condition_transitions(before, same_but_message) == []
+    ready = st.set_condition(before, st.WORKERS_READY, True, st.REASON_ALL_WORKERS_READY,
+                             "2 of 2", 1, "2026-01-01T00:00:05Z")
+    assert st.condition_transitions(before, ready) == [
+        st.Transition("Normal", st.REASON_ALL_WORKERS_READY, "2 of 2")]
+    failed = st.set_condition(ready, st.FAILED, True, st.REASON_STARTUP_TIMEOUT, "late", 1,
+                              "2026-01-01T00:00:09Z")
+    assert st.condition_transitions(ready, failed) == [
+        st.Transition("Warning", st.REASON_STARTUP_TIMEOUT, "late")]
+    blocked = st.set_condition({}, st.WORKERS_READY, False, st.REASON_CHILD_NOT_OWNED,
+                               "Secret x taken", 1, "2026-01-01T00:00:00Z")
+    assert st.condition_transitions({}, blocked)[0].type == "Warning"

@@ -1,32 +1,56 @@
-"""Thin kopf handlers: each takes the kwargs it needs and makes one call to ``reconcile``."""
+"""Thin kopf handlers: watch events on a job or on its children wake that job's pass.
+
+No timers and no change-detection handlers: kopf then adds no finalizer to our jobs (deletion
+of a job or of its namespace never waits for the operator, field case C14) and writes no
+bookkeeping annotations (no writes while nothing changes, C5). :mod:`.wakeups` runs one pass
+at a time per job and wakes it at its next deadline.
+"""
 
 from __future__ import annotations
 
-import datetime as dt
+import asyncio
 import logging
 from typing import Any
 
 import kopf
 
 from monarch_operator import constants
-from monarch_operator.controller import k8s, reconcile
-from monarch_operator.controller import status as st
+from monarch_operator.controller import k8s, passes, wakeups
 from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import InvalidSpecError
 
 SETTINGS = Settings.from_env()
+RUNNER = passes.PassRunner(SETTINGS)
 logger = logging.getLogger("monarch_operator")
 _RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
+# Children whose changes matter to a job's status: its pods (workers and launcher), the
+# launcher batch Job and the worker StatefulSet. Watched only with our managed-by label
+# (server-side selector), so the operator never streams other workloads' pods.
+_CHILDREN = (("", "v1", "pods"), ("batch", "v1", "jobs"), ("apps", "v1", "statefulsets"))
+_CHILD_SELECTOR = f"app.kubernetes.io/managed-by={constants.MANAGED_BY},{constants.LABEL_JOB}"
+
+
+async def _run_pass(key: wakeups.JobKey) -> float | None:
+    report = await asyncio.get_running_loop().run_in_executor(None, RUNNER.run, *key)
+    for event in report.events:
+        if report.body is not None:
+            kopf.event(report.body, type=event.type, reason=event.reason, message=event.message)
+    return report.next_pass_seconds
+
+
+WAKEUPS = wakeups.Wakeups(_run_pass)
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Load API credentials; keep kopf's own bookkeeping quiet and off our status."""
+    """Load API credentials; keep kopf's own bookkeeping quiet and off our objects."""
     k8s.load_config()
     # Only warnings become Kubernetes Events; per-pass INFO logs would flood `kubectl describe`.
     settings.posting.level = logging.WARNING
-    # kopf logs every timer run at INFO; reconcile logs what changed instead.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    for group, version, plural in _CHILDREN:
+        settings.watching.label_selectors[group, version, plural] = _CHILD_SELECTOR
+    # Nothing of kopf's is stored on jobs (no change-detection handlers); kept in our own
+    # prefix in case a handler that needs it is added.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=f"{constants.GROUP}"
     )
@@ -35,44 +59,20 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
 
 
-@kopf.on.create(*_RESOURCE)
-@kopf.on.resume(*_RESOURCE)
-@kopf.on.update(*_RESOURCE, field="spec")
-def on_change(body: kopf.Body, **_: Any) -> None:
-    """Reconcile when the job appears, when the operator restarts, or when its spec changes."""
-    _reconcile(body)
+@kopf.on.event(*_RESOURCE)
+async def on_job_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
+    """The job appeared (or was listed at start-up), changed, or was deleted."""
+    key = (namespace, name)
+    if type == "DELETED":
+        WAKEUPS.forget(key)
+        return
+    WAKEUPS.wake(key)
 
 
-@kopf.timer(*_RESOURCE, interval=SETTINGS.resync_seconds, sharp=False)
-def on_timer(body: kopf.Body, **_: Any) -> None:
-    """Level-based resync: follows worker readiness, the launcher and the startup timeout."""
-    _reconcile(body)
-
-
-def _reconcile(body: kopf.Body) -> None:
-    manifest = dict(body)
-    try:
-        events = reconcile.reconcile(manifest, SETTINGS, dt.datetime.now(dt.UTC))
-    except InvalidSpecError as error:
-        _fail_invalid(manifest, str(error))
-        kopf.warn(body, reason=st.REASON_INVALID_SPEC, message=str(error))
-        raise kopf.PermanentError(str(error)) from error
-    except k8s.NotOwnedError as error:
-        kopf.warn(body, reason=st.REASON_CHILD_NOT_OWNED, message=str(error))
-        raise kopf.TemporaryError(str(error), delay=10) from error
-    for event in events:
-        logger.info("%s/%s %s: %s", body.metadata.namespace, body.metadata.name, event.reason,
-                    event.message)
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-
-
-def _fail_invalid(manifest: dict[str, Any], message: str) -> None:
-    status = dict(manifest.get("status") or {})
-    generation = int(manifest.get("metadata", {}).get("generation", 1))
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    new_status = st.set_condition(status, st.FAILED, True, st.REASON_INVALID_SPEC, message,
-                                  generation, now)
-    new_status["phase"] = st.summarize_phase(new_status)
-    if new_status != status:
-        metadata = manifest["metadata"]
-        k8s.patch_job_status(metadata.get("namespace", "default"), metadata["name"], new_status)
+@kopf.on.event(*_CHILDREN[0], labels={constants.LABEL_JOB: kopf.PRESENT})
+@kopf.on.event(*_CHILDREN[1], labels={constants.LABEL_JOB: kopf.PRESENT})
+@kopf.on.event(*_CHILDREN[2], labels={constants.LABEL_JOB: kopf.PRESENT})
+async def on_child_event(namespace: str, labels: dict[str, str], **_: Any) -> None:
+    """A child of a job changed: wake its job (found by the job label; a pass of a job that
+    does not exist does nothing)."""
+    WAKEUPS.wake((namespace, labels[constants.LABEL_JOB]))

@@ -6,12 +6,18 @@ object that another owner controls. Deletes treat 404 as done. Everything return
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from monarch_operator import constants
+from monarch_operator import __version__, constants
+
+# How the operator's own requests show up in the API server's audit log (kopf's watches say
+# "kopf/<version>"). Test of field case C5 counts writes by this agent.
+USER_AGENT = f"{constants.MANAGED_BY}/{__version__}"
 
 # (apiVersion, kind) -> (API class, method suffix) of the typed client.
 _KINDS: dict[tuple[str, str], tuple[type, str]] = {
@@ -27,21 +33,41 @@ class NotOwnedError(RuntimeError):
     """A child's name is taken by an object that the job does not control (field case C6)."""
 
 
+_shared_client: kubernetes.client.ApiClient | None = None
+
+# Fault injection for tests of restarts (field case C6), like etcd's failpoints: the operator
+# SIGKILLs itself right after creating a child of this kind (e.g. "Service"). Unset in use.
+CRASH_AFTER_CREATE_ENV = "MONARCH_OPERATOR_CRASH_AFTER_CREATE"
+
+
 def load_config() -> None:
     """Load in-cluster credentials, or the kubeconfig (``$KUBECONFIG``) outside a cluster."""
+    global _shared_client
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
+    _shared_client = None
+
+
+def _client() -> kubernetes.client.ApiClient:
+    """One API client for every call: its connection pool is reused (urllib3 is thread-safe),
+    and its requests carry :data:`USER_AGENT`."""
+    global _shared_client
+    if _shared_client is None:
+        client = kubernetes.client.ApiClient()
+        client.user_agent = USER_AGENT
+        _shared_client = client
+    return _shared_client
 
 
 def _api(api_version: str, kind: str) -> tuple[Any, str]:
     api_class, suffix = _KINDS[(api_version, kind)]
-    return api_class(), suffix
+    return api_class(_client()), suffix
 
 
 def _to_dict(obj: Any) -> dict[str, Any]:
-    result: dict[str, Any] = kubernetes.client.ApiClient().sanitize_for_serialization(obj)
+    result: dict[str, Any] = _client().sanitize_for_serialization(obj)
     return result
 
 
@@ -84,6 +110,8 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
         try:
             observed = _to_dict(getattr(api, f"create_{suffix}")(namespace, desired))
             created = True
+            if os.environ.get(CRASH_AFTER_CREATE_ENV) == kind:
+                os.kill(os.getpid(), signal.SIGKILL)
         except ApiException as error:
             if error.status != 409:
                 raise
@@ -121,12 +149,26 @@ def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
 def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
     """Pods in ``namespace`` carrying every label of ``labels``."""
     selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
-    pods = kubernetes.client.CoreV1Api().list_namespaced_pod(namespace, label_selector=selector)
+    pods = kubernetes.client.CoreV1Api(_client()).list_namespaced_pod(
+        namespace, label_selector=selector)
     return [_to_dict(pod) for pod in pods.items]
+
+
+def read_monarchjob(namespace: str, name: str) -> dict[str, Any] | None:
+    """The MonarchJob as a dict, or ``None`` if it does not exist."""
+    try:
+        api = kubernetes.client.CustomObjectsApi(_client())
+        job: dict[str, Any] = api.get_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return job
 
 
 def patch_job_status(namespace: str, name: str, status: dict[str, Any]) -> None:
     """Merge-patch the MonarchJob's status subresource with ``status``."""
-    kubernetes.client.CustomObjectsApi().patch_namespaced_custom_object_status(
+    kubernetes.client.CustomObjectsApi(_client()).patch_namespaced_custom_object_status(
         constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status}
     )

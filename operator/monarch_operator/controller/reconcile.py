@@ -2,7 +2,8 @@
 
 Reads like a checklist: key Secret, Service, StatefulSet, wait for Ready workers (or time out),
 hostfile, launcher, outcome, release GPUs when finished, one status patch when it changed.
-Safe to run any number of times from any trigger (create, resume, update, timer).
+Safe to run any number of times from any trigger (a watch event on the job or a child, the
+operator starting, a deadline); it writes nothing when nothing changed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from monarch_operator.controller.sshkeys import generate_ssh_keypair
 
 logger = logging.getLogger(__name__)
 
+# When a job blocked by a foreign child looks again first (the delay then doubles, see
+# passes.py); nothing of the foreign object is watched, so this is how the job goes on.
+NOT_OWNED_RETRY_SECONDS = 5.0
+
 
 @dataclass
 class Event:
@@ -34,6 +39,19 @@ class Event:
     type: str  # "Normal" or "Warning"
     reason: str
     message: str
+
+
+@dataclass
+class Outcome:
+    """What one pass did: events to post, the status it left, and when to look again.
+
+    ``retry_after`` (seconds) is set when the pass could not finish its checklist (a child name
+    taken by a foreign object) and should run again even if no watch event comes.
+    """
+
+    events: list[Event]
+    status: dict[str, Any]
+    retry_after: float | None = None
 
 
 @dataclass
@@ -56,7 +74,7 @@ class Pass:
         )
 
 
-def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> list[Event]:
+def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> Outcome:
     """Bring the job's children and status one step closer to the spec.
 
     Args:
@@ -64,23 +82,28 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> lis
         now: current time (UTC); used for the startup timeout and condition timestamps.
 
     Returns:
-        Events for the caller to post.
+        The events to post, the status written (or kept), and whether to retry.
 
     Raises:
         InvalidSpecError: the spec is invalid (the caller marks the job Failed).
-        k8s.NotOwnedError: a child name is taken by a foreign object (retry later).
     """
     job = JobSpec.from_body(body)
     previous = dict(body.get("status") or {})
     state = Pass(job=job, status=dict(previous), now=now)
     state.status.setdefault("startTime", state.now_text)
+    retry_after = None
     if not st.is_finished(state.status):
-        _ensure_workers(state, settings)
-        _start_or_follow_launcher(state, settings)
+        try:
+            _ensure_workers(state, settings)
+            _start_or_follow_launcher(state, settings)
+        except k8s.NotOwnedError as error:
+            # Never adopted, never overwritten (field case C6): say so once, look again later.
+            state.condition(st.WORKERS_READY, False, st.REASON_CHILD_NOT_OWNED, str(error))
+            retry_after = NOT_OWNED_RETRY_SECONDS
     if st.is_finished(state.status):
         _release_workers(state)
     _write_status(state, previous)
-    return state.events
+    return Outcome(state.events, state.status, retry_after)
 
 
 def _ensure_workers(state: Pass, settings: Settings) -> None:
@@ -156,11 +179,25 @@ def _start_or_follow_launcher(state: Pass, settings: Settings) -> None:
 def _release_workers(state: Pass) -> None:
     """Finished jobs hold no GPUs: delete the worker StatefulSet (its pods follow)."""
     job = state.job
-    if k8s.delete("apps/v1", "StatefulSet", job.namespace, names.worker_set(job.name)):
+    if _delete_if_present("apps/v1", "StatefulSet", job.namespace, names.worker_set(job.name)):
         state.events.append(Event("Normal", "WorkersReleased", "worker pods deleted"))
 
 
+def _delete_if_present(api_version: str, kind: str, namespace: str, name: str) -> bool:
+    """Delete unless absent or already being deleted: a pass on a finished job sends no request
+    (a DELETE answered 404 is still a write in the audit log, field case C5)."""
+    observed = k8s.read(api_version, kind, namespace, name)
+    if observed is None or observed.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    return k8s.delete(api_version, kind, namespace, name)
+
+
 def _write_status(state: Pass, previous: dict[str, Any]) -> None:
+    posted = {event.reason for event in state.events}
+    for transition in st.condition_transitions(previous, state.status):
+        if transition.reason not in posted:  # every transition gets an Event, once
+            state.events.append(Event(transition.type, transition.reason, transition.message))
+            posted.add(transition.reason)
     state.status["phase"] = st.summarize_phase(state.status)
     state.status["observedGeneration"] = state.job.generation
     if state.status != previous:

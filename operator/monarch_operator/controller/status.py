@@ -7,6 +7,7 @@ Follows the Kubernetes API conventions for conditions: ``lastTransitionTime`` ch
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 # Condition types.
@@ -24,6 +25,8 @@ REASON_LAUNCHER_FAILED = "LauncherFailed"
 REASON_STARTUP_TIMEOUT = "StartupTimeout"
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_CHILD_NOT_OWNED = "ChildNotOwned"
+# Reasons of a condition that need someone's attention: their Events are Warnings.
+WARNING_REASONS = frozenset({REASON_CHILD_NOT_OWNED})
 
 # Phases shown in the STATUS printer column.
 PHASE_PENDING = "Pending"
@@ -100,3 +103,32 @@ def summarize_phase(status: dict[str, Any]) -> str:
     if get_condition(status, WORKERS_READY) is not None:
         return PHASE_STARTING
     return PHASE_PENDING
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A condition that changed status or reason between two statuses (an Event to post)."""
+
+    type: str  # Event type: "Normal" or "Warning"
+    reason: str
+    message: str
+
+
+def condition_transitions(before: dict[str, Any], after: dict[str, Any]) -> list[Transition]:
+    """Conditions of ``after`` whose status or reason differs from ``before`` (new ones too).
+
+    A changed message alone (``1/2 workers ready`` -> ``2/2``) is no transition. A condition
+    ``Failed=True``, or one with a reason in :data:`WARNING_REASONS`, is a Warning.
+    """
+    transitions = []
+    for condition in after.get("conditions") or []:
+        old = get_condition(before, condition["type"]) or {}
+        if (old.get("status"), old.get("reason")) == (condition.get("status"),
+                                                       condition.get("reason")):
+            continue
+        warning = (condition["type"] == FAILED and condition.get("status") == "True") or (
+            condition.get("reason") in WARNING_REASONS)
+        transitions.append(Transition("Warning" if warning else "Normal",
+                                      str(condition.get("reason") or condition["type"]),
+                                      str(condition.get("message") or "")))
+    return transitions

@@ -30,6 +30,24 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 Progress = Callable[[str], None]
 
+# The API server's audit policy: every write request at Metadata level (who, verb, object,
+# user agent, response code), nothing else. Reads are not logged (they are most of the
+# traffic), nor node leases (renewed every few seconds by kwok). Tests read <logs>/audit.log,
+# e.g. to show that the operator writes nothing to a running job while nothing changes (C5).
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "resources": [{"group": "coordination.k8s.io",
+                                         "resources": ["leases"]}]},
+        {"level": "Metadata",
+         "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+        {"level": "None"},
+    ],
+}
+AUDIT_LOG = "audit.log"
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
@@ -52,6 +70,8 @@ class LocalCluster:
         self.gpus_per_node = gpus_per_node
         self.kubeconfig = self.state_dir / "kubeconfig"
         self.logs = self.state_dir / "logs"
+        # Write requests seen by the API server, one JSON audit event per line (AUDIT_POLICY).
+        self.audit_log = self.logs / AUDIT_LOG
         self._record = self.state_dir / "cluster.json"
         # Popen objects of the components this instance started (kept so that they are reaped).
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
@@ -72,6 +92,7 @@ class LocalCluster:
         for sub in ("pki", "logs", "etcd"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
         certs.write_pki(self.state_dir / "pki")
+        (self.state_dir / "audit-policy.json").write_text(json.dumps(AUDIT_POLICY, indent=2))
         ports = {name: free_port() for name in ("etcd", "etcd_peer", "apiserver", "kcm",
                                                   "scheduler", "kwok")}
         self._write_kubeconfig(ports["apiserver"])
@@ -177,7 +198,10 @@ class LocalCluster:
                 "--authorization-mode=Node,RBAC", "--allow-privileged=true",
                 # Endpoint validation refuses 127/8 addresses; nothing here routes to them anyway.
                 "--endpoint-reconciler-type=none",
-                "--enable-priority-and-fairness=false"]
+                "--enable-priority-and-fairness=false",
+                f"--audit-policy-file={self.state_dir / 'audit-policy.json'}",
+                f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
+                "--audit-log-maxsize=200", "--audit-log-maxbackup=1"]
 
     def _kcm_args(self, bin_dir: Path, ports: dict[str, int]) -> list[str]:
         pki = self.state_dir / "pki"

@@ -64,7 +64,7 @@ def start_operator(state_dir: Path, env: dict[str, str]) -> subprocess.Popen[byt
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "monarch_operator.controller"],
-            env={**os.environ, **env, "MONARCH_OPERATOR_RESYNC_SECONDS": "1"},
+            env={**os.environ, **env},
             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
     (state_dir / OPERATOR_PID_FILE).write_text(f"{process.pid}\n")

@@ -1,0 +1,48 @@
+"""Pure: when a job next needs a pass even if no watch event comes (its next deadline).
+
+The operator has no periodic resync; a job is woken by watch events on itself and its
+children, and by a timer set to the earliest deadline computed here (field case C5).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from monarch_operator.controller import status as st
+from monarch_operator.controller.spec import JobSpec
+
+# Timestamps in status have whole seconds and the checks compare with ">": wake a little after.
+DEADLINE_SLACK_SECONDS = 1.0
+
+
+def parse_time(text: str) -> dt.datetime:
+    """An RFC 3339 ``...Z`` timestamp of the status as an aware UTC datetime.
+
+    Raises:
+        ValueError: not of the form ``YYYY-MM-DDTHH:MM:SSZ``.
+    """
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+
+
+def seconds_until_next_deadline(job: JobSpec, status: dict[str, Any],
+                                now: dt.datetime) -> float | None:
+    """Seconds from ``now`` until the earliest deadline that is still ahead for the job.
+
+    Deadlines: the startup timeout (``spec.startupTimeoutSeconds`` from ``status.startTime``,
+    while the launcher has not started).
+
+    Returns:
+        ``None`` when no deadline applies (e.g. a running job without deadlines); ``0`` or more
+        otherwise, including ``DEADLINE_SLACK_SECONDS`` past the deadline itself.
+    """
+    deadlines: list[dt.datetime] = []
+    start_text = status.get("startTime")
+    if not st.is_finished(status) and start_text:
+        started = parse_time(start_text)
+        if not st.is_true(status, st.RUNNING):
+            deadlines.append(started + dt.timedelta(seconds=job.startup_timeout_seconds))
+    if not deadlines:
+        return None
+    remaining = (min(deadlines) - now).total_seconds() + DEADLINE_SLACK_SECONDS
+    return max(remaining, 0.0)

@@ -1,0 +1,124 @@
+"""One reconcile pass of one job as the watch engine runs it (in a worker thread).
+
+Reads the job fresh (a wake-up carries only its name), runs :func:`.reconcile.reconcile`, turns
+errors into status or a back-off, and says when the job needs its next pass without a watch
+event (:mod:`.deadlines`). Posting the events is left to the caller, on kopf's event loop.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from monarch_operator.controller import deadlines, k8s, reconcile
+from monarch_operator.controller import status as st
+from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec import InvalidSpecError, JobSpec
+
+logger = logging.getLogger("monarch_operator")
+
+# Back-off after an API error or a bug: doubles from the first to the last, per job.
+ERROR_BACKOFF_FIRST_SECONDS = 2.0
+ERROR_BACKOFF_MAX_SECONDS = 120.0
+# A pass that asked to be retried (a child name taken by a foreign object): its delay doubles
+# with each blocked pass in a row, up to this.
+BLOCKED_RETRY_MAX_SECONDS = 300.0
+
+
+@dataclass
+class PassReport:
+    """What the caller needs after a pass: the job (to post events on), the events, and the
+    seconds until the next pass without a watch event (``None``: none)."""
+
+    body: dict[str, Any] | None
+    events: list[reconcile.Event] = field(default_factory=list)
+    next_pass_seconds: float | None = None
+
+
+class PassRunner:
+    """Runs passes; remembers, per job, how many passes failed in a row (for the back-off)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._failures: dict[tuple[str, str], int] = {}
+        self._blocked: dict[tuple[str, str], int] = {}
+
+    def run(self, namespace: str, name: str) -> PassReport:
+        """One pass of ``namespace/name``; never raises (errors are logged and retried)."""
+        key = (namespace, name)
+        try:
+            report = self._run(namespace, name)
+        except ApiException as error:
+            report = PassReport(None, next_pass_seconds=self._backoff(key))
+            logger.warning("%s/%s: API error %s %s (next try in %.0fs): %s", namespace, name,
+                           error.status, error.reason, report.next_pass_seconds,
+                           _api_message(error))
+            return report
+        except Exception:
+            report = PassReport(None, next_pass_seconds=self._backoff(key))
+            logger.exception("%s/%s: reconcile failed (next try in %.0fs)", namespace, name,
+                             report.next_pass_seconds)
+            return report
+        self._failures.pop(key, None)
+        return report
+
+    def _run(self, namespace: str, name: str) -> PassReport:
+        body = k8s.read_monarchjob(namespace, name)
+        if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+            # Gone or going: garbage collection removes the children; nothing of ours blocks it.
+            self._failures.pop((namespace, name), None)
+            self._blocked.pop((namespace, name), None)
+            return PassReport(None)
+        now = dt.datetime.now(dt.UTC)
+        try:
+            outcome = reconcile.reconcile(body, self.settings, now)
+        except InvalidSpecError as error:
+            return PassReport(body, _fail_invalid(body, str(error), now))
+        for event in outcome.events:
+            logger.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
+        job = JobSpec.from_body(body)
+        delays = [delay for delay in (
+            deadlines.seconds_until_next_deadline(job, outcome.status, now),
+            self._retry_delay((namespace, name), outcome.retry_after)) if delay is not None]
+        return PassReport(body, outcome.events, min(delays) if delays else None)
+
+    def _retry_delay(self, key: tuple[str, str], first: float | None) -> float | None:
+        if first is None:
+            self._blocked.pop(key, None)
+            return None
+        blocked = self._blocked.get(key, 0)
+        self._blocked[key] = blocked + 1
+        return float(min(first * 2**blocked, BLOCKED_RETRY_MAX_SECONDS))
+
+    def _backoff(self, key: tuple[str, str]) -> float:
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        return float(min(ERROR_BACKOFF_FIRST_SECONDS * 2**failures, ERROR_BACKOFF_MAX_SECONDS))
+
+
+def _fail_invalid(body: dict[str, Any], message: str, now: dt.datetime) -> list[reconcile.Event]:
+    """Mark the job Failed (InvalidSpec) once; an event only when the status changes."""
+    status = dict(body.get("status") or {})
+    generation = int(body.get("metadata", {}).get("generation", 1))
+    new_status = st.set_condition(status, st.FAILED, True, st.REASON_INVALID_SPEC, message,
+                                  generation, now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    new_status["phase"] = st.summarize_phase(new_status)
+    new_status["observedGeneration"] = generation
+    if new_status == status:
+        return []
+    metadata = body["metadata"]
+    k8s.patch_job_status(metadata.get("namespace", "default"), metadata["name"], new_status)
+    return [reconcile.Event("Warning", st.REASON_INVALID_SPEC, message)]
+
+
+def _api_message(error: ApiException) -> str:
+    """The API server's ``Status.message`` when the body is one, else the raw body."""
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.body)
+    except (ValueError, AttributeError):
+        return str(error.body)

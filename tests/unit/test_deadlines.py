@@ -1,0 +1,41 @@
+"""When a job needs its next pass without a watch event."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from monarch_operator.controller import deadlines
+from monarch_operator.controller import status as st
+from monarch_operator.controller.spec import JobSpec
+
+START = "2026-01-01T00:00:00Z"
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def job(**spec):
+    return JobSpec.from_body({"metadata": {"name": "demo", "namespace": "ns", "uid": "u"},
+                              "spec": {"image": "img", **spec}})
+
+
+def with_condition(status, condition_type, reason="R"):
+    return st.set_condition(status, condition_type, True, reason, "", 1, START)
+
+
+def test_startup_deadline_while_not_running():
+    status = {"startTime": START}
+    remaining = deadlines.seconds_until_next_deadline(job(startupTimeoutSeconds=60), status,
+                                                      T0 + dt.timedelta(seconds=20))
+    assert remaining == 40 + deadlines.DEADLINE_SLACK_SECONDS
+
+
+def test_past_deadline_means_now():
+    status = {"startTime": START}
+    assert deadlines.seconds_until_next_deadline(job(startupTimeoutSeconds=60), status,
+                                                 T0 + dt.timedelta(hours=1)) == 0.0
+
+
+def test_running_or_finished_job_without_deadlines_sleeps():
+    running = with_condition({"startTime": START}, st.RUNNING)
+    assert deadlines.seconds_until_next_deadline(job(), running, T0) is None
+    failed = with_condition({"startTime": START}, st.FAILED)
+    assert deadlines.seconds_until_next_deadline(job(), failed, T0) is None

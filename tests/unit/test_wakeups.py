@@ -1,0 +1,124 @@
+"""The per-job pass scheduler: coalesced wake-ups, one pass at a time, a timer at the deadline."""
+
+from __future__ import annotations
+
+import asyncio
+
+from monarch_operator.controller.wakeups import Wakeups
+
+KEY = ("ns", "job")
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_wakeups_during_a_pass_coalesce_into_one_more_pass():
+    async def scenario():
+        calls: list[tuple[str, str]] = []
+        release = asyncio.Event()
+
+        async def run_pass(key):
+            calls.append(key)
+            if len(calls) == 1:
+                await release.wait()
+            return None
+
+        wakeups = Wakeups(run_pass)
+        wakeups.wake(KEY)
+        await asyncio.sleep(0)
+        for _ in range(10):  # a burst of pod events while the first pass runs
+            wakeups.wake(KEY)
+        release.set()
+        while not wakeups.is_idle():
+            await asyncio.sleep(0.01)
+        return calls
+
+    assert run(scenario()) == [KEY, KEY]
+
+
+def test_passes_of_one_job_never_overlap_but_jobs_run_side_by_side():
+    async def scenario():
+        running: set[tuple[str, str]] = set()
+        overlaps, concurrent = [], []
+
+        async def run_pass(key):
+            if key in running:
+                overlaps.append(key)
+            running.add(key)
+            concurrent.append(len(running))
+            await asyncio.sleep(0.01)
+            running.discard(key)
+            return None
+
+        wakeups = Wakeups(run_pass)
+        for _ in range(5):
+            wakeups.wake(KEY)
+            wakeups.wake(("ns", "other"))
+            await asyncio.sleep(0.003)
+        while not wakeups.is_idle():
+            await asyncio.sleep(0.01)
+        return overlaps, max(concurrent)
+
+    overlaps, most = run(scenario())
+    assert overlaps == []
+    assert most == 2
+
+
+def test_the_pass_sets_a_timer_at_its_deadline_and_a_later_pass_replaces_it():
+    async def scenario():
+        calls = []
+        delays = iter([0.05, None])
+
+        async def run_pass(key):
+            calls.append(asyncio.get_running_loop().time())
+            return next(delays)
+
+        wakeups = Wakeups(run_pass)
+        wakeups.wake(KEY)
+        await asyncio.sleep(0.01)
+        assert KEY in wakeups.pending_timers()
+        await asyncio.sleep(0.1)
+        assert wakeups.pending_timers() == {}, "the second pass had no deadline"
+        return calls
+
+    calls = run(scenario())
+    assert len(calls) == 2 and calls[1] - calls[0] >= 0.05
+
+
+def test_forget_cancels_the_timer():
+    async def scenario():
+        calls = []
+
+        async def run_pass(key):
+            calls.append(key)
+            return 0.02
+
+        wakeups = Wakeups(run_pass)
+        wakeups.wake(KEY)
+        await asyncio.sleep(0.005)
+        wakeups.forget(KEY)
+        await asyncio.sleep(0.05)
+        return calls
+
+    assert run(scenario()) == [KEY]
+
+
+def test_a_failing_pass_does_not_stop_later_wakeups():
+    async def scenario():
+        calls = []
+
+        async def run_pass(key):
+            calls.append(key)
+            if len(calls) == 1:
+                raise RuntimeError("bug")
+            return None
+
+        wakeups = Wakeups(run_pass)
+        wakeups.wake(KEY)
+        await asyncio.sleep(0.01)
+        wakeups.wake(KEY)
+        await asyncio.sleep(0.01)
+        return calls
+
+    assert run(scenario()) == [KEY, KEY]
