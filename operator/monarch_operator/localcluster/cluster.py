@@ -7,6 +7,7 @@ started (by process group) and leaves nothing running.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -22,7 +23,9 @@ from pathlib import Path
 from monarch_operator.localcluster import certs
 from monarch_operator.localcluster.binaries import ensure_binaries
 
-POD_CIDR = "127.100.0.0/16"
+# Pod IPs (kwok --cidr), inside 127.0.0.0/8. MONARCH_LOCALCLUSTER_POD_CIDR moves them, so that two
+# local clusters on one machine (parallel test runs) never hand out the same pod IP.
+POD_CIDR = os.environ.get("MONARCH_LOCALCLUSTER_POD_CIDR", "127.100.0.0/16")
 SERVICE_CIDR = "127.96.0.0/16"
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
 NODE_NAME = "kwok-gpu-{index}"
@@ -65,6 +68,9 @@ class LocalCluster:
     """
 
     def __init__(self, state_dir: Path, nodes: int = 3, gpus_per_node: int = 8) -> None:
+        if not ipaddress.ip_network(POD_CIDR).subnet_of(ipaddress.ip_network("127.0.0.0/8")):
+            raise ValueError(f"MONARCH_LOCALCLUSTER_POD_CIDR={POD_CIDR!r} must lie inside "
+                             "127.0.0.0/8: the local cluster never uses other addresses")
         self.state_dir = Path(state_dir).resolve()
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
