@@ -38,7 +38,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.localcluster import podfiles, podstatus, sandbox
+from monarch_operator.localcluster import kubeletapi, podfiles, podstatus, sandbox
 
 # The pod status the agent computed, as JSON; the kwok Stage local-pod-status applies it.
 ANNOTATION_STATUS = "localcluster.monarch-operator.dev/status"
@@ -167,6 +167,18 @@ class Agent:
         return PodRun(pod=pod, record=podstatus.PodRecord.from_pod(pod, backoff_base=base),
                       workdir=workdir)
 
+    def locate(self, namespace: str, pod: str, container: str) -> kubeletapi.ContainerView | None:
+        """The kubelet API's view of a container of a pod this agent runs (from any thread)."""
+        run = next((run for run in list(self.runs.values())
+                    if run.record.namespace == namespace and run.record.name == pod), None)
+        if run is None:
+            return None
+        running = run.containers.get(container)
+        return kubeletapi.ContainerView(
+            pod_uid=run.record.uid, log_path=run.workdir / f"{container}.log",
+            previous_log_path=run.workdir / f"{container}.previous.log",
+            pid=running.process.pid if running is not None else None)
+
     # -- one pod -------------------------------------------------------------------------------
     def _step_safely(self, run: PodRun, now: float) -> None:
         try:
@@ -259,7 +271,11 @@ class Agent:
         termination_path = workdir / f"{record.name}.termination-log"
         termination_path.write_bytes(b"")
         termination_path.chmod(0o666)
-        mounts = [(self.hosts_path, "/etc/hosts")]
+        # As a container runtime does: /etc/hostname holds the pod's hostname.
+        hostname_path = workdir / "hostname"
+        if not hostname_path.exists():
+            hostname_path.write_text(f"{_hostname(run.pod)}\n")
+        mounts = [(self.hosts_path, "/etc/hosts"), (hostname_path, "/etc/hostname")]
         for mount in spec.get("volumeMounts") or []:
             mounts.append((volumes[mount["name"]] / mount.get("subPath", ""), mount["mountPath"]))
         mounts.append((termination_path, podfiles.termination_message_path(spec)))
@@ -342,6 +358,11 @@ class Agent:
         self.lingering += [process for process in processes if not process.release()]
 
 
+def _hostname(pod: dict[str, Any]) -> str:
+    """The pod's hostname: ``spec.hostname``, else its name."""
+    return str(pod["spec"].get("hostname") or pod["metadata"]["name"])
+
+
 def _probe_port(container: dict[str, Any]) -> int | None:
     probe = (container.get("readinessProbe") or {}).get("tcpSocket")
     if probe is None:
@@ -379,12 +400,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--crash-loop-backoff-seconds", type=float,
                         default=podstatus.DEFAULT_BACKOFF_SECONDS,
                         help="first restart back-off (doubling up to 5 minutes; kubelet: 10)")
+    parser.add_argument("--kubelet-port", type=int, default=0,
+                        help="serve the kubelet API (logs, exec) on 127.0.0.1:PORT over TLS "
+                             "with STATE_DIR/pki (0: not at all)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     kubernetes.config.load_kube_config(args.kubeconfig)
-    Agent(args.state_dir.resolve(), kubernetes.client.CoreV1Api(),
-          backoff_base=args.crash_loop_backoff_seconds).run_forever()
+    agent = Agent(args.state_dir.resolve(), kubernetes.client.CoreV1Api(),
+                  backoff_base=args.crash_loop_backoff_seconds)
+    if args.kubelet_port:
+        kubeletapi.serve_in_thread(agent, args.kubelet_port, agent.state_dir / "pki")
+    agent.run_forever()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Certificates of the local control plane, made with ``cryptography``.
 
-One CA signs the apiserver's serving certificate (SANs 127.0.0.1, localhost) and the admin
-client certificate (``O=system:masters``); a separate key pair signs service-account tokens.
+One CA signs the apiserver's serving certificate (SANs 127.0.0.1, localhost), the admin client
+certificate (``O=system:masters``), the node agent's kubelet serving certificate (127.0.0.1) and
+the client certificate the apiserver shows the kubelet (``CN=kube-apiserver-kubelet-client``, as
+kubeadm names it); a separate key pair signs service-account tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALIDITY = dt.timedelta(days=30)
+# The common name of the client certificate the apiserver presents to kubelets (kubeadm's name);
+# the node agent's kubelet API accepts this client only.
+KUBELET_CLIENT_NAME = "kube-apiserver-kubelet-client"
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -41,6 +46,13 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
     return x509.Name(attributes)
 
 
+def _san(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
 def _sign(
     subject: x509.Name,
     public_key: ec.EllipticCurvePublicKey,
@@ -48,7 +60,7 @@ def _sign(
     issuer_key: ec.EllipticCurvePrivateKey,
     *,
     is_ca: bool = False,
-    server: bool = False,
+    server_names: tuple[str, ...] = (),
 ) -> x509.Certificate:
     now = dt.datetime.now(dt.UTC)
     builder = (
@@ -67,16 +79,10 @@ def _sign(
         )
     else:
         usage = [ExtendedKeyUsageOID.CLIENT_AUTH]
-        if server:
+        if server_names:
             usage.append(ExtendedKeyUsageOID.SERVER_AUTH)
             builder = builder.add_extension(
-                x509.SubjectAlternativeName(
-                    [
-                        x509.DNSName("localhost"),
-                        x509.DNSName("kubernetes.default.svc"),
-                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                    ]
-                ),
+                x509.SubjectAlternativeName([_san(name) for name in server_names]),
                 critical=False,
             )
         builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
@@ -84,7 +90,8 @@ def _sign(
 
 
 def write_pki(directory: Path) -> None:
-    """Write ``ca.crt``, ``apiserver.{crt,key}``, ``admin.{crt,key}``, ``sa.{key,pub}``.
+    """Write ``ca.crt``, ``apiserver.{crt,key}``, ``admin.{crt,key}``, ``kubelet.{crt,key}``,
+    ``apiserver-kubelet-client.{crt,key}`` and ``sa.{key,pub}``.
 
     Args:
         directory: created if missing; existing files are overwritten.
@@ -95,12 +102,22 @@ def write_pki(directory: Path) -> None:
     ca_cert = _sign(ca_name, ca_key.public_key(), ca_name, ca_key, is_ca=True)
     server_key = _key()
     server_cert = _sign(
-        _name("kube-apiserver"), server_key.public_key(), ca_name, ca_key, server=True
+        _name("kube-apiserver"), server_key.public_key(), ca_name, ca_key,
+        server_names=("localhost", "kubernetes.default.svc", "127.0.0.1"),
     )
     admin_key = _key()
     admin_cert = _sign(
         _name("monarch-localcluster-admin", "system:masters"), admin_key.public_key(),
         ca_name, ca_key,
+    )
+    kubelet_key = _key()
+    kubelet_cert = _sign(
+        _name("system:node:localcluster", "system:nodes"), kubelet_key.public_key(),
+        ca_name, ca_key, server_names=("localhost", "127.0.0.1"),
+    )
+    kubelet_client_key = _key()
+    kubelet_client_cert = _sign(
+        _name(KUBELET_CLIENT_NAME), kubelet_client_key.public_key(), ca_name, ca_key,
     )
     sa_key = _key()
     files = {
@@ -109,6 +126,10 @@ def write_pki(directory: Path) -> None:
         "apiserver.key": _pem_key(server_key),
         "admin.crt": _pem_cert(admin_cert),
         "admin.key": _pem_key(admin_key),
+        "kubelet.crt": _pem_cert(kubelet_cert),
+        "kubelet.key": _pem_key(kubelet_key),
+        "apiserver-kubelet-client.crt": _pem_cert(kubelet_client_cert),
+        "apiserver-kubelet-client.key": _pem_key(kubelet_client_key),
         "sa.key": _pem_key(sa_key),
         "sa.pub": sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo

@@ -100,7 +100,7 @@ class LocalCluster:
         certs.write_pki(self.state_dir / "pki")
         (self.state_dir / "audit-policy.json").write_text(json.dumps(AUDIT_POLICY, indent=2))
         ports = {name: free_port() for name in ("etcd", "etcd_peer", "apiserver", "kcm",
-                                                  "scheduler", "kwok")}
+                                                  "scheduler", "kwok", "kubelet")}
         self._write_kubeconfig(ports["apiserver"])
         pids: dict[str, int] = {}
         self._save(pids, ports)
@@ -117,7 +117,7 @@ class LocalCluster:
                 ("kube-controller-manager", self._kcm_args(bin_dir, ports)),
                 ("kube-scheduler", self._scheduler_args(bin_dir, ports)),
                 ("kwok", self._kwok_args(bin_dir, ports)),
-                ("agent", self._agent_args()),
+                ("agent", self._agent_args(ports)),
             ):
                 pids[name] = self._start(name, args)
                 self._save(pids, ports)
@@ -202,6 +202,12 @@ class LocalCluster:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+                # The kubelet API (logs, exec) is the node agent's, at the node's InternalIP
+                # (127.0.0.1) and the port its status advertises; TLS both ways with our CA.
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
                 # Endpoint validation refuses 127/8 addresses; nothing here routes to them anyway.
                 "--endpoint-reconciler-type=none",
                 "--enable-priority-and-fairness=false",
@@ -231,11 +237,14 @@ class LocalCluster:
         return [str(bin_dir / "kwok"), f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=true", f"--cidr={POD_CIDR}", "--node-ip=127.0.0.1",
                 f"--server-address=127.0.0.1:{ports['kwok']}",
+                # What the node status advertises as the kubelet port: the node agent's.
+                f"--node-port={ports['kubelet']}",
                 "--node-lease-duration-seconds=40", f"--config={STAGES_FILE}"]
 
-    def _agent_args(self) -> list[str]:
+    def _agent_args(self, ports: dict[str, int]) -> list[str]:
         return [sys.executable, "-m", "monarch_operator.localcluster.agent",
-                f"--state-dir={self.state_dir}", f"--kubeconfig={self.kubeconfig}"]
+                f"--state-dir={self.state_dir}", f"--kubeconfig={self.kubeconfig}",
+                f"--kubelet-port={ports['kubelet']}"]
 
     # -- helpers -----------------------------------------------------------------------------
     def _start(self, name: str, args: list[str]) -> int:

@@ -1,0 +1,240 @@
+"""``kubectl exec`` on the local nodes: a command in a running container, its streams over the
+WebSocket channel protocol.
+
+The command joins the container as a runtime's exec would: ``nsenter`` enters the mount and UTS
+namespaces of the container's main process (the command sees the pod's ``/etc/hosts``, volumes,
+private ``/dev`` and hostname) and takes its working directory; ``setpriv`` takes that process's
+user, group and supplementary groups; the environment is the one that process started with
+(``/proc/<pid>/environ``, the container's env). Being in the container's mount namespace, the
+command ends with the container (the agent stops every process of that namespace).
+
+The channel protocol (``k8s.io/apimachinery/pkg/util/remotecommand``, subprotocols
+``v5.channel.k8s.io`` and ``v4.channel.k8s.io``): every binary message starts with its channel,
+0 stdin, 1 stdout, 2 stderr, 3 the final status (a ``metav1.Status``: ``Success``, or
+``Failure`` with reason ``NonZeroExitCode`` and the exit code as the cause ``ExitCode``, which
+kubectl exits with), 4 terminal size (``{"Width": w, "Height": h}``); v5 adds 255, "the peer
+closed channel N", which is how the end of kubectl's stdin arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import struct
+import termios
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+V5_PROTOCOL = "v5.channel.k8s.io"
+V4_PROTOCOL = "v4.channel.k8s.io"
+STDIN, STDOUT, STDERR, STATUS, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
+READ_CHUNK_BYTES = 32 * 1024
+# After the command exits, how long its output may still drain (a daemon it left behind may
+# hold the pipes open).
+DRAIN_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a container's main process is: user, group, supplementary groups, environment."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    env: dict[str, str]
+
+    @classmethod
+    def of(cls, pid: int) -> Identity:
+        """Read ``/proc/<pid>/status`` (effective ids) and ``/proc/<pid>/environ``.
+
+        Raises:
+            OSError: the process is gone.
+        """
+        status = Path(f"/proc/{pid}/status").read_text()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        pairs = [entry.split(b"=", 1) for entry in environ.split(b"\0") if b"=" in entry]
+        return cls(uid=int(fields["Uid"].split()[1]), gid=int(fields["Gid"].split()[1]),
+                   groups=tuple(int(group) for group in fields.get("Groups", "").split()),
+                   env={key.decode(errors="replace"): value.decode(errors="replace")
+                        for key, value in pairs})
+
+
+def exec_argv(pid: int, identity: Identity, command: list[str], tty: bool) -> list[str]:
+    """The command line that runs ``command`` inside the container whose main process is
+    ``pid``, as ``identity`` (with ``tty``: in a new session whose controlling terminal is the
+    command's standard input)."""
+    groups = (f"--groups={','.join(str(group) for group in identity.groups)}" if identity.groups
+              else "--clear-groups")
+    argv = [_tool("nsenter"), f"--target={pid}", "--mount", "--uts", "--wd", "--",
+            _tool("setpriv"), f"--reuid={identity.uid}", f"--regid={identity.gid}", groups,
+            "--", *command]
+    return [_tool("setsid"), "--ctty", "--wait", *argv] if tty else argv
+
+
+def exit_status(exit_code: int) -> dict[str, Any]:
+    """The status message of channel 3 for ``exit_code`` (as the kubelet's streaming server)."""
+    if exit_code == 0:
+        return {"metadata": {}, "status": "Success"}
+    return {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+            "message": f"command terminated with non-zero exit code: exit status {exit_code}",
+            "details": {"causes": [{"reason": "ExitCode", "message": str(exit_code)}]}}
+
+
+def _tool(name: str) -> str:
+    # Absolute, so that the container's PATH does not decide which nsenter runs.
+    return shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin") or name
+
+
+def _requested(request: web.Request, name: str) -> bool:
+    return request.query.get(name, "") in ("1", "true")
+
+
+async def serve(request: web.Request, pid: int) -> web.StreamResponse:
+    """Run the request's ``command`` in the container of main process ``pid`` over a WebSocket.
+
+    Raises:
+        web.HTTPBadRequest: no command, or not a WebSocket request (SPDY is not served).
+        web.HTTPNotFound: the container's process is gone.
+    """
+    command = request.query.getall("command", [])
+    if not command:
+        raise web.HTTPBadRequest(text="command: at least one word is required")
+    ws = web.WebSocketResponse(protocols=(V5_PROTOCOL, V4_PROTOCOL), max_msg_size=0)
+    if not ws.can_prepare(request).ok:
+        raise web.HTTPBadRequest(text="exec: the local node agent serves WebSocket "
+                                      f"({V5_PROTOCOL}, {V4_PROTOCOL}) only, not SPDY")
+    try:
+        identity = Identity.of(pid)
+    except (OSError, KeyError, ValueError):
+        raise web.HTTPNotFound(text="the container is not running") from None
+    await ws.prepare(request)
+    session = _Session(ws, stdin=_requested(request, "input"),
+                       stdout=_requested(request, "output"),
+                       stderr=_requested(request, "error"), tty=_requested(request, "tty"))
+    await session.run(exec_argv(pid, identity, command, session.tty), identity.env)
+    return ws
+
+
+class _Session:
+    """One exec: the process, its pipes (or terminal) and the WebSocket they are copied to."""
+
+    def __init__(self, ws: web.WebSocketResponse, *, stdin: bool, stdout: bool, stderr: bool,
+                 tty: bool) -> None:
+        self.ws, self.stdin, self.stdout, self.stderr, self.tty = ws, stdin, stdout, stderr, tty
+        self.send_lock = asyncio.Lock()
+        self.terminal: int | None = None  # the pty's master side, with tty
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def run(self, argv: list[str], env: dict[str, str]) -> None:
+        """Start the process, copy streams both ways, send the exit status, close."""
+        if self.tty:
+            self.terminal, follower = os.openpty()
+            try:
+                self.process = await asyncio.create_subprocess_exec(
+                    *argv, stdin=follower, stdout=follower, stderr=follower, env=env,
+                    start_new_session=True)
+            finally:
+                os.close(follower)
+            outputs = [self._copy_terminal()]
+        else:
+            self.process = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE if self.stdin else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+                start_new_session=True)
+            assert self.process.stdout is not None and self.process.stderr is not None
+            outputs = [self._copy(self.process.stdout, STDOUT, self.stdout),
+                       self._copy(self.process.stderr, STDERR, self.stderr)]
+        receiver = asyncio.create_task(self._receive())
+        copies = asyncio.gather(*outputs)
+        try:
+            code = await self.process.wait()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(copies), DRAIN_SECONDS)
+            exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128+N
+            await self._send(STATUS, json.dumps(exit_status(exit_code)).encode())
+        finally:
+            copies.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await copies
+            await self.ws.close()
+            receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await receiver
+            if self.terminal is not None:
+                os.close(self.terminal)
+
+    async def _send(self, channel: int, data: bytes) -> None:
+        async with self.send_lock:
+            with contextlib.suppress(ConnectionError, RuntimeError):  # the client left
+                await self.ws.send_bytes(bytes([channel]) + data)
+
+    async def _copy(self, stream: asyncio.StreamReader, channel: int, wanted: bool) -> None:
+        while chunk := await stream.read(READ_CHUNK_BYTES):
+            if wanted:
+                await self._send(channel, chunk)
+
+    async def _copy_terminal(self) -> None:
+        assert self.terminal is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                chunk = await loop.run_in_executor(None, os.read, self.terminal, READ_CHUNK_BYTES)
+            except OSError:  # EIO: every process of the terminal closed it
+                return
+            if not chunk:
+                return
+            await self._send(STDOUT, chunk)
+
+    async def _receive(self) -> None:
+        """Stdin, its end and terminal sizes from the client; its leaving ends stdin too."""
+        try:
+            async for message in self.ws:
+                if message.type != WSMsgType.BINARY or not message.data:
+                    continue
+                channel, data = message.data[0], message.data[1:]
+                if channel == STDIN:
+                    await self._write_stdin(data)
+                elif channel == CLOSE and data[:1] == bytes([STDIN]):
+                    self._close_stdin()
+                elif channel == RESIZE and self.terminal is not None:
+                    self._resize(data)
+        finally:
+            self._close_stdin()
+
+    async def _write_stdin(self, data: bytes) -> None:
+        if not self.stdin:
+            return
+        if self.terminal is not None:
+            os.write(self.terminal, data)
+            return
+        assert self.process is not None
+        if self.process.stdin is not None and not self.process.stdin.is_closing():
+            with contextlib.suppress(ConnectionError):
+                self.process.stdin.write(data)
+                await self.process.stdin.drain()
+
+    def _close_stdin(self) -> None:
+        if self.terminal is not None:
+            if self.stdin:
+                with contextlib.suppress(OSError):
+                    os.write(self.terminal, b"\x04")  # end of input for a terminal
+            return
+        if self.process is not None and self.process.stdin is not None:
+            self.process.stdin.close()
+
+    def _resize(self, data: bytes) -> None:
+        assert self.terminal is not None
+        try:
+            size = json.loads(data)
+            fcntl.ioctl(self.terminal, termios.TIOCSWINSZ,
+                        struct.pack("HHHH", int(size["Height"]), int(size["Width"]), 0, 0))
+        except (ValueError, KeyError, TypeError, OSError):
+            pass  # a malformed size changes nothing

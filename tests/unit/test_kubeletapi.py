@@ -1,0 +1,63 @@
+"""Pure parts of the node agent's kubelet API: where ``--tail`` starts, the exec command line,
+the exit status sent to kubectl, and the identity an exec takes from the container."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+
+from monarch_operator.localcluster.kubeletapi import tail_start
+from monarch_operator.localcluster.podexec import Identity, exec_argv, exit_status
+
+TAIL_CASES = {
+    "whole file without --tail": (b"a\nb\nc\n", None, b"a\nb\nc\n"),
+    "last line": (b"a\nb\nc\n", 1, b"c\n"),
+    "last two lines": (b"a\nb\nc\n", 2, b"b\nc\n"),
+    "more lines than the file has": (b"a\nb\n", 10, b"a\nb\n"),
+    "zero lines": (b"a\nb\n", 0, b""),
+    "a last line without newline counts": (b"a\nb\nc", 1, b"c"),
+    "two with a partial last line": (b"a\nb\nc", 2, b"b\nc"),
+    "empty lines count": (b"a\n\n\n", 2, b"\n\n"),
+    "empty file": (b"", 3, b""),
+}
+
+
+@pytest.mark.parametrize("content, lines, expected", TAIL_CASES.values(), ids=TAIL_CASES.keys())
+def test_tail_start(content, lines, expected):
+    file = io.BytesIO(content)
+    assert content[tail_start(file, lines):] == expected
+
+
+def test_tail_start_across_blocks():
+    content = b"".join(f"line {i}\n".encode() for i in range(1000))
+    start = tail_start(io.BytesIO(content), 300, block_size=7)
+    assert content[start:].decode().splitlines() == [f"line {i}" for i in range(700, 1000)]
+
+
+def test_exit_status_as_the_kubelet_sends_it():
+    assert exit_status(0) == {"metadata": {}, "status": "Success"}
+    failure = exit_status(7)
+    assert (failure["status"], failure["reason"]) == ("Failure", "NonZeroExitCode")
+    assert failure["details"]["causes"] == [{"reason": "ExitCode", "message": "7"}]
+
+
+def test_exec_argv_enters_the_namespaces_and_takes_the_identity():
+    identity = Identity(uid=1000, gid=1000, groups=(1000, 2000), env={})
+    argv = exec_argv(42, identity, ["cat", "/etc/hostname"], tty=False)
+    assert argv[0].endswith("nsenter")
+    assert argv[1:6] == ["--target=42", "--mount", "--uts", "--wd", "--"]
+    assert argv[6].endswith("setpriv")
+    assert argv[7:] == ["--reuid=1000", "--regid=1000", "--groups=1000,2000", "--",
+                        "cat", "/etc/hostname"]
+    root = exec_argv(42, Identity(uid=0, gid=0, groups=(), env={}), ["id"], tty=True)
+    assert root[0].endswith("setsid") and root[1:3] == ["--ctty", "--wait"]
+    assert "--clear-groups" in root
+
+
+def test_identity_of_a_process():
+    identity = Identity.of(os.getpid())
+    assert (identity.uid, identity.gid) == (os.geteuid(), os.getegid())
+    assert set(identity.groups) == set(os.getgroups())
+    assert identity.env.get("PATH") == os.environ.get("PATH")
