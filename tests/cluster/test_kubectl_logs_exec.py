@@ -173,3 +173,32 @@ def test_exec_into_a_container_that_does_not_run_fails(kubectl, namespace):
     result = run_kubectl(kubectl, "exec", "-n", namespace, "partly", "-c", "done", "--", "true")
     assert result.returncode != 0
     assert 'container "done" in pod "partly" is not running' in result.stderr, result.stderr
+
+
+def test_exec_with_a_terminal(kubectl, namespace):
+    """``kubectl exec -it``: the command's stdin is a terminal; input typed goes to it."""
+    apply_pod(kubectl, namespace, "interactive", "Never", containers=[
+        container("main", "sleep 300")])
+    running_container(kubectl, namespace, "interactive", "main")
+    terminal, follower = os.openpty()
+    with subprocess.Popen(["kubectl", "exec", "-it", "-n", namespace, "interactive", "--",
+                           "sh", "-c", 'tty; read line; echo "got $line"'],
+                          stdin=follower, stdout=follower, stderr=follower, env=kubectl.env,
+                          start_new_session=True) as session:
+        os.close(follower)
+        os.write(terminal, b"typed\r")
+        output = b""
+        deadline = time.monotonic() + 60
+        while b"got typed" not in output and time.monotonic() < deadline:
+            try:
+                chunk = os.read(terminal, 4096)
+            except OSError:  # every end of the terminal closed
+                break
+            if not chunk:
+                break
+            output += chunk
+        session.wait(timeout=60)
+    os.close(terminal)
+    text = output.decode(errors="replace")
+    assert "/dev/pts/" in text and "got typed" in text, text
+    assert session.returncode == 0

@@ -61,3 +61,4 @@ def test_identity_of_a_process():
     assert (identity.uid, identity.gid) == (os.geteuid(), os.getegid())
     assert set(identity.groups) == set(os.getgroups())
     assert identity.env.get("PATH") == os.environ.get("PATH")
+

@@ -4,6 +4,8 @@ Examples::
 
     monarch-localcluster up              # build binaries if needed, start, wait for nodes
     eval "$(monarch-localcluster env)"    # KUBECONFIG and kubectl on PATH for this shell
+    monarch-localcluster status          # running or not, where, component pids and ports
+    kubectl logs -n team-a demo-launcher-abcde   # or, without the kubelet API:
     monarch-localcluster logs team-a/demo-launcher-abcde
     monarch-localcluster logs team-a/demo-worker-0 -c prep --previous
     monarch-localcluster down            # stop every process it started
@@ -19,7 +21,22 @@ from pathlib import Path
 
 from monarch_operator.localcluster.cluster import LocalCluster
 
-DEFAULT_STATE_DIR = Path(os.environ.get("MONARCH_LOCALCLUSTER_DIR", ".localcluster"))
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def default_state_dir() -> Path:
+    """The state directory when ``--dir`` is not given, the same from any working directory:
+    ``$MONARCH_LOCALCLUSTER_DIR`` (made absolute), else ``.localcluster`` in this source
+    checkout, else (an installed package) ``~/.local/state/monarch-localcluster``."""
+    configured = os.environ.get("MONARCH_LOCALCLUSTER_DIR")
+    if configured:
+        return Path(configured).resolve()
+    if (REPO_ROOT / "pyproject.toml").exists():
+        return REPO_ROOT / ".localcluster"
+    return Path.home() / ".local" / "state" / "monarch-localcluster"
+
+
+DEFAULT_STATE_DIR = default_state_dir()
 
 
 def pod_log_path(state_dir: Path, namespace: str, pod: str, container: str | None = None,
@@ -34,18 +51,41 @@ def pod_log_path(state_dir: Path, namespace: str, pod: str, container: str | Non
     return logs[-1] if logs else None
 
 
+def print_status(cluster: LocalCluster) -> int:
+    """Print where the cluster lives and whether each component runs; 0 if all run, else 1."""
+    record = cluster.record()
+    print(f"state dir:   {cluster.state_dir}")
+    print(f"kubeconfig:  {cluster.kubeconfig}")
+    if not record.get("pids"):
+        print("status:      not running (monarch-localcluster up starts it)")
+        return 1
+    running = cluster.is_running()
+    print(f"status:      {'running' if running else 'broken (some components exited)'}")
+    ports = record.get("ports", {})
+    if "apiserver" in ports:
+        print(f"apiserver:   https://127.0.0.1:{ports['apiserver']}")
+    if "kubelet" in ports:
+        print(f"kubelet API: https://127.0.0.1:{ports['kubelet']} (the node agent, every node)")
+    for name in record["pids"]:
+        pid = cluster.pid(name)
+        print(f"  {name:<24} pid {pid} {'running' if cluster.alive(name) else 'exited'}")
+    return 0 if running else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="monarch-localcluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR,
-                        help="state directory (default: $MONARCH_LOCALCLUSTER_DIR or .localcluster)")
+                        help=f"state directory (default: $MONARCH_LOCALCLUSTER_DIR, else "
+                             f"{DEFAULT_STATE_DIR})")
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the cluster")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--gpus-per-node", type=int, default=8)
     sub.add_parser("down", help="stop the cluster")
     sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
+    sub.add_parser("status", help="whether the cluster runs (exit 0) or not (exit 1), and where")
     logs = sub.add_parser("logs", help="print a pod's container output (NAMESPACE/POD)")
     logs.add_argument("pod")
     logs.add_argument("-c", "--container", help="container name (default: the newest log)")
@@ -59,8 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "down":
         cluster.down()
     elif args.command == "env":
+        if not cluster.is_running():
+            print(f"# no local cluster runs in {cluster.state_dir} "
+                  "(monarch-localcluster up starts one)", file=sys.stderr)
         for key, value in cluster.env().items():
             print(f"export {key}={shlex.quote(value)}")
+    elif args.command == "status":
+        return print_status(cluster)
     else:
         namespace, _, pod = args.pod.rpartition("/")
         path = pod_log_path(cluster.state_dir, namespace or "default", pod, args.container,

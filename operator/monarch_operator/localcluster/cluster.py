@@ -166,6 +166,18 @@ class LocalCluster:
         pids = json.loads(self._record.read_text()).get("pids", {})
         return bool(pids) and all(_alive(pid) for pid in pids.values())
 
+    def record(self) -> dict[str, dict[str, int]]:
+        """What ``up`` recorded: ``{"pids": {component: pid}, "ports": {name: port}}``, or
+        ``{}`` when no cluster was started in this state dir."""
+        if not self._record.exists():
+            return {}
+        return dict(json.loads(self._record.read_text()))
+
+    def alive(self, component: str) -> bool:
+        """Whether the recorded process of ``component`` still runs."""
+        pid = self.pid(component)
+        return pid is not None and _alive(pid)
+
     def pid(self, component: str) -> int | None:
         """Process id of a running component (``"agent"``, ``"kwok"``, ...), or ``None``."""
         if not self._record.exists():
