@@ -202,3 +202,18 @@ def test_exec_with_a_terminal(kubectl, namespace):
     text = output.decode(errors="replace")
     assert "/dev/pts/" in text and "got typed" in text, text
     assert session.returncode == 0
+
+
+def test_kubectl_cp_copies_into_and_out_of_the_container(kubectl, namespace, tmp_path):
+    """``kubectl cp`` is tar over exec: the file lands in the pod's volume, and comes back."""
+    apply_pod(kubectl, namespace, "files", "Never", containers=[
+        container("main", "sleep 300", **MOUNT)], **SHARED)
+    running_container(kubectl, namespace, "files", "main")
+    source = tmp_path / "notes.txt"
+    source.write_text("copied in\n")
+    kubectl("cp", str(source), f"{namespace}/files:/work/notes.txt")
+    assert kubectl("exec", "-n", namespace, "files", "--", "cat", "/work/notes.txt") == (
+        "copied in\n")
+    kubectl("exec", "-n", namespace, "files", "--", "sh", "-c", "echo back out > /work/out.txt")
+    kubectl("cp", f"{namespace}/files:/work/out.txt", str(tmp_path / "out.txt"))
+    assert (tmp_path / "out.txt").read_text() == "back out\n"
