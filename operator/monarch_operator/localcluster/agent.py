@@ -12,7 +12,9 @@ For each pod that kwok gave an IP on one of its nodes, the agent:
   and ``initContainerStatuses`` with exit codes, termination messages, restart counts) as one
   annotation, which a kwok Stage copies into the pod's status;
 - when a container's main process ends, kills the rest of its processes (as the end of its PID
-  namespace would) and lets go of its namespace; when the pod is deleted, stops all of it.
+  namespace would) and lets go of its namespace; when the pod is deleted, stops all of it;
+- serves the kubelet API for ``kubectl logs`` and ``kubectl exec`` (``kubeletapi.py``), given
+  ``--kubelet-port``.
 Failures of the agent show on the pod: a sandbox that could not start a container ends that
 container with reason ``StartError`` (exit code 128) and the sandbox's own words; an unexpected
 error fails the pod with reason ``NodeAgentError``.
