@@ -44,6 +44,8 @@ from monarch_operator.localcluster import kubeletapi, podfiles, podstatus, sandb
 
 # The pod status the agent computed, as JSON; the kwok Stage local-pod-status applies it.
 ANNOTATION_STATUS = "localcluster.monarch-operator.dev/status"
+# On a pod: simulated by kwok Stages (kwok-stages.yaml, for benchmarks); the agent leaves it alone.
+LABEL_SIMULATE = "localcluster.monarch-operator.dev/simulate"
 # Optional, on a pod: the crash-loop back-off's first delay in seconds (kubelet: 10; for tests).
 ANNOTATION_BACKOFF = "localcluster.monarch-operator.dev/crash-loop-backoff-seconds"
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -154,6 +156,7 @@ class Agent:
         return (meta["uid"] in live and meta["uid"] not in self.runs
                 and bool(status.get("podIP")) and status["podIP"] not in busy_ips
                 and status.get("phase") not in ("Succeeded", "Failed")
+                and LABEL_SIMULATE not in (meta.get("labels") or {})
                 # run by an earlier agent process: its containers are gone with it
                 and ANNOTATION_STATUS not in (meta.get("annotations") or {}))
 

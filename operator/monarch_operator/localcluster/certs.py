@@ -3,7 +3,9 @@
 One CA signs the apiserver's serving certificate (SANs 127.0.0.1, localhost), the admin client
 certificate (``O=system:masters``), the node agent's kubelet serving certificate (127.0.0.1) and
 the client certificate the apiserver shows the kubelet (``CN=kube-apiserver-kubelet-client``, as
-kubeadm names it); a separate key pair signs service-account tokens.
+kubeadm names it), and more client certificates on demand (``write_client_cert``: e.g. one per
+benchmarked operator, so that the audit log names its requests); a separate key pair signs
+service-account tokens.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def _sign(
 
 
 def write_pki(directory: Path) -> None:
-    """Write ``ca.crt``, ``apiserver.{crt,key}``, ``admin.{crt,key}``, ``kubelet.{crt,key}``,
+    """Write ``ca.{crt,key}``, ``apiserver.{crt,key}``, ``admin.{crt,key}``, ``kubelet.{crt,key}``,
     ``apiserver-kubelet-client.{crt,key}`` and ``sa.{key,pub}``.
 
     Args:
@@ -122,6 +124,8 @@ def write_pki(directory: Path) -> None:
     sa_key = _key()
     files = {
         "ca.crt": _pem_cert(ca_cert),
+        # Kept so that write_client_cert can sign more client certificates later.
+        "ca.key": _pem_key(ca_key),
         "apiserver.crt": _pem_cert(server_cert),
         "apiserver.key": _pem_key(server_key),
         "admin.crt": _pem_cert(admin_cert),
@@ -136,6 +140,24 @@ def write_pki(directory: Path) -> None:
         ),
     }
     for file_name, content in files.items():
+        path = directory / file_name
+        path.write_bytes(content)
+        path.chmod(0o600)
+
+
+def write_client_cert(directory: Path, user: str, organization: str | None = None) -> None:
+    """Sign a client certificate for ``user`` (CN) in ``organization`` (O, the Kubernetes group)
+    with the CA that ``write_pki`` wrote there; writes ``<user>.crt`` and ``<user>.key``.
+
+    Raises:
+        FileNotFoundError: ``ca.crt`` or ``ca.key`` is missing in ``directory``.
+    """
+    ca_cert = x509.load_pem_x509_certificate((directory / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = _key()
+    cert = _sign(_name(user, organization), key.public_key(), ca_cert.subject, ca_key)
+    for file_name, content in ((f"{user}.crt", _pem_cert(cert)), (f"{user}.key", _pem_key(key))):
         path = directory / file_name
         path.write_bytes(content)
         path.chmod(0o600)

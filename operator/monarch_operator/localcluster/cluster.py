@@ -52,6 +52,15 @@ AUDIT_POLICY = {
 AUDIT_LOG = "audit.log"
 
 
+def audit_policy(users: tuple[str, ...] = ()) -> dict[str, object]:
+    """``AUDIT_POLICY``, plus every request (reads and leases too) of ``users`` at Metadata
+    level when any are given (the first matching rule wins)."""
+    if not users:
+        return AUDIT_POLICY
+    everything = {"level": "Metadata", "users": list(users)}
+    return {**AUDIT_POLICY, "rules": [everything, *AUDIT_POLICY["rules"]]}  # type: ignore[list-item]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket() as sock:
@@ -65,15 +74,23 @@ class LocalCluster:
     Args:
         state_dir: certificates, kubeconfig, etcd data, logs, pod files and ``cluster.json``.
         nodes: number of kwok nodes, each advertising ``gpus_per_node`` ``nvidia.com/gpu``.
+        node_agent: run the node agent (real pod processes). Benchmarks that only use simulated
+            pods (label ``localcluster.monarch-operator.dev/simulate``, see kwok-stages.yaml)
+            turn it off.
+        audit_users: user names (client certificate CNs) whose every request, reads and leases
+            included, the audit log records too (``audit_policy``); e.g. benchmarked operators.
     """
 
-    def __init__(self, state_dir: Path, nodes: int = 3, gpus_per_node: int = 8) -> None:
+    def __init__(self, state_dir: Path, nodes: int = 3, gpus_per_node: int = 8,
+                 node_agent: bool = True, audit_users: tuple[str, ...] = ()) -> None:
         if not ipaddress.ip_network(POD_CIDR).subnet_of(ipaddress.ip_network("127.0.0.0/8")):
             raise ValueError(f"MONARCH_LOCALCLUSTER_POD_CIDR={POD_CIDR!r} must lie inside "
                              "127.0.0.0/8: the local cluster never uses other addresses")
         self.state_dir = Path(state_dir).resolve()
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
+        self.node_agent = node_agent
+        self.audit_users = tuple(audit_users)
         self.kubeconfig = self.state_dir / "kubeconfig"
         self.logs = self.state_dir / "logs"
         # Write requests seen by the API server, one JSON audit event per line (AUDIT_POLICY).
@@ -98,7 +115,8 @@ class LocalCluster:
         for sub in ("pki", "logs", "etcd"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
         certs.write_pki(self.state_dir / "pki")
-        (self.state_dir / "audit-policy.json").write_text(json.dumps(AUDIT_POLICY, indent=2))
+        (self.state_dir / "audit-policy.json").write_text(
+            json.dumps(audit_policy(self.audit_users), indent=2))
         ports = {name: free_port() for name in ("etcd", "etcd_peer", "apiserver", "kcm",
                                                   "scheduler", "kwok", "kubelet")}
         self._write_kubeconfig(ports["apiserver"])
@@ -113,12 +131,14 @@ class LocalCluster:
             self._save(pids, ports)
             self._wait_http(f"https://127.0.0.1:{ports['apiserver']}/readyz", "kube-apiserver", pids)
             progress("kube-apiserver up")
-            for name, args in (
+            components = [
                 ("kube-controller-manager", self._kcm_args(bin_dir, ports)),
                 ("kube-scheduler", self._scheduler_args(bin_dir, ports)),
                 ("kwok", self._kwok_args(bin_dir, ports)),
-                ("agent", self._agent_args(ports)),
-            ):
+            ]
+            if self.node_agent:
+                components.append(("agent", self._agent_args(ports)))
+            for name, args in components:
                 pids[name] = self._start(name, args)
                 self._save(pids, ports)
             self._create_nodes(bin_dir)
@@ -190,6 +210,24 @@ class LocalCluster:
         bin_dir = ensure_binaries()
         return {"KUBECONFIG": str(self.kubeconfig),
                 "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def user_kubeconfig(self, user: str) -> Path:
+        """A kubeconfig for the running cluster whose client certificate names ``user`` (group
+        ``system:masters``), so that this client's requests carry its own name in the audit log.
+
+        Returns:
+            ``<state_dir>/kubeconfig-<user>``.
+        Raises:
+            RuntimeError: the cluster is not up (no recorded API server port).
+        """
+        if not self._record.exists():
+            raise RuntimeError(f"no local cluster in {self.state_dir}")
+        port = json.loads(self._record.read_text())["ports"]["apiserver"]
+        pki = self.state_dir / "pki"
+        certs.write_client_cert(pki, user, "system:masters")
+        path = self.state_dir / f"kubeconfig-{user}"
+        self._write_kubeconfig(port, path, pki / f"{user}.crt", pki / f"{user}.key")
+        return path
 
     # -- component arguments -----------------------------------------------------------------
     def _etcd_args(self, bin_dir: Path, ports: dict[str, int]) -> list[str]:
@@ -268,20 +306,22 @@ class LocalCluster:
         self._processes[process.pid] = process
         return process.pid
 
-    def _write_kubeconfig(self, apiserver_port: int) -> None:
+    def _write_kubeconfig(self, apiserver_port: int, path: Path | None = None,
+                          cert: Path | None = None, key: Path | None = None) -> None:
         pki = self.state_dir / "pki"
+        path = path or self.kubeconfig
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "local",
             "clusters": [{"name": "local", "cluster": {
                 "server": f"https://127.0.0.1:{apiserver_port}",
                 "certificate-authority": str(pki / "ca.crt")}}],
             "users": [{"name": "admin", "user": {
-                "client-certificate": str(pki / "admin.crt"),
-                "client-key": str(pki / "admin.key")}}],
+                "client-certificate": str(cert or pki / "admin.crt"),
+                "client-key": str(key or pki / "admin.key")}}],
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
         }
-        self.kubeconfig.write_text(json.dumps(config, indent=2))
-        self.kubeconfig.chmod(0o600)
+        path.write_text(json.dumps(config, indent=2))
+        path.chmod(0o600)
 
     def _save(self, pids: dict[str, int], ports: dict[str, int]) -> None:
         self._record.write_text(json.dumps({"pids": pids, "ports": ports}, indent=2))
