@@ -4,7 +4,7 @@ import base64
 
 import pytest
 
-from monarch_operator.localcluster import podfiles
+from monarch_operator.localcluster import podfiles, volumes
 
 POD = {
     "metadata": {"name": "demo-worker-0", "namespace": "team-a", "uid": "u1"},
@@ -44,7 +44,7 @@ def test_unknown_field_ref_is_an_error():
 
 
 def test_volumes_written_with_items_and_mode(tmp_path):
-    dirs = podfiles.write_volumes(POD, tmp_path, lookup)
+    dirs = volumes.write_volumes(POD, tmp_path, lookup)
     key = dirs["ssh"] / "authorized_keys"
     assert key.read_bytes() == b"ssh-ed25519 AAAA\n"
     assert key.stat().st_mode & 0o777 == 0o400

@@ -12,3 +12,14 @@ def test_sandbox_script_names_no_file_descriptor_by_variable_or_above_nine():
     # number handed over in a variable is whatever the agent happened to have free: >= 10 once
     # it tracks a few pods. The script takes its "go" on stdin instead.
     assert not re.search(r"[<>]&\s*\$|\$\{?\w+\}?[<>]|\d{2,}\s*[<>]|eval", SANDBOX_SCRIPT)
+
+
+def test_sandbox_script_variables_cannot_clobber_the_containers_env():
+    # The container's env is the script's environment: assigning `name=...` in the script
+    # would change the pod's own variable `name` before the exec.
+    code = "\n".join(line for line in SANDBOX_SCRIPT.splitlines()
+                     if not line.lstrip().startswith("#")).replace("-o mode=", "-o ")
+    assigned = set(re.findall(r"(?:^|[\s;])([A-Za-z_][A-Za-z0-9_]*)=", code))
+    loop_vars = set(re.findall(r"\bfor ([A-Za-z_][A-Za-z0-9_]*)\b", code))
+    assert {name for name in assigned | loop_vars
+            if not name.startswith("__sb_")} <= {"IFS"}, assigned | loop_vars

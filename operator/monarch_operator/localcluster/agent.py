@@ -3,9 +3,17 @@
 For each pod that kwok gave an IP on one of its nodes, the agent:
 - runs the pod's init containers in order, each to completion, then its containers, each as a
   local process in its own mount and UTS namespace (``sandbox.py``): the pod's hostname, a
-  private ``/dev`` mirroring the machine's, its Secret/ConfigMap/emptyDir volumes at their mount
-  paths (the same directories for every container of the pod), a cluster hosts file at
-  ``/etc/hosts`` and a fresh empty file at ``terminationMessagePath`` for every instance;
+  private ``/dev`` mirroring the machine's, its volumes at their mount paths (``volumes.py``:
+  Secret, ConfigMap, downwardAPI and projected ones read-only, emptyDir; the same directories
+  for every container of the pod), a cluster hosts file at ``/etc/hosts`` and a fresh empty
+  file at ``terminationMessagePath`` for every instance;
+- runs each process as its ``securityContext`` says (``identity.py``: ``runAsUser``,
+  ``runAsGroup``, ``supplementalGroups``, ``fsGroup`` on the volumes' files, the
+  ``runAsNonRoot`` refusal as ``CreateContainerConfigError``) with the kubelet's environment
+  (``podfiles.py``: ``env``, ``envFrom``, ``fieldRef``, ``resourceFieldRef``);
+- gives pods their service-account token and the API server's address (``serviceaccount.py``:
+  the ``kube-api-access-*`` volume's token from the TokenRequest API, bound to the pod and
+  renewed at 80% of its lifetime; ``KUBERNETES_SERVICE_HOST=127.0.0.1`` and the real port);
 - restarts containers as ``restartPolicy`` asks, with the kubelet's crash-loop back-off
   (``podstatus.py``), and runs ``tcpSocket`` readiness probes against the pod IP;
 - reports the pod's status as the kubelet computes it (phase, conditions, ``containerStatuses``
@@ -20,7 +28,8 @@ container with reason ``StartError`` (exit code 128) and the sandbox's own words
 error fails the pod with reason ``NodeAgentError``.
 
 Without network namespaces all pods share the loopback interface, so the agent passes the pod
-IP as ``SSH_LISTEN_ADDRESS`` for sshd to bind. Containers run as the agent's user.
+IP as ``SSH_LISTEN_ADDRESS`` for sshd to bind. A container without ``runAsUser`` runs as the
+agent's user (root), as an image without ``USER`` would.
 """
 
 from __future__ import annotations
@@ -40,7 +49,8 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.localcluster import kubeletapi, podfiles, podstatus, sandbox
+from monarch_operator.localcluster import (identity, kubeletapi, podfiles, podstatus, sandbox,
+                                           serviceaccount, volumes)
 
 # The pod status the agent computed, as JSON; the kwok Stage local-pod-status applies it.
 ANNOTATION_STATUS = "localcluster.monarch-operator.dev/status"
@@ -51,6 +61,8 @@ ANNOTATION_BACKOFF = "localcluster.monarch-operator.dev/crash-loop-backoff-secon
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # Image paths that live elsewhere on this machine: the worker image's entrypoint.
 IMAGE_PATHS = {"/usr/local/bin/monarch-worker-entrypoint": REPO_ROOT / "images/worker/entrypoint.sh"}
+# What "the image" is made of here, which a non-root container must be able to reach.
+IMAGE_ROOTS = [Path(sys.executable).resolve(), Path(sys.prefix), Path(sys.base_prefix), REPO_ROOT]
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STOP_GRACE_SECONDS = 3.0
 
@@ -76,6 +88,7 @@ class PodRun:
     workdir: Path
     containers: dict[str, Running] = field(default_factory=dict)
     volumes: dict[str, Path] | None = None
+    tokens: serviceaccount.PodTokens | None = None
     reported: str = ""
 
     @property
@@ -205,6 +218,8 @@ class Agent:
         for running in run.containers.values():
             if not running.record.init:
                 running.record.ready = self._probe(run, running.spec)
+        if run.tokens is not None:
+            run.tokens.refresh(now)
         for record in run.record.due(now):
             self._start_container(run, record, now)
 
@@ -232,8 +247,11 @@ class Agent:
                          now: float) -> None:
         pod, spec, workdir = run.pod, run.spec_of(record), run.workdir
         try:
+            identity.verify_run_as_non_root(pod, spec)
             if run.volumes is None:
-                run.volumes = podfiles.write_volumes(pod, workdir / "volumes", self._lookup)
+                run.tokens = serviceaccount.PodTokens(self.core, pod)
+                run.volumes = volumes.write_volumes(pod, workdir / "volumes", self._lookup,
+                                                    run.tokens.write, self._allocatable(pod))
             env = self._env(pod, spec, workdir)
         except (ValueError, KeyError, ApiException) as error:
             why = (f"reading its Secret/ConfigMap: {error.status} {error.reason}"
@@ -250,11 +268,16 @@ class Agent:
         command = [str(IMAGE_PATHS.get(command[0], command[0])),
                    *(podfiles.expand(arg, env) for arg in command[1:])]
         log_path, termination_path, mounts = self._instance_files(run, record, spec)
+        user = identity.prepare_user(identity.identity(pod, spec), workdir, IMAGE_ROOTS)
+        mounts += [sandbox.Mount(source, target, read_only)
+                   for target, (source, read_only) in user.mounts.items()]
+        if user.home:
+            env["HOME"] = user.home
         try:
             process = sandbox.start(
                 command, hostname=pod["spec"].get("hostname") or pod["metadata"]["name"],
                 mounts=mounts, env=env, workdir=workdir, log_path=log_path, name=record.name,
-                working_dir=spec.get("workingDir") or "")
+                working_dir=spec.get("workingDir") or "", user=user.user, expose=user.expose)
         except sandbox.SandboxError as error:
             self._start_failed(run, record, now, f"the container's sandbox failed: {error}")
             return
@@ -266,9 +289,9 @@ class Agent:
                  " ".join(command))
 
     def _instance_files(self, run: PodRun, record: podstatus.ContainerRecord,
-                        spec: dict[str, Any]) -> tuple[Path, Path, list[tuple[Path, str]]]:
+                        spec: dict[str, Any]) -> tuple[Path, Path, list[sandbox.Mount]]:
         """Log file, termination-message file and mounts for a new instance of a container."""
-        workdir, volumes = run.workdir, run.volumes or {}
+        workdir, pod_volumes = run.workdir, run.volumes or {}
         log_path = workdir / f"{record.name}.log"
         if record.runs and log_path.exists():  # `kubectl logs --previous` keeps one instance
             log_path.replace(workdir / f"{record.name}.previous.log")
@@ -280,10 +303,14 @@ class Agent:
         hostname_path = workdir / "hostname"
         if not hostname_path.exists():
             hostname_path.write_text(f"{_hostname(run.pod)}\n")
-        mounts = [(self.hosts_path, "/etc/hosts"), (hostname_path, "/etc/hostname")]
+        kinds = {volume["name"]: volume for volume in run.pod["spec"].get("volumes") or []}
+        mounts = [sandbox.Mount(self.hosts_path, "/etc/hosts"),
+                  sandbox.Mount(hostname_path, "/etc/hostname")]
         for mount in spec.get("volumeMounts") or []:
-            mounts.append((volumes[mount["name"]] / mount.get("subPath", ""), mount["mountPath"]))
-        mounts.append((termination_path, podfiles.termination_message_path(spec)))
+            read_only = bool(mount.get("readOnly")) or volumes.read_only_kind(kinds[mount["name"]])
+            mounts.append(sandbox.Mount(pod_volumes[mount["name"]] / mount.get("subPath", ""),
+                                        mount["mountPath"], read_only))
+        mounts.append(sandbox.Mount(termination_path, podfiles.termination_message_path(spec)))
         return log_path, termination_path, mounts
 
     def _start_failed(self, run: PodRun, record: podstatus.ContainerRecord, now: float,
@@ -304,7 +331,10 @@ class Agent:
                "LANG": "C.UTF-8",
                # No network namespace: sshd must bind the pod IP, not every loopback address.
                "SSH_LISTEN_ADDRESS": pod["status"]["podIP"]}
-        env.update(podfiles.container_env(pod, container, self._lookup))
+        env.update(podfiles.container_env(
+            pod, container, self._lookup,
+            serviceaccount.api_server_env(self.core.api_client.configuration.host),
+            self._allocatable(pod)))
         # "The image": this machine's Python environment with monarch-operator installed.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
         return env
@@ -320,6 +350,14 @@ class Agent:
                 raise KeyError(f'{kind.lower()} "{name}" not found') from error
             raise
         return podfiles.decode_data(self.core.api_client.sanitize_for_serialization(obj))
+
+    def _allocatable(self, pod: dict[str, Any]) -> dict[str, str]:
+        """The pod's node's allocatable resources (limits a container leaves unset), read
+        only for a pod that has a ``resourceFieldRef``."""
+        if "resourceFieldRef" not in json.dumps(pod["spec"]):
+            return {}
+        node = self.core.read_node(pod["spec"]["nodeName"])
+        return dict(node.status.allocatable or {})
 
     def _probe(self, run: PodRun, spec: dict[str, Any]) -> bool:
         port = _probe_port(spec)

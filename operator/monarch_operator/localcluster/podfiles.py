@@ -1,5 +1,5 @@
-"""What the kubelet would prepare for a container: env values, volume files, the hosts file,
-and what it reads back when the container ends: the termination message.
+"""What the kubelet would prepare for a container: env values, the hosts file, and what it
+reads back when the container ends: the termination message (volume files: ``volumes.py``).
 
 Pure functions over pod dicts plus a ``lookup`` callback for Secrets and ConfigMaps, so they
 are tested without a cluster.
@@ -8,10 +8,13 @@ are tested without a cluster.
 from __future__ import annotations
 
 import base64
+import json
+import math
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
 
 # lookup(kind, namespace, name) -> the object's data as {key: bytes}
 Lookup = Callable[[str, str, str], dict[str, bytes]]
@@ -41,12 +44,19 @@ def expand(value: str, env: dict[str, str]) -> str:
 def field_value(pod: dict[str, Any], field_path: str) -> str:
     """Value of a downward-API ``fieldRef`` such as ``status.podIP`` or ``metadata.labels['a']``.
 
+    ``metadata.labels`` and ``metadata.annotations`` as a whole (downwardAPI volumes only) are
+    ``key="value"`` lines, sorted by key, as the kubelet writes them.
+
     Raises:
         ValueError: a field path this agent does not know.
     """
     label = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", field_path)
     if label:
         return str((pod["metadata"].get(label.group(1)) or {}).get(label.group(2), ""))
+    if field_path in ("metadata.labels", "metadata.annotations"):
+        values = pod["metadata"].get(field_path.split(".")[1]) or {}
+        return "\n".join(f"{key}={json.dumps(str(values[key]), ensure_ascii=False)}"
+                         for key in sorted(values))
     simple = {
         "metadata.name": pod["metadata"]["name"],
         "metadata.namespace": pod["metadata"]["namespace"],
@@ -61,60 +71,100 @@ def field_value(pod: dict[str, Any], field_path: str) -> str:
     return str(simple[field_path])
 
 
-def container_env(pod: dict[str, Any], container: dict[str, Any], lookup: Lookup) -> dict[str, str]:
-    """The container's ``env`` resolved in order (``value``, ``fieldRef``, secret/configMap keys)."""
+def resource_value(pod: dict[str, Any], container: dict[str, Any], selector: dict[str, Any],
+                   allocatable: dict[str, str] | None = None) -> str:
+    """Value of a downward-API ``resourceFieldRef`` (``limits.cpu``, ``requests.memory``, ...).
+
+    As the kubelet resolves it (pkg/api/v1/resource/helpers.go ``ExtractContainerResourceValue``):
+    the container named by ``containerName`` (default ``container``); a limit the container does
+    not set is the node's allocatable (kubelet ``defaultPodLimitsForDownwardAPI``); the value is
+    divided by ``divisor`` (default 1) and rounded up: CPU in millicores, memory and
+    ephemeral-storage in bytes.
+
+    Raises:
+        ValueError: an unknown container or resource.
+    """
+    name = selector.get("containerName") or container["name"]
+    target = next((c for key in ("containers", "initContainers")
+                   for c in pod["spec"].get(key) or [] if c["name"] == name), None)
+    if target is None:
+        raise ValueError(f"resourceFieldRef: container {name!r} not found in the pod")
+    kind, _, resource = str(selector["resource"]).partition(".")
+    if kind not in ("limits", "requests") or resource not in ("cpu", "memory",
+                                                               "ephemeral-storage"):
+        raise ValueError(f"unsupported container resource : {selector['resource']}")
+    resources = (target.get("resources") or {}).get(kind) or {}
+    quantity = resources.get(resource)
+    if quantity is None and kind == "limits":
+        quantity = (allocatable or {}).get(resource)
+    amount = parse_quantity(quantity if quantity is not None else 0)
+    divisor = parse_quantity(selector.get("divisor") or "1")
+    if divisor == 0:
+        divisor = parse_quantity("1")
+    if resource == "cpu":  # Quantity.MilliValue() rounds up
+        return str(math.ceil(math.ceil(amount * 1000) / math.ceil(divisor * 1000)))
+    return str(math.ceil(math.ceil(amount) / math.ceil(divisor)))
+
+
+def container_env(pod: dict[str, Any], container: dict[str, Any], lookup: Lookup,
+                  service_env: dict[str, str] | None = None,
+                  allocatable: dict[str, str] | None = None) -> dict[str, str]:
+    """The container's environment as the kubelet makes it (``makeEnvironmentVariables``).
+
+    ``service_env`` first (the API server's ``KUBERNETES_SERVICE_*``), then ``envFrom`` in
+    order (every key of the ConfigMap or Secret, after ``prefix``), then ``env`` in order
+    (``value`` with ``$(VAR)`` expansion over what came before, ``fieldRef``,
+    ``resourceFieldRef``, ``secretKeyRef``/``configMapKeyRef``); later names win. A source or
+    key marked ``optional`` that does not exist is skipped.
+
+    Raises:
+        KeyError: a Secret, ConfigMap or key that is not optional is missing (the kubelet's
+            words: ``configmap "x" not found``, ``couldn't find key k in Secret ns/x``).
+        ValueError: an unsupported ``fieldRef`` or ``resourceFieldRef``.
+    """
     namespace = pod["metadata"]["namespace"]
-    env: dict[str, str] = {}
+    env: dict[str, str] = dict(service_env or {})
+    for source in container.get("envFrom") or []:
+        kind = "Secret" if "secretRef" in source else "ConfigMap"
+        ref = source.get("secretRef") or source.get("configMapRef") or {}
+        data = _lookup_optional(lookup, kind, namespace, ref)
+        for key, value in (data or {}).items():
+            env[f"{source.get('prefix') or ''}{key}"] = value.decode()
     for item in container.get("env") or []:
         name = item["name"]
-        if "value" in item:
-            env[name] = expand(str(item["value"]), env)
+        if "value" in item or not item.get("valueFrom"):
+            env[name] = expand(str(item.get("value") or ""), env)
             continue
-        source = item.get("valueFrom") or {}
+        source = item["valueFrom"]
         if "fieldRef" in source:
             env[name] = field_value(pod, source["fieldRef"]["fieldPath"])
+        elif "resourceFieldRef" in source:
+            env[name] = resource_value(pod, container, source["resourceFieldRef"], allocatable)
         elif "secretKeyRef" in source or "configMapKeyRef" in source:
             kind = "Secret" if "secretKeyRef" in source else "ConfigMap"
             ref = source.get("secretKeyRef") or source["configMapKeyRef"]
-            env[name] = _key(lookup(kind, namespace, ref["name"]), ref["key"], kind,
-                             f"{namespace}/{ref['name']}").decode()
+            data = _lookup_optional(lookup, kind, namespace, ref)
+            if data is None or (ref.get("optional") and ref["key"] not in data):
+                continue
+            env[name] = _key(data, ref["key"], kind, f"{namespace}/{ref['name']}").decode()
     return env
+
+
+def _lookup_optional(lookup: Lookup, kind: str, namespace: str,
+                     ref: dict[str, Any]) -> dict[str, bytes] | None:
+    """The object's data, or ``None`` when it is missing and ``ref`` says ``optional``."""
+    try:
+        return lookup(kind, namespace, ref["name"])
+    except KeyError:
+        if ref.get("optional"):
+            return None
+        raise
 
 
 def _key(data: dict[str, bytes], key: str, kind: str, where: str) -> bytes:
     if key not in data:  # the kubelet's words
         raise KeyError(f"couldn't find key {key} in {kind} {where}")
     return data[key]
-
-
-def write_volumes(pod: dict[str, Any], root: Path, lookup: Lookup) -> dict[str, Path]:
-    """Materialise the pod's secret, configMap and emptyDir volumes under ``root``.
-
-    Returns:
-        Volume name -> directory holding its files (mode from ``defaultMode``/``mode``).
-
-    Raises:
-        KeyError: a referenced Secret/ConfigMap key is missing (the kubelet fails the same way).
-    """
-    namespace = pod["metadata"]["namespace"]
-    directories: dict[str, Path] = {}
-    for volume in pod["spec"].get("volumes") or []:
-        directory = root / volume["name"]
-        directory.mkdir(parents=True, exist_ok=True)
-        directories[volume["name"]] = directory
-        source = volume.get("secret") or volume.get("configMap")
-        if source is None:
-            continue  # emptyDir and others: an empty directory
-        kind = "Secret" if "secret" in volume else "ConfigMap"
-        name = source.get("secretName") or source.get("name")
-        data = lookup(kind, namespace, name)
-        items = source.get("items") or [{"key": key, "path": key} for key in data]
-        for item in items:
-            path = directory / item["path"]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(_key(data, item["key"], kind, f"{namespace}/{name}"))
-            path.chmod(item.get("mode", source.get("defaultMode", 0o644)))
-    return directories
 
 
 def decode_data(obj: dict[str, Any]) -> dict[str, bytes]:

@@ -27,7 +27,11 @@ from pathlib import Path
 
 # Runs inside the new namespaces. Arguments: marker file (relative to the working directory),
 # an empty directory for the machine's /dev meanwhile, hostname, working directory ("" = stay),
-# SOURCE=TARGET mounts, "--", the command. Its standard input carries the agent's "go": the
+# the user to run as ("UID:GID:G1,G2", "" = stay root), then SOURCE=TARGET mounts (prefix
+# "ro:" for a read-only one) and "expose:DIR=CHILD/CHILD" entries, "--", the command.
+# The mounts need root, so the command gets its user only at the exec (setpriv, util-linux).
+# The script's own variables start with "__sb_": a variable that came in the environment is
+# exported, so assigning to a name the pod's env also sets would change what the command gets. Its standard input carries the agent's "go": the
 # agent says go once it holds the namespace, so that a command that exits at once cannot take
 # its namespace with it before the agent tracks it.
 # The private /dev is a tmpfs mirroring the machine's /dev (devices and symlinks copied,
@@ -38,36 +42,60 @@ from pathlib import Path
 SANDBOX_SCRIPT = r"""
 set -e
 private_dev() {
-  real="$1"
-  mount --rbind /dev "$real"
+  __sb_real="$1"
+  mount --rbind /dev "$__sb_real"
   mount -t tmpfs -o mode=755,nosuid tmpfs /dev
   set --
-  for entry in "$real"/* "$real"/.[!.]*; do
-    [ -e "$entry" ] || [ -L "$entry" ] || continue
-    name="${entry##*/}"
-    if [ -L "$entry" ] || [ -c "$entry" ] || [ -b "$entry" ]; then set -- "$@" "$entry"
-    elif [ -d "$entry" ]; then mkdir "/dev/$name"; mount --rbind "$entry" "/dev/$name"
-    else : > "/dev/$name"; mount --bind "$entry" "/dev/$name"; fi
+  for __sb_entry in "$__sb_real"/* "$__sb_real"/.[!.]*; do
+    [ -e "$__sb_entry" ] || [ -L "$__sb_entry" ] || continue
+    __sb_name="${__sb_entry##*/}"
+    if [ -L "$__sb_entry" ] || [ -c "$__sb_entry" ] || [ -b "$__sb_entry" ]; then set -- "$@" "$__sb_entry"
+    elif [ -d "$__sb_entry" ]; then mkdir "/dev/$__sb_name"; mount --rbind "$__sb_entry" "/dev/$__sb_name"
+    else : > "/dev/$__sb_name"; mount --bind "$__sb_entry" "/dev/$__sb_name"; fi
   done
   # One cp for the ~100 device nodes (fast); binding each one is the fallback without mknod.
   if [ $# -gt 0 ] && ! cp -a "$@" /dev/ 2>/dev/null; then
-    for entry; do
-      name="${entry##*/}"
-      if [ -L "$entry" ]; then [ -L "/dev/$name" ] || ln -s "$(readlink "$entry")" "/dev/$name"
-      else [ -e "/dev/$name" ] || : > "/dev/$name"; mount --bind "$entry" "/dev/$name"; fi
+    for __sb_entry; do
+      __sb_name="${__sb_entry##*/}"
+      if [ -L "$__sb_entry" ]; then [ -L "/dev/$__sb_name" ] || ln -s "$(readlink "$__sb_entry")" "/dev/$__sb_name"
+      else [ -e "/dev/$__sb_name" ] || : > "/dev/$__sb_name"; mount --bind "$__sb_entry" "/dev/$__sb_name"; fi
     done
   fi
-  umount -R "$real" 2>/dev/null || umount -l "$real"
+  umount -R "$__sb_real" 2>/dev/null || umount -l "$__sb_real"
 }
-marker="$1"; shift
+# Makes the listed children of a directory the user cannot enter reachable, hiding the rest of
+# it: a tmpfs over the directory, each child bind-mounted back from a saved view of it.
+expose() {
+  __sb_dir="$1"; __sb_children="$2"; __sb_saved="$3"
+  mkdir -p "$__sb_saved"
+  mount --rbind "$__sb_dir" "$__sb_saved"
+  mount -t tmpfs -o mode=755 tmpfs "$__sb_dir"
+  __sb_old_ifs="$IFS"; IFS=/
+  for __sb_child in $__sb_children; do
+    mkdir -p "$__sb_dir/$__sb_child"
+    mount --rbind "$__sb_saved/$__sb_child" "$__sb_dir/$__sb_child"
+  done
+  IFS="$__sb_old_ifs"
+  umount -R "$__sb_saved" 2>/dev/null || umount -l "$__sb_saved"
+}
+__sb_marker="$1"; shift
 private_dev "$1"; shift
 hostname "$1"; shift
-workdir="$1"; shift
+__sb_workdir="$1"; shift
+__sb_user="$1"; shift
 while [ "$1" != "--" ]; do
-  src="${1%%=*}"; dst="${1#*=}"; shift
-  if [ -d "$src" ]; then mkdir -p "$dst"
-  elif [ ! -e "$dst" ]; then mkdir -p "${dst%/*}"; : > "$dst"; fi
-  mount --bind "$src" "$dst"
+  case "$1" in
+    expose:*) __sb_entry="${1#expose:}"; shift
+      expose "${__sb_entry%%=*}" "${__sb_entry#*=}" "$__sb_marker.expose"; continue ;;
+    ro:*) __sb_read_only=1; __sb_entry="${1#ro:}" ;;
+    *) __sb_read_only=""; __sb_entry="$1" ;;
+  esac
+  shift
+  __sb_src="${__sb_entry%%=*}"; __sb_dst="${__sb_entry#*=}"
+  if [ -d "$__sb_src" ]; then mkdir -p "$__sb_dst"
+  elif [ ! -e "$__sb_dst" ]; then mkdir -p "${__sb_dst%/*}"; : > "$__sb_dst"; fi
+  mount --bind "$__sb_src" "$__sb_dst"
+  if [ -n "$__sb_read_only" ]; then mount -o remount,bind,ro "$__sb_dst"; fi
 done
 shift
 read -r _
@@ -76,10 +104,18 @@ case "$1" in
   */*) [ -f "$1" ] && [ -x "$1" ] ;;
   *) command -v "$1" > /dev/null ;;
 esac || { echo "exec: \"$1\": executable file not found in \$PATH" >&2; exit 127; }
-if [ -n "$workdir" ]; then mkdir -p "$workdir"; fi
-: > "$marker"
-if [ -n "$workdir" ]; then cd "$workdir"; fi
-exec "$@"
+if [ -n "$__sb_workdir" ]; then mkdir -p "$__sb_workdir"; fi
+if [ -n "$__sb_user" ]; then
+  command -v setpriv > /dev/null || { echo "setpriv (util-linux) is needed to run as $__sb_user" >&2; exit 127; }
+fi
+: > "$__sb_marker"
+if [ -n "$__sb_workdir" ]; then cd "$__sb_workdir"; fi
+if [ -z "$__sb_user" ]; then exec "$@"; fi
+__sb_uid="${__sb_user%%:*}"; __sb_rest="${__sb_user#*:}"; __sb_gid="${__sb_rest%%:*}"; __sb_groups="${__sb_rest#*:}"
+if [ -n "$__sb_groups" ]; then
+  exec setpriv --reuid="$__sb_uid" --regid="$__sb_gid" --groups="$__sb_groups" -- "$@"
+fi
+exec setpriv --reuid="$__sb_uid" --regid="$__sb_gid" --clear-groups -- "$@"
 """
 
 NAMESPACE_TIMEOUT_SECONDS = 5.0
@@ -139,18 +175,37 @@ class ContainerProcess:
         return True
 
 
-def start(command: list[str], *, hostname: str, mounts: Iterable[tuple[Path, str]],
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount of ``source`` (on the machine) at ``target`` (in the container)."""
+
+    source: Path
+    target: str
+    read_only: bool = False
+
+    def argument(self) -> str:
+        """The sandbox script's argument for this mount."""
+        return f"{'ro:' if self.read_only else ''}{self.source}={self.target}"
+
+
+def start(command: list[str], *, hostname: str, mounts: Iterable[Mount | tuple[Path, str]],
           env: dict[str, str], workdir: Path, log_path: Path, name: str,
-          working_dir: str = "") -> ContainerProcess:
+          working_dir: str = "", user: tuple[int, int, Iterable[int]] | None = None,
+          expose: dict[str, list[str]] | None = None) -> ContainerProcess:
     """Start ``command`` in a new mount and UTS namespace; returns once the agent tracks it.
 
     Args:
         hostname: the pod's hostname, set in the new UTS namespace.
-        mounts: (machine path, container path) pairs, bind-mounted in order.
+        mounts: bind mounts (or (machine path, container path) pairs), made in order.
         workdir: the pod's directory on the machine (the process starts there).
         log_path: the container's stdout and stderr go to the end of this file.
         name: the container's name (names the marker file and the /dev placeholder).
         working_dir: the container's ``workingDir`` ("" = stay in ``workdir``).
+        user: (uid, gid, supplementary gids) the command runs as, after the mounts;
+            ``None``: the agent's own user (root).
+        expose: directory -> children (single path components) to make reachable inside a
+            directory the user could not enter (e.g. ``{"/root": [".pyenv"]}``), hiding the
+            rest of it; done after the mounts.
 
     Raises:
         SandboxError: the namespace did not come up; the message carries the sandbox's output.
@@ -159,14 +214,18 @@ def start(command: list[str], *, hostname: str, mounts: Iterable[tuple[Path, str
     marker.unlink(missing_ok=True)
     real_dev = workdir / f".{name}.machine-dev"  # stays an empty directory outside the pod
     real_dev.mkdir(exist_ok=True)
-    mount_args = [f"{source}={target}" for source, target in mounts]
+    mount_args = [(mount if isinstance(mount, Mount) else Mount(*mount)).argument()
+                  for mount in mounts]
+    mount_args += [f"expose:{directory}={'/'.join(children)}"
+                   for directory, children in (expose or {}).items()]
+    user_arg = "" if user is None else f"{user[0]}:{user[1]}:{','.join(map(str, user[2]))}"
     go_read, go_write = os.pipe()
     try:
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(
                 ["unshare", "--mount", "--uts", "--propagation", "private", "--",
                  "sh", "-c", SANDBOX_SCRIPT, "pod-sandbox", marker.name, str(real_dev),
-                 hostname, working_dir, *mount_args, "--", *command],
+                 hostname, working_dir, user_arg, *mount_args, "--", *command],
                 env=env, cwd=workdir, stdin=go_read, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True)
     finally:
