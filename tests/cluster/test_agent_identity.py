@@ -153,6 +153,8 @@ set -e
   echo made > /etc/monarch/test-scratch/file; echo "scratch_file=$(stat -c '%u %g' /etc/monarch/test-scratch/file)"
   touch "$HOME/.written"; echo "home=$HOME $(stat -c '%u' "$HOME")"
   if touch /etc/monarch/test-creds/new 2>/dev/null; then echo "creds_writable=yes"; else echo "creds_writable=no"; fi
+  echo "pty_group=$(python3 -c 'import os; print(os.stat(os.ttyname(os.openpty()[1])).st_gid)')"
+  echo "tty_group=$(getent group tty | cut -d: -f3)"
 } > /dev/termination-log
 """
 
@@ -161,7 +163,8 @@ def test_run_as_user_group_and_fs_group(kubectl, namespace):
     """runAsUser 1000, runAsGroup 3000, fsGroup 2000, supplementalGroups: the process's ids;
     Secret files with group 2000 and the kubelet's modes (defaultMode 0644, items[].mode 0400
     -> 0440), a read-only Secret volume, the token 0640 owned by the pod's user, a writable
-    emptyDir with the fsGroup inherited (setgid), and a home and termination log it can write."""
+    emptyDir with the fsGroup inherited (setgid), a home and termination log it can write, and
+    ptys in the tty group."""
     apply(kubectl, namespace,
           {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
            "stringData": {"user": "alice", "key": "private"}},
@@ -185,6 +188,8 @@ def test_run_as_user_group_and_fs_group(kubectl, namespace):
     assert seen["scratch"] == "2000 2777" and seen["scratch_file"] == "1000 2000", seen
     assert seen["home"].split()[1] == "1000"
     assert seen["creds_writable"] == "no"
+    # a pty of its own devpts, in the tty group (what a non-root sshd needs for `ssh -tt`)
+    assert seen["pty_group"] == seen["tty_group"] != "", seen
 
 
 IN_CLUSTER_SCRIPT = """
@@ -210,7 +215,8 @@ with open("/dev/termination-log", "w") as out:
 """
 
 
-def test_service_account_token_lets_a_pod_use_load_incluster_config(kubectl, namespace):
+def test_service_account_token_lets_a_pod_use_load_incluster_config(kubectl, namespace,
+                                                                    local_cluster):
     """A ServiceAccount allowed to list pods (Role + RoleBinding): a non-root pod (uid 65532,
     unknown to the machine, as in the operator's chart) lists pods through
     kubernetes.config.load_incluster_config() and gets 403 for secrets; its token is bound
@@ -241,6 +247,9 @@ def test_service_account_token_lets_a_pod_use_load_incluster_config(kubectl, nam
     assert seen["bound"] == "incluster"
     assert seen["account"] == f"system:serviceaccount:{namespace}:lister"
     assert finished(kubectl, namespace, "notoken")["message"] == "none\n"
+    # ca.crt is KCM's kube-root-ca.crt: the CA that signed the API server's serving certificate
+    root_ca = get_json(kubectl, "configmap", "kube-root-ca.crt", "-n", namespace)
+    assert root_ca["data"]["ca.crt"] == (local_cluster.state_dir / "pki" / "ca.crt").read_text()
 
 
 def test_run_as_non_root_refuses_root_with_the_kubelets_reason(kubectl, namespace):

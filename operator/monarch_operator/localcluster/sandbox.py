@@ -62,6 +62,13 @@ private_dev() {
     done
   fi
   umount -R "$__sb_real" 2>/dev/null || umount -l "$__sb_real"
+  # Terminals of its own, as a container runtime gives: a new devpts instance whose ptys
+  # belong to the tty group (a non-root sshd cannot chown a pty to it otherwise).
+  __sb_tty_gid="$(getent group tty | cut -d: -f3)"
+  if mount -t devpts -o "newinstance,ptmxmode=0666,mode=0620,gid=${__sb_tty_gid:-5}" \
+       devpts /dev/pts 2>/dev/null; then
+    rm -f /dev/ptmx; ln -s pts/ptmx /dev/ptmx
+  fi
 }
 # Makes the listed children of a directory the user cannot enter reachable, hiding the rest of
 # it: a tmpfs over the directory, each child bind-mounted back from a saved view of it.
