@@ -6,7 +6,9 @@ namespaces of the container's main process (the command sees the pod's ``/etc/ho
 private ``/dev`` and hostname) and takes its working directory; ``setpriv`` takes that process's
 user, group and supplementary groups; the environment is the one that process started with
 (``/proc/<pid>/environ``, the container's env). Being in the container's mount namespace, the
-command ends with the container (the agent stops every process of that namespace).
+command ends with the container (the agent stops every process of that namespace). With a
+terminal, the pty comes from the container's own devpts (``/dev/pts`` inside it), as a
+runtime's exec console does, so the command's ``tty`` names it.
 
 The channel protocol (``k8s.io/apimachinery/pkg/util/remotecommand``, subprotocols
 ``v5.channel.k8s.io`` and ``v4.channel.k8s.io``): every binary message starts with its channel,
@@ -79,6 +81,28 @@ def exec_argv(pid: int, identity: Identity, command: list[str], tty: bool) -> li
     return [_tool("setsid"), "--ctty", "--wait", *argv] if tty else argv
 
 
+# Linux ioctls on a pty master: unlock its follower; open the follower (no path lookup).
+TIOCSPTLCK, TIOCGPTPEER = 0x40045431, 0x5441
+
+
+def container_pty(pid: int) -> tuple[int, int]:
+    """A new pty (master, follower) of the devpts that the container of main process ``pid``
+    sees at ``/dev/pts`` (the sandbox mounts one per container); the agent's own pty when the
+    container has none."""
+    try:
+        terminal = os.open(f"/proc/{pid}/root/dev/pts/ptmx",
+                           os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return os.openpty()
+    try:
+        fcntl.ioctl(terminal, TIOCSPTLCK, struct.pack("i", 0))
+        follower = fcntl.ioctl(terminal, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        os.close(terminal)
+        return os.openpty()
+    return terminal, int(follower)
+
+
 def exit_status(exit_code: int) -> dict[str, Any]:
     """The status message of channel 3 for ``exit_code`` (as the kubelet's streaming server)."""
     if exit_code == 0:
@@ -116,7 +140,7 @@ async def serve(request: web.Request, pid: int) -> web.StreamResponse:
     except (OSError, KeyError, ValueError):
         raise web.HTTPNotFound(text="the container is not running") from None
     await ws.prepare(request)
-    session = _Session(ws, stdin=_requested(request, "input"),
+    session = _Session(ws, pid=pid, stdin=_requested(request, "input"),
                        stdout=_requested(request, "output"),
                        stderr=_requested(request, "error"), tty=_requested(request, "tty"))
     await session.run(exec_argv(pid, identity, command, session.tty), identity.env)
@@ -126,9 +150,10 @@ async def serve(request: web.Request, pid: int) -> web.StreamResponse:
 class _Session:
     """One exec: the process, its pipes (or terminal) and the WebSocket they are copied to."""
 
-    def __init__(self, ws: web.WebSocketResponse, *, stdin: bool, stdout: bool, stderr: bool,
-                 tty: bool) -> None:
+    def __init__(self, ws: web.WebSocketResponse, *, pid: int, stdin: bool, stdout: bool,
+                 stderr: bool, tty: bool) -> None:
         self.ws, self.stdin, self.stdout, self.stderr, self.tty = ws, stdin, stdout, stderr, tty
+        self.pid = pid  # the container's main process
         self.send_lock = asyncio.Lock()
         self.terminal: int | None = None  # the pty's master side, with tty
         self.process: asyncio.subprocess.Process | None = None
@@ -136,7 +161,7 @@ class _Session:
     async def run(self, argv: list[str], env: dict[str, str]) -> None:
         """Start the process, copy streams both ways, send the exit status, close."""
         if self.tty:
-            self.terminal, follower = os.openpty()
+            self.terminal, follower = container_pty(self.pid)
             try:
                 self.process = await asyncio.create_subprocess_exec(
                     *argv, stdin=follower, stdout=follower, stderr=follower, env=env,
