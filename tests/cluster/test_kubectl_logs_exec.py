@@ -217,3 +217,16 @@ def test_kubectl_cp_copies_into_and_out_of_the_container(kubectl, namespace, tmp
     kubectl("exec", "-n", namespace, "files", "--", "sh", "-c", "echo back out > /work/out.txt")
     kubectl("cp", f"{namespace}/files:/work/out.txt", str(tmp_path / "out.txt"))
     assert (tmp_path / "out.txt").read_text() == "back out\n"
+
+
+def test_exec_takes_the_user_and_groups_of_the_containers_process(kubectl, namespace):
+    """A container whose process runs as 1000:1000 with group 2000: exec runs as that too."""
+    apply_pod(kubectl, namespace, "unprivileged", "Never", containers=[container(
+        "main", "exec setpriv --reuid=1000 --regid=1000 --groups=1000,2000 sleep 300")])
+    running_container(kubectl, namespace, "unprivileged", "main")
+    # Until the container's shell has exec'd setpriv, its process is still root.
+    ids = wait_until(lambda: (out := kubectl("exec", "-n", namespace, "unprivileged", "--",
+                                             "sh", "-c", 'echo "$(id -u) $(id -g) $(id -G)"',
+                                             check=False)) and not out.startswith("0 ") and out,
+                     30, "exec running as the container's user")
+    assert ids.split()[:2] == ["1000", "1000"] and set(ids.split()[2:]) == {"1000", "2000"}
