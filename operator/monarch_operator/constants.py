@@ -17,6 +17,8 @@ LABEL_JOB = f"{GROUP}/job"
 LABEL_ROLE = f"{GROUP}/role"
 ROLE_WORKER = "worker"
 ROLE_LAUNCHER = "launcher"
+# On the launcher Job and its pod: the attempt (1, 2, ...) this launcher runs.
+LABEL_ATTEMPT = f"{GROUP}/attempt"
 # Standard recommended label, value of app.kubernetes.io/managed-by on every child.
 MANAGED_BY = "monarch-operator"
 
@@ -54,6 +56,8 @@ ENV_REF_GPUS = "MONARCH_REF_GPUS"
 # The MonarchJob a launcher pod belongs to, for programs that label their own output or metrics.
 ENV_JOB_NAME = "MONARCH_JOB_NAME"
 ENV_NAMESPACE = "MONARCH_JOB_NAMESPACE"
+# The attempt the launcher pod runs: 1 for the first, n+1 after n restarts (status.attempt).
+ENV_ATTEMPT = "MONARCH_ATTEMPT"
 # The launcher pod variables the operator owns; spec.launcher.env may not set them (CRD rule,
 # which lists the same names: a unit test keeps the two equal). Other MONARCH_* names stay the
 # user's: Monarch's own MONARCH_FILE_LOG, the launcher's MONARCH_TERMINATION_LOG and so on.
@@ -61,6 +65,7 @@ LAUNCHER_RESERVED_ENV = (
     "POD_IP",
     ENV_JOB_NAME,
     ENV_NAMESPACE,
+    ENV_ATTEMPT,
     ENV_HOSTFILE,
     ENV_SSH_KEY,
     ENV_SSH_PORT,

@@ -4,7 +4,8 @@ Children of job ``<job>``:
 - ``<job>-ssh``: Secret with the per-job SSH key pair.
 - ``<job>-worker``: headless Service and StatefulSet; pods ``<job>-worker-<ordinal>``.
 - ``<job>-hostfile``: ConfigMap with the hostfile.
-- ``<job>-launcher``: batch Job running ``monarch-launch``.
+- ``<job>-launcher``: batch Job running ``monarch-launch`` (attempt 1), ``<job>-launcher-<n>``
+  for attempt ``n`` after restarts.
 
 Limits (kubernetes/kubernetes#64023, lws #410): the StatefulSet controller labels each pod with
 ``controller-revision-hash=<statefulset name>-<10 character hash>``, and a label value holds at
@@ -90,6 +91,13 @@ def hostfile_configmap(job_name: str) -> str:
     return job_name + HOSTFILE_SUFFIX
 
 
-def launcher_job(job_name: str) -> str:
-    """Name of the batch Job that runs the launcher."""
-    return job_name + LAUNCHER_SUFFIX
+def launcher_job(job_name: str, attempt: int = 1) -> str:
+    """Name of the batch Job that runs the launcher of ``attempt`` (1-based).
+
+    ``<job>-launcher`` for the first attempt, ``<job>-launcher-<attempt>`` for later ones: a new
+    Job per attempt, so a restart never waits for the old Job's deletion to finish. With the
+    45-character job name limit, ``-launcher-`` and up to 5 digits still fit 63 characters (the
+    Job controller's ``job-name`` label).
+    """
+    base = job_name + LAUNCHER_SUFFIX
+    return base if attempt <= 1 else f"{base}-{attempt}"

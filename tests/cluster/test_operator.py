@@ -69,7 +69,7 @@ def test_children_owned_hostfile_and_launcher_exit_code(kubectl, namespace):
                30, "worker StatefulSet deleted")
     table = kubectl("get", "monarchjobs", "-n", namespace)
     header, row = table.strip().splitlines()
-    assert header.split() == ["NAME", "STATUS", "READY", "AGE"]
+    assert header.split() == ["NAME", "STATUS", "READY", "RESTARTS", "AGE"]
     assert row.split()[:3] == ["kids", "Failed", "2/2"]
 
 

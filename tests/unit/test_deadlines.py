@@ -39,3 +39,15 @@ def test_running_or_finished_job_without_deadlines_sleeps():
     assert deadlines.seconds_until_next_deadline(job(), running, T0) is None
     failed = with_condition({"startTime": START}, st.FAILED)
     assert deadlines.seconds_until_next_deadline(job(), failed, T0) is None
+
+
+def test_a_restarted_attempt_times_its_own_gate_and_a_suspended_job_none():
+    from monarch_operator.controller import attempts
+
+    later = (T0 + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    restarted = attempts.begin(attempts.begin({"startTime": START}, 1, START), 2, later)
+    remaining = deadlines.seconds_until_next_deadline(
+        job(startupTimeoutSeconds=60), restarted, T0 + dt.timedelta(hours=1, seconds=20))
+    assert remaining == 40 + deadlines.DEADLINE_SLACK_SECONDS
+    suspended = with_condition({"startTime": START}, st.SUSPENDED)
+    assert deadlines.seconds_until_next_deadline(job(), suspended, T0) is None

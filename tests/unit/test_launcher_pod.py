@@ -20,9 +20,9 @@ CRD = ROOT / "crds" / "monarchjobs.monarch-operator.dev.yaml"
 
 # Everything the operator sets, in order, for the base job below (role mode, not colocated).
 OPERATOR_ENV = [
-    "POD_IP", "MONARCH_JOB_NAME", "MONARCH_JOB_NAMESPACE", "MONARCH_HOSTFILE", "MONARCH_SSH_KEY",
-    "MONARCH_SSH_PORT", "MONARCH_TRAINER_HOSTS", "MONARCH_REF_HOSTS", "MONARCH_COLOCATE",
-    "MONARCH_CLIENT_ADDRESS",
+    "POD_IP", "MONARCH_JOB_NAME", "MONARCH_JOB_NAMESPACE", "MONARCH_ATTEMPT", "MONARCH_HOSTFILE",
+    "MONARCH_SSH_KEY", "MONARCH_SSH_PORT", "MONARCH_TRAINER_HOSTS", "MONARCH_REF_HOSTS",
+    "MONARCH_COLOCATE", "MONARCH_CLIENT_ADDRESS",
 ]
 
 
@@ -82,6 +82,7 @@ def test_operator_env_comes_first_with_job_identity():
     env = env_of(container)
     assert env[constants.ENV_JOB_NAME] == "demo"
     assert env[constants.ENV_NAMESPACE] == "team-a"
+    assert env[constants.ENV_ATTEMPT] == "1"
     assert env[constants.ENV_SSH_KEY] == "/etc/monarch/ssh/id_ed25519"
     assert env[constants.ENV_SSH_PORT] == "2222"
     assert constants.ENV_TRAINER_GPUS not in env and constants.ENV_REF_GPUS not in env

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from monarch_operator.controller import attempts
 from monarch_operator.controller import status as st
 from monarch_operator.controller.spec import JobSpec
 
@@ -29,16 +30,19 @@ def seconds_until_next_deadline(job: JobSpec, status: dict[str, Any],
                                 now: dt.datetime) -> float | None:
     """Seconds from ``now`` until the earliest deadline that is still ahead for the job.
 
-    Deadlines: the startup timeout (``spec.startupTimeoutSeconds`` from ``status.startTime``,
-    while the launcher has not started).
+    Deadlines: the startup timeout (``spec.startupTimeoutSeconds`` from the current attempt's
+    ``startTime``, else ``status.startTime``, while its launcher has not started and the job is
+    not suspended).
 
     Returns:
         ``None`` when no deadline applies (e.g. a running job without deadlines); ``0`` or more
         otherwise, including ``DEADLINE_SLACK_SECONDS`` past the deadline itself.
     """
     deadlines: list[dt.datetime] = []
-    start_text = status.get("startTime")
-    if not st.is_finished(status) and start_text:
+    # Each attempt's gate has its own startup timeout (restarts, resume after suspend).
+    record = attempts.current(status) or {}
+    start_text = record.get("startTime") or status.get("startTime")
+    if not st.is_finished(status) and not st.is_true(status, st.SUSPENDED) and start_text:
         started = parse_time(start_text)
         if not st.is_true(status, st.RUNNING):
             deadlines.append(started + dt.timedelta(seconds=job.startup_timeout_seconds))

@@ -1,9 +1,11 @@
 """One idempotent, level-based reconcile pass of a MonarchJob.
 
-Reads like a checklist: key Secret, Service, StatefulSet, wait for Ready workers (or time out),
-hostfile, launcher, outcome, release GPUs when finished, one status patch when it changed.
-Safe to run any number of times from any trigger (a watch event on the job or a child, the
-operator starting, a deadline); it writes nothing when nothing changed.
+Reads like a checklist: suspended -> delete workers and launcher; else key Secret, Service,
+StatefulSet, wait for Ready workers (or time out), hostfile, the current attempt's launcher,
+its outcome or a lost worker -> the run policy restarts or fails the job; release GPUs when
+finished; one status patch when it changed. Safe to run any number of times from any trigger
+(a watch event on the job or a child, the operator starting, a deadline); it writes nothing
+when nothing changed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s, observe
+from monarch_operator.controller import attempts, k8s, observe, policy
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
 from monarch_operator.controller.builders.launcher import build_launcher_job
@@ -92,10 +94,15 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> Out
     state = Pass(job=job, status=dict(previous), now=now)
     state.status.setdefault("startTime", state.now_text)
     retry_after = None
+    if not st.is_finished(state.status) and state.status.get("attempt") is None:
+        state.status = attempts.begin(state.status, 1, state.now_text)
     if not st.is_finished(state.status):
         try:
-            _ensure_workers(state, settings)
-            _start_or_follow_launcher(state, settings)
+            if job.suspend:
+                _suspend(state)
+            else:
+                _resume(state)
+                _run_attempt(state, settings)
         except k8s.NotOwnedError as error:
             # Never adopted, never overwritten (field case C6): say so once, look again later.
             state.condition(st.WORKERS_READY, False, st.REASON_CHILD_NOT_OWNED, str(error))
@@ -106,7 +113,24 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> Out
     return Outcome(state.events, state.status, retry_after)
 
 
-def _ensure_workers(state: Pass, settings: Settings) -> None:
+def _run_attempt(state: Pass, settings: Settings) -> None:
+    """The gate, then the current attempt's launcher; once more at once when an application
+    failure restarted on the same, still Ready workers (the fast path)."""
+    for _ in range(2):
+        attempt = state.status["attempt"]
+        pods = _ensure_workers(state, settings)
+        if st.is_finished(state.status):
+            return
+        restarted_class = _start_or_follow_launcher(state, settings, pods)
+        if restarted_class != policy.APPLICATION or state.status["attempt"] == attempt:
+            return
+
+
+def _ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
+    """Secret, Service, StatefulSet; the gate (every worker Ready) or the startup timeout.
+
+    Returns the worker pods of the current StatefulSet (pods of a deleted one are left out).
+    """
     job = state.job
     secret = k8s.read("v1", "Secret", job.namespace, names.ssh_secret(job.name))
     if secret is None:
@@ -115,65 +139,217 @@ def _ensure_workers(state: Pass, settings: Settings) -> None:
     else:  # exists: keep its key bytes (retries must not rotate keys), but check the owner
         k8s.check_owner(secret, job.uid)
     k8s.ensure(build_worker_service(job), job.uid)
-    k8s.ensure(build_worker_statefulset(job, settings), job.uid)
-    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
-                                         constants.LABEL_ROLE: constants.ROLE_WORKER})
+    worker_set, _ = k8s.ensure(build_worker_statefulset(job, settings), job.uid)
+    pods = _worker_pods(job, worker_set)
     ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)
     state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
     if len(ready) == job.replicas:
         state.condition(st.WORKERS_READY, True, st.REASON_ALL_WORKERS_READY,
                         f"{job.replicas} of {job.replicas} workers accept SSH")
-        return
+        return pods
     not_ready = [names.worker_pod(job.name, i) for i in range(job.replicas) if i not in ready]
     if st.is_true(state.status, st.RUNNING):
-        return  # already launched: mid-run worker loss is the launcher's to report
+        return pods  # launched: a lost worker is judged with the attempt (lost_workers)
     state.condition(st.WORKERS_READY, False, st.REASON_WAITING_FOR_WORKERS,
                     f"{len(ready)}/{job.replicas} workers ready; waiting for {_short(not_ready)}")
-    started = dt.datetime.strptime(state.status["startTime"], "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=dt.UTC)
+    record = attempts.current(state.status) or {}
+    started = _parse_time(record.get("startTime") or state.status["startTime"])
     if (state.now - started).total_seconds() > job.startup_timeout_seconds:
         by_name = {pod["metadata"]["name"]: pod for pod in pods}
         reasons = [f"{name} ({observe.why_not_ready(by_name.get(name))})" for name in not_ready]
         message = (f"workers not ready after {job.startup_timeout_seconds}s "
                    f"(spec.startupTimeoutSeconds): {_short(reasons)}")
-        state.condition(st.FAILED, True, st.REASON_STARTUP_TIMEOUT, message)
-        state.events.append(Event("Warning", st.REASON_STARTUP_TIMEOUT, message))
+        _end_attempt(state, policy.STARTUP, st.REASON_STARTUP_TIMEOUT, message)
+    return pods
 
 
-def _start_or_follow_launcher(state: Pass, settings: Settings) -> None:
+def _worker_pods(job: JobSpec, worker_set: dict[str, Any]) -> list[dict[str, Any]]:
+    """Worker pods controlled by ``worker_set``: after a suspend or a recreated StatefulSet, the
+    old one's pods may linger until garbage collection and must not pass the gate."""
+    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
+                                         constants.LABEL_ROLE: constants.ROLE_WORKER})
+    set_uid = worker_set.get("metadata", {}).get("uid")
+    return [pod for pod in pods if k8s.controller_uid(pod) in (set_uid, None)]
+
+
+def _start_or_follow_launcher(state: Pass, settings: Settings,
+                              worker_pods: list[dict[str, Any]]) -> str | None:
+    """Start the current attempt's launcher once the gate passed, then follow it.
+
+    Returns the class of the failure that restarted the job in this call, else None.
+    """
     job = state.job
-    if st.is_finished(state.status):
-        return
-    launcher = k8s.read("batch/v1", "Job", job.namespace, names.launcher_job(job.name))
+    attempt = int(state.status["attempt"])
+    launcher_name = names.launcher_job(job.name, attempt)
+    if attempt > 1:  # the previous attempt's Job (idempotent: 404 is done)
+        _delete_if_present("batch/v1", "Job", job.namespace,
+                           names.launcher_job(job.name, attempt - 1))
+    record = attempts.current(state.status) or {}
+    launcher = k8s.read("batch/v1", "Job", job.namespace, launcher_name)
+    if launcher is None and record.get("launchTime"):
+        return _end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
+                            f"launcher Job {launcher_name} was deleted while it ran")
     if launcher is None:
         if not st.is_true(state.status, st.WORKERS_READY):
-            return
-        # The hostfile is written once, from Ready workers, and never rewritten mid-run.
-        k8s.ensure(build_hostfile_configmap(job, settings), job.uid)
-        launcher, created = k8s.ensure(build_launcher_job(job, settings), job.uid)
-        if created:
-            state.events.append(Event("Normal", st.REASON_LAUNCHER_STARTED,
-                                      f"all {job.replicas} workers ready; launcher started"))
+            return None
+        launcher = _launch(state, settings, worker_pods, launcher_name)
     state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
-                    f"launcher {names.launcher_job(job.name)} running")
+                    f"launcher {launcher_name} running (attempt {attempt})")
     pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
-                                         constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
+                                         constants.LABEL_ROLE: constants.ROLE_LAUNCHER,
+                                         constants.LABEL_ATTEMPT: str(attempt)})
     outcome = observe.launcher_outcome(launcher, pods)
+    lost = attempts.lost_workers(state.status.get("attemptWorkers") or [], worker_pods)
+    if lost:
+        restarted = all(worker.cause == "container restarted" for worker in lost)
+        reason = st.REASON_WORKER_RESTARTED if restarted else st.REASON_WORKER_EVICTED
+        message = f"worker {_short([worker.describe() for worker in lost])} lost mid-run"
+        return _end_attempt(state, policy.INFRASTRUCTURE, reason, message, outcome, lost)
     if not outcome.finished:
-        return
-    state.status["launcher"] = {"exitCode": outcome.exit_code if outcome.exit_code is not None
-                                else -1, "reason": observe.launcher_reason(outcome)}
-    state.status["completionTime"] = state.now_text
-    state.condition(st.RUNNING, False, st.REASON_LAUNCHER_SUCCEEDED if outcome.succeeded
-                    else st.REASON_LAUNCHER_FAILED, "launcher finished")
+        return None
     if outcome.succeeded:
-        state.condition(st.SUCCEEDED, True, st.REASON_LAUNCHER_SUCCEEDED, "launcher exited 0")
-        state.events.append(Event("Normal", st.REASON_LAUNCHER_SUCCEEDED, "job succeeded"))
-    else:
-        # The launcher's own final failure line (its termination message) when it wrote one.
-        message = observe.launcher_failure_message(outcome)
-        state.condition(st.FAILED, True, st.REASON_LAUNCHER_FAILED, message)
-        state.events.append(Event("Warning", st.REASON_LAUNCHER_FAILED, message))
+        _succeed(state, outcome)
+        return None
+    if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
+        return _end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
+                            f"launcher pod lost: {outcome.message}", outcome)
+    judged = policy.classify_exit_code(job.run_policy, outcome.exit_code)
+    reason = (st.REASON_FATAL_EXIT_CODE if judged.failure_class == policy.FATAL
+              else st.REASON_LAUNCHER_FAILED)
+    message = observe.launcher_failure_message(outcome)
+    if judged.rule_index is not None:
+        message += f" ({judged.describe(outcome.exit_code)})"
+    return _end_attempt(state, judged.failure_class, reason, message, outcome)
+
+
+def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
+            launcher_name: str) -> dict[str, Any]:
+    """Hostfile (from the Ready workers, never rewritten mid-run), then the launcher Job; the
+    worker pods it starts on are recorded so that losing one is noticed."""
+    job = state.job
+    attempt = int(state.status["attempt"])
+    k8s.ensure(build_hostfile_configmap(job, settings), job.uid)
+    launcher, created = k8s.ensure(build_launcher_job(job, settings, attempt), job.uid)
+    state.status["attemptWorkers"] = attempts.worker_snapshot(job.name, job.replicas, worker_pods)
+    state.status = attempts.update_current(state.status, launchTime=state.now_text,
+                                           launcherJob=launcher_name)
+    if created:
+        state.events.append(Event("Normal", st.REASON_LAUNCHER_STARTED,
+                                  f"all {job.replicas} workers ready; launcher {launcher_name} "
+                                  f"started (attempt {attempt})"))
+    return launcher
+
+
+def _succeed(state: Pass, outcome: observe.LauncherOutcome) -> None:
+    state.status["launcher"] = {"exitCode": outcome.exit_code or 0,
+                                "reason": observe.launcher_reason(outcome)}
+    state.status["completionTime"] = state.now_text
+    state.status.pop("attemptWorkers", None)
+    state.status = attempts.update_current(state.status, endTime=state.now_text,
+                                           **{"class": "Succeeded"}, exitCode=0)
+    state.condition(st.RUNNING, False, st.REASON_LAUNCHER_SUCCEEDED, "launcher finished")
+    state.condition(st.SUCCEEDED, True, st.REASON_LAUNCHER_SUCCEEDED, "launcher exited 0")
+    state.events.append(Event("Normal", st.REASON_LAUNCHER_SUCCEEDED, "job succeeded"))
+
+
+def _end_attempt(state: Pass, failure_class: str, reason: str, message: str,
+                 outcome: observe.LauncherOutcome | None = None,
+                 lost: list[attempts.LostWorker] | None = None) -> str | None:
+    """Record how the current attempt failed, then restart (a new attempt) or fail the job as
+    ``spec.runPolicy`` says. Returns ``failure_class`` when the job restarts, else None."""
+    job = state.job
+    attempt = int(state.status["attempt"])
+    _record_failure(state, failure_class, reason, message, outcome, lost)
+    spent = dict(state.status.get("failureCounts") or {})
+    decision = policy.decide(job.run_policy, failure_class, spent)
+    launcher_name = names.launcher_job(job.name, attempt)
+    if failure_class == policy.INFRASTRUCTURE:
+        # The launcher may still run: stop it, so that a recreated worker is never folded into
+        # the old mesh and a failed job holds no pods. (An ended launcher's pod is kept for its
+        # logs until the next attempt replaces it.)
+        _delete_if_present("batch/v1", "Job", job.namespace, launcher_name)
+    if not decision.restart:
+        state.status["completionTime"] = state.now_text
+        text = f"{message}; attempt {attempt}, {decision.budget}"
+        if failure_class in (policy.APPLICATION, policy.INFRASTRUCTURE):
+            state.condition(st.RUNNING, False, reason, "attempt failed; no restart left")
+        state.condition(st.FAILED, True, reason, text)
+        state.events.append(Event("Warning", reason, text))
+        return None
+    key = "application" if failure_class == policy.APPLICATION else "infrastructure"
+    state.status["failureCounts"] = {**spent, key: spent.get(key, 0) + 1}
+    if failure_class == policy.INFRASTRUCTURE:
+        # Rebuilt from the new pods once the gate passes again.
+        _delete_if_present("v1", "ConfigMap", job.namespace, names.hostfile_configmap(job.name))
+        state.condition(st.WORKERS_READY, False, st.REASON_RESTARTING,
+                        f"re-checking every worker before attempt {attempt + 1}")
+    state.status = attempts.begin(state.status, attempt + 1, state.now_text)
+    text = (f"attempt {attempt} failed ({failure_class}: {message}); starting attempt "
+            f"{attempt + 1}, {decision.budget}")
+    state.condition(st.RUNNING, False, st.REASON_RESTARTING, text)
+    state.events.append(Event("Warning", st.REASON_RESTARTING, text))
+    return failure_class
+
+
+def _record_failure(state: Pass, failure_class: str, reason: str, message: str,
+                    outcome: observe.LauncherOutcome | None,
+                    lost: list[attempts.LostWorker] | None) -> None:
+    """End the current attempt's record: class, reason, exit code, failing rank, output tail."""
+    fields: dict[str, Any] = {"endTime": state.now_text, "class": failure_class,
+                              "reason": reason, "message": attempts.shorten(message)}
+    if outcome is not None and outcome.finished:
+        if outcome.exit_code is not None:
+            fields["exitCode"] = outcome.exit_code
+            state.status["launcher"] = {"exitCode": outcome.exit_code,
+                                        "reason": observe.launcher_reason(outcome)}
+        fields.update(attempts.failing_rank(outcome.message))
+        fields["outputTail"] = attempts.output_tail(outcome.message) or None
+    if lost:
+        fields["lostWorkers"] = [worker.name for worker in lost]
+    state.status.pop("attemptWorkers", None)
+    state.status = attempts.update_current(state.status, **fields)
+
+
+def _suspend(state: Pass) -> None:
+    """``spec.suspend``: delete the launcher and the workers (GPUs released) and the hostfile
+    (stale once the pods go); keep the key, the Service and every counter. A running attempt
+    ends as ``Suspended`` (no budget spent); resuming starts the next one."""
+    job = state.job
+    attempt = int(state.status["attempt"])
+    record = attempts.current(state.status) or {}
+    _delete_if_present("batch/v1", "Job", job.namespace, names.launcher_job(job.name, attempt))
+    _delete_if_present("apps/v1", "StatefulSet", job.namespace, names.worker_set(job.name))
+    _delete_if_present("v1", "ConfigMap", job.namespace, names.hostfile_configmap(job.name))
+    if record.get("launchTime") and not record.get("endTime"):
+        state.status.pop("attemptWorkers", None)
+        state.status = attempts.update_current(
+            state.status, endTime=state.now_text, reason=st.REASON_SUSPENDED,
+            message="spec.suspend set while it ran", **{"class": policy.SUSPENDED})
+        state.status = attempts.begin(state.status, attempt + 1, state.now_text)
+    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name})
+    ready = [pod for pod in pods if observe.pod_is_ready(pod)
+             and pod["metadata"].get("labels", {}).get(constants.LABEL_ROLE)
+             == constants.ROLE_WORKER]
+    state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
+    message = ("spec.suspend is true: workers and launcher deleted, GPUs released"
+               if not pods else f"spec.suspend is true: {len(pods)} pod(s) still terminating")
+    if not st.is_true(state.status, st.SUSPENDED):
+        state.events.append(Event("Normal", st.REASON_SUSPENDED, "spec.suspend is true: "
+                                  "deleting workers and launcher"))
+    state.condition(st.SUSPENDED, True, st.REASON_SUSPENDED, message)
+    state.condition(st.RUNNING, False, st.REASON_SUSPENDED, "suspended")
+    state.condition(st.WORKERS_READY, False, st.REASON_SUSPENDED, "suspended")
+
+
+def _resume(state: Pass) -> None:
+    """Back from ``spec.suspend``: the current attempt's gate starts now (workers are created
+    again by the next steps, the hostfile and launcher only after every worker is Ready)."""
+    if not st.is_true(state.status, st.SUSPENDED):
+        return
+    state.status = attempts.update_current(state.status, startTime=state.now_text)
+    state.condition(st.SUSPENDED, False, st.REASON_RESUMED,
+                    "spec.suspend is false: workers recreated, launcher starts once all are Ready")
+    state.events.append(Event("Normal", st.REASON_RESUMED, "spec.suspend is false: resuming"))
 
 
 def _release_workers(state: Pass) -> None:
@@ -202,6 +378,10 @@ def _write_status(state: Pass, previous: dict[str, Any]) -> None:
     state.status["observedGeneration"] = state.job.generation
     if state.status != previous:
         k8s.patch_job_status(state.job.namespace, state.job.name, state.status)
+
+
+def _parse_time(text: str) -> dt.datetime:
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
 
 
 def _short(items: list[str], limit: int = 5) -> str:

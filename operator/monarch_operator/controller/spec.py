@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monarch_operator import constants, names
+from monarch_operator.controller.policy import RunPolicy
 
 # Defaults mirror crds/monarchjobs.monarch-operator.dev.yaml (a unit test compares them).
 DEFAULT_REPLICAS = 2
@@ -67,6 +68,13 @@ class JobSpec:
     trainer_gpus: int | None = None
     ref_gpus: int | None = None
     spmd: SpmdSpec | None = None
+    # spec.suspend: no workers and no launcher while True (field case C10).
+    suspend: bool = False
+    # spec.runPolicy: restart budgets and exit-code rules (controller/policy.py).
+    run_policy: RunPolicy = field(default_factory=RunPolicy)
+    # The job's own labels and annotations, passed on to its pods (e.g. Kueue's queue name).
+    pod_labels: dict[str, str] = field(default_factory=dict)
+    pod_annotations: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> JobSpec:
@@ -117,6 +125,10 @@ class JobSpec:
             trainer_gpus=_optional_int(trainer.get("gpus")),
             ref_gpus=_optional_int(ref.get("gpus")),
             spmd=_spmd(spec.get("spmd")),
+            suspend=bool(spec.get("suspend", False)),
+            run_policy=RunPolicy.from_spec(spec.get("runPolicy")),
+            pod_labels=_passed_on(metadata.get("labels")),
+            pod_annotations=_passed_on(metadata.get("annotations")),
         )
 
 
@@ -158,6 +170,17 @@ def check_launcher_rules(spec: dict[str, Any]) -> None:
                 f"spec.launcher.env: {item.get('name')} is set by the operator from the spec "
                 "and cannot be given in launcher.env"
             )
+
+
+# Metadata of the job that is about the MonarchJob object itself, not about its pods: kubectl's
+# copy of the applied manifest, and the operator's (and kopf's) own bookkeeping.
+_NOT_PASSED_ON = ("kubectl.kubernetes.io/", f"{constants.GROUP}/", "kopf.zalando.org/")
+
+
+def _passed_on(entries: dict[str, Any] | None) -> dict[str, str]:
+    """The job's labels or annotations that its pods get too (all but :data:`_NOT_PASSED_ON`)."""
+    return {str(key): str(value) for key, value in (entries or {}).items()
+            if not str(key).startswith(_NOT_PASSED_ON)}
 
 
 def _optional_int(value: Any) -> int | None:

@@ -15,6 +15,7 @@ WORKERS_READY = "WorkersReady"  # every worker pod is Ready (sshd accepts connec
 RUNNING = "Running"  # the launcher Job exists and has not finished
 SUCCEEDED = "Succeeded"  # the launcher exited 0
 FAILED = "Failed"  # the job cannot succeed; reason says why
+SUSPENDED = "Suspended"  # spec.suspend: no workers, no launcher
 
 # Reasons (CamelCase).
 REASON_WAITING_FOR_WORKERS = "WaitingForWorkers"
@@ -25,13 +26,27 @@ REASON_LAUNCHER_FAILED = "LauncherFailed"
 REASON_STARTUP_TIMEOUT = "StartupTimeout"
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_CHILD_NOT_OWNED = "ChildNotOwned"
+# Run policy (controller/policy.py): an attempt ended and another one starts.
+REASON_RESTARTING = "Restarting"
+# Infrastructure failures, naming the pod: deleted, evicted or preempted; restarted in place;
+# the launcher pod itself lost.
+REASON_WORKER_EVICTED = "WorkerEvicted"
+REASON_WORKER_RESTARTED = "WorkerRestarted"
+REASON_LAUNCHER_LOST = "LauncherLost"
+# A podFailurePolicy rule with action FailJob matched the launcher's exit code.
+REASON_FATAL_EXIT_CODE = "FatalExitCode"
+# spec.suspend.
+REASON_SUSPENDED = "JobSuspended"
+REASON_RESUMED = "JobResumed"
 # Reasons of a condition that need someone's attention: their Events are Warnings.
-WARNING_REASONS = frozenset({REASON_CHILD_NOT_OWNED})
+WARNING_REASONS = frozenset({REASON_CHILD_NOT_OWNED, REASON_RESTARTING})
 
 # Phases shown in the STATUS printer column.
 PHASE_PENDING = "Pending"
 PHASE_STARTING = "Starting"
 PHASE_RUNNING = "Running"
+PHASE_RESTARTING = "Restarting"
+PHASE_SUSPENDED = "Suspended"
 PHASE_SUCCEEDED = "Succeeded"
 PHASE_FAILED = "Failed"
 
@@ -98,8 +113,13 @@ def summarize_phase(status: dict[str, Any]) -> str:
         return PHASE_FAILED
     if is_true(status, SUCCEEDED):
         return PHASE_SUCCEEDED
+    if is_true(status, SUSPENDED):
+        return PHASE_SUSPENDED
     if is_true(status, RUNNING):
         return PHASE_RUNNING
+    running = get_condition(status, RUNNING)
+    if running is not None and running.get("reason") == REASON_RESTARTING:
+        return PHASE_RESTARTING
     if get_condition(status, WORKERS_READY) is not None:
         return PHASE_STARTING
     return PHASE_PENDING

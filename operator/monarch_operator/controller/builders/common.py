@@ -22,6 +22,15 @@ def job_labels(job: JobSpec, role: str | None = None) -> dict[str, str]:
     return labels
 
 
+def pod_metadata(job: JobSpec, labels: dict[str, str]) -> dict[str, Any]:
+    """A pod template's ``metadata``: the job's own labels and annotations (so that e.g. Kueue's
+    ``kueue.x-k8s.io/queue-name`` reaches the pods), then ``labels``, which win."""
+    metadata: dict[str, Any] = {"labels": {**job.pod_labels, **labels}}
+    if job.pod_annotations:
+        metadata["annotations"] = dict(job.pod_annotations)
+    return metadata
+
+
 def owner_reference(job: JobSpec) -> dict[str, Any]:
     """Controller owner reference to the job, so deleting the job deletes the child (GC)."""
     return {

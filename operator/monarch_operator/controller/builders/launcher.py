@@ -14,6 +14,7 @@ from monarch_operator import constants, names
 from monarch_operator.controller.builders.common import (
     child_metadata,
     job_labels,
+    pod_metadata,
     quantities_as_strings,
 )
 from monarch_operator.controller.builders.statefulset import merge_pod_template
@@ -53,9 +54,10 @@ def launcher_command(job: JobSpec) -> list[str]:
     return [*base, *job.launcher_args]
 
 
-def launcher_env(job: JobSpec) -> list[dict[str, Any]]:
+def launcher_env(job: JobSpec, attempt: int = 1) -> list[dict[str, Any]]:
     """The launcher container's env: the operator's ``MONARCH_*`` contract, then the user's.
 
+    ``MONARCH_ATTEMPT`` is ``attempt`` (1 for the first run, 2 after one restart, ...).
     The mesh layout (``MONARCH_TRAINER_*``, ``MONARCH_REF_*``, ``MONARCH_COLOCATE``) is left out
     for ``spec.spmd`` jobs, which ignore the meshes; the GPU split only when the job gives it.
     """
@@ -63,6 +65,7 @@ def launcher_env(job: JobSpec) -> list[dict[str, Any]]:
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": constants.ENV_JOB_NAME, "value": job.name},
         {"name": constants.ENV_NAMESPACE, "value": job.namespace},
+        {"name": constants.ENV_ATTEMPT, "value": str(attempt)},
         {
             "name": constants.ENV_HOSTFILE,
             "value": f"{constants.HOSTFILE_DIR}/{constants.HOSTFILE_KEY}",
@@ -89,8 +92,9 @@ def launcher_env(job: JobSpec) -> list[dict[str, Any]]:
     return env + copy.deepcopy(job.launcher_env)
 
 
-def build_launcher_job(job: JobSpec, settings: Settings) -> dict[str, Any]:
-    """batch/v1 Job ``<job>-launcher``: no retries (``backoffLimit: 0``), never restarted.
+def build_launcher_job(job: JobSpec, settings: Settings, attempt: int = 1) -> dict[str, Any]:
+    """batch/v1 Job of ``attempt`` (``<job>-launcher``, then ``<job>-launcher-<n>``): no
+    retries of its own (``backoffLimit: 0``; the operator's run policy decides on restarts).
 
     The hostfile ConfigMap is mounted at ``/etc/monarch/hostfile`` and the job's private key at
     ``/etc/monarch/ssh``; ``MONARCH_*`` variables carry the mesh layout and the client address
@@ -99,12 +103,12 @@ def build_launcher_job(job: JobSpec, settings: Settings) -> dict[str, Any]:
     ``restartPolicy: Never`` stay, because the operator finds and judges the pod by them.
     Quantities written as numbers (``cpu: 2``) are sent as strings.
     """
-    labels = job_labels(job, constants.ROLE_LAUNCHER)
+    labels = {**job_labels(job, constants.ROLE_LAUNCHER), constants.LABEL_ATTEMPT: str(attempt)}
     container: dict[str, Any] = {
         "name": LAUNCHER_CONTAINER,
         "image": job.launcher_image,
         "command": launcher_command(job),
-        "env": launcher_env(job),
+        "env": launcher_env(job, attempt),
         "volumeMounts": [
             {"name": "hostfile", "mountPath": constants.HOSTFILE_DIR, "readOnly": True},
             {"name": "ssh", "mountPath": constants.SSH_DIR, "readOnly": True},
@@ -141,14 +145,16 @@ def build_launcher_job(job: JobSpec, settings: Settings) -> dict[str, Any]:
         ],
     }
     template = merge_pod_template(
-        {"metadata": {"labels": labels}, "spec": pod_spec}, job.launcher_template
+        {"metadata": pod_metadata(job, labels), "spec": pod_spec}, job.launcher_template
     )
     metadata = template.get("metadata") or {}
     template["metadata"] = {**metadata, "labels": {**(metadata.get("labels") or {}), **labels}}
     template["spec"] = quantities_as_strings({**template["spec"], "restartPolicy": "Never"})
+    metadata = child_metadata(job, names.launcher_job(job.name, attempt), constants.ROLE_LAUNCHER)
+    metadata["labels"][constants.LABEL_ATTEMPT] = str(attempt)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": child_metadata(job, names.launcher_job(job.name), constants.ROLE_LAUNCHER),
+        "metadata": metadata,
         "spec": {"backoffLimit": 0, "template": template},
     }

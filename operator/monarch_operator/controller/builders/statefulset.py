@@ -13,6 +13,7 @@ from monarch_operator import constants, names
 from monarch_operator.controller.builders.common import (
     child_metadata,
     job_labels,
+    pod_metadata,
     quantities_as_strings,
 )
 from monarch_operator.controller.settings import Settings
@@ -33,7 +34,7 @@ def build_worker_statefulset(job: JobSpec, settings: Settings) -> dict[str, Any]
     """
     labels = job_labels(job, constants.ROLE_WORKER)
     template = {
-        "metadata": {"labels": labels},
+        "metadata": pod_metadata(job, labels),
         "spec": _worker_pod_spec(job, settings),
     }
     template = merge_pod_template(template, job.worker_template)

@@ -1,0 +1,168 @@
+"""Attempts of a MonarchJob: their records in ``status.attempts[]`` and the worker pods they run on.
+
+Pure: no I/O, no clock (times come in as RFC 3339 text). An attempt is one run of the launcher
+over the job's workers: the gate (every worker Ready), the launcher Job, and its end. A snapshot
+of the worker pods (name, uid, restart count) is taken when the launcher starts; a worker whose
+pod is gone, replaced, being deleted, evicted or whose container restarted since then is lost
+for that attempt (field case C8), an infrastructure failure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from monarch_operator import names
+
+# status.attempts keeps the latest records only; `number` says which attempt each one was.
+MAX_ATTEMPTS_KEPT = 10
+# Last lines of the launcher's output kept per attempt, each cut to this many characters.
+OUTPUT_TAIL_LINES = 20
+OUTPUT_LINE_CHARS = 240
+# Longest message kept per attempt (head and tail kept).
+MESSAGE_CHARS = 1024
+
+# The launcher's failure line: "trainer rank 1 (host demo-worker-0, local rank 1): ..." (role
+# mode, programs/roles.py and job.py) or "rank 3 of 4 (host demo-worker-1, local rank 1) ..."
+# (SPMD, programs/spmd.py).
+_FAILING_RANK = re.compile(
+    r"(?:\b(?P<role>[A-Za-z_][\w-]*) )?\brank (?P<rank>\d+)(?: of \d+)? \(host (?P<host>[^,)\s]+)"
+)
+
+
+@dataclass(frozen=True)
+class LostWorker:
+    """A worker pod the running attempt lost, and how (``deleted``, ``evicted: ...``)."""
+
+    name: str
+    cause: str
+
+    def describe(self) -> str:
+        """E.g. ``demo-worker-3 (deleted)``."""
+        return f"{self.name} ({self.cause})"
+
+
+def worker_snapshot(job_name: str, replicas: int,
+                    pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``[{name, uid, restartCount}]`` of the worker pods ``0..replicas-1`` in ordinal order
+    (those that exist), taken when an attempt's launcher starts."""
+    by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    snapshot = []
+    for ordinal in range(replicas):
+        pod = by_name.get(names.worker_pod(job_name, ordinal))
+        if pod is not None:
+            snapshot.append({"name": pod["metadata"]["name"], "uid": pod["metadata"].get("uid"),
+                             "restartCount": restart_count(pod)})
+    return snapshot
+
+
+def restart_count(pod: dict[str, Any]) -> int:
+    """Sum of the pod's container restart counts (kubectl's RESTARTS)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return sum(int(container.get("restartCount") or 0) for container in statuses)
+
+
+def lost_workers(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[LostWorker]:
+    """Workers of ``snapshot`` that the attempt lost, in snapshot (ordinal) order.
+
+    Lost: the pod is gone or replaced (another uid), being deleted, failed or evicted (pod
+    ``reason``, a ``DisruptionTarget`` condition), or a container restarted or stopped since
+    the snapshot. A pod that is only briefly not Ready (a slow readiness probe) is not lost.
+    """
+    by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    lost = []
+    for entry in snapshot:
+        cause = _loss_cause(entry, by_name.get(entry["name"]))
+        if cause:
+            lost.append(LostWorker(entry["name"], cause))
+    return lost
+
+
+def _loss_cause(entry: dict[str, Any], pod: dict[str, Any] | None) -> str:
+    if pod is None or pod["metadata"].get("uid") != entry.get("uid"):
+        return "deleted" if pod is None else "deleted and recreated"
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            return _words("disrupted", condition)
+    if pod["metadata"].get("deletionTimestamp"):
+        return "deleted"
+    if status.get("reason"):  # Evicted, Preempting, NodeLost, NodeAgentError ...
+        return _words(str(status["reason"]).lower(), {"message": status.get("message")})
+    if status.get("phase") in ("Failed", "Succeeded", "Unknown"):
+        return f"pod {status['phase']}"
+    if restart_count(pod) > int(entry.get("restartCount") or 0):
+        return "container restarted"
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            return f"container {container.get('name')} exited {terminated.get('exitCode')}"
+    return ""
+
+
+def _words(head: str, entry: dict[str, Any]) -> str:
+    reason = entry.get("reason") or ""
+    message = " ".join(str(entry.get("message") or "").split())[:200]
+    detail = ": ".join(part for part in (reason, message) if part)
+    return f"{head}: {detail}" if detail else head
+
+
+def failing_rank(message: str) -> dict[str, Any]:
+    """``{role, rank, host}`` of the first rank named in the launcher's failure line, the keys
+    found (role is absent for SPMD jobs); ``{}`` when the line names no rank."""
+    match = _FAILING_RANK.search(message or "")
+    if match is None:
+        return {}
+    found: dict[str, Any] = {"rank": int(match["rank"]), "host": match["host"]}
+    if match["role"] and match["role"] not in ("failed", "the", "on"):
+        found["role"] = match["role"]
+    return found
+
+
+def output_tail(text: str, lines: int = OUTPUT_TAIL_LINES) -> list[str]:
+    """The last ``lines`` non-empty lines of ``text``, each at most ``OUTPUT_LINE_CHARS``."""
+    kept = [line.rstrip() for line in (text or "").splitlines() if line.strip()]
+    return [line[:OUTPUT_LINE_CHARS] for line in kept[-lines:]]
+
+
+def shorten(message: str, limit: int = MESSAGE_CHARS) -> str:
+    """``message`` with its middle left out beyond ``limit`` characters."""
+    if len(message) <= limit:
+        return message
+    marker = " ... "
+    head = (limit - len(marker)) // 2
+    return message[:head] + marker + message[-(limit - len(marker) - head):]
+
+
+def current(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The record of the attempt in progress (``status.attempt``), or None."""
+    attempts = status.get("attempts") or []
+    if attempts and attempts[-1].get("number") == status.get("attempt"):
+        return dict(attempts[-1])
+    return None
+
+
+def begin(status: dict[str, Any], number: int, now: str) -> dict[str, Any]:
+    """A copy of ``status`` with attempt ``number`` started at ``now`` (its gate begins)."""
+    new_status = dict(status)
+    new_status["attempt"] = number
+    new_status["restartCount"] = number - 1
+    records = [dict(record) for record in status.get("attempts") or []]
+    records.append({"number": number, "startTime": now})
+    new_status["attempts"] = records[-MAX_ATTEMPTS_KEPT:]
+    return new_status
+
+
+def update_current(status: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A copy of ``status`` whose current attempt record has ``fields`` set (None removes)."""
+    new_status = dict(status)
+    records = [dict(record) for record in status.get("attempts") or []]
+    if records and records[-1].get("number") == status.get("attempt"):
+        for key, value in fields.items():
+            if value is None:
+                records[-1].pop(key, None)
+            else:
+                records[-1][key] = value
+    new_status["attempts"] = records
+    return new_status
