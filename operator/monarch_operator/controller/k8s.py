@@ -11,6 +11,7 @@ import signal
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client.rest import ApiException
 
 from monarch_operator import __version__, constants
@@ -152,6 +153,17 @@ def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
     pods = kubernetes.client.CoreV1Api(_client()).list_namespaced_pod(
         namespace, label_selector=selector)
     return [_to_dict(pod) for pod in pods.items]
+
+
+def pod_log_tail(namespace: str, pod: str, container: str, lines: int) -> str | None:
+    """The last ``lines`` lines of a container's log (``kubectl logs --tail``), or None when the
+    kubelet cannot serve it (no kubelet API, the pod gone); waits at most 5 s."""
+    try:
+        text = kubernetes.client.CoreV1Api(_client()).read_namespaced_pod_log(
+            pod, namespace, container=container, tail_lines=lines, _request_timeout=5)
+    except (ApiException, OSError, ValueError, urllib3.exceptions.HTTPError):
+        return None
+    return str(text)
 
 
 def read_monarchjob(namespace: str, name: str) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from monarch_operator import constants, names
 from monarch_operator.controller import attempts, k8s, observe, policy
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
-from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER, build_launcher_job
 from monarch_operator.controller.builders.secret import build_ssh_secret
 from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
@@ -190,7 +190,7 @@ def _start_or_follow_launcher(state: Pass, settings: Settings,
         return _end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                             f"launcher Job {launcher_name} was deleted while it ran")
     if launcher is None:
-        if not st.is_true(state.status, st.WORKERS_READY):
+        if not st.is_true(state.status, st.WORKERS_READY) or _earlier_launcher_alive(state):
             return None
         launcher = _launch(state, settings, worker_pods, launcher_name)
     state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
@@ -204,7 +204,7 @@ def _start_or_follow_launcher(state: Pass, settings: Settings,
         restarted = all(worker.cause == "container restarted" for worker in lost)
         reason = st.REASON_WORKER_RESTARTED if restarted else st.REASON_WORKER_EVICTED
         message = f"worker {_short([worker.describe() for worker in lost])} lost mid-run"
-        return _end_attempt(state, policy.INFRASTRUCTURE, reason, message, outcome, lost)
+        return _end_attempt(state, policy.INFRASTRUCTURE, reason, message, outcome, lost, pods)
     if not outcome.finished:
         return None
     if outcome.succeeded:
@@ -212,14 +212,27 @@ def _start_or_follow_launcher(state: Pass, settings: Settings,
         return None
     if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
         return _end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
-                            f"launcher pod lost: {outcome.message}", outcome)
+                            f"launcher pod lost: {outcome.message}", outcome, None, pods)
     judged = policy.classify_exit_code(job.run_policy, outcome.exit_code)
     reason = (st.REASON_FATAL_EXIT_CODE if judged.failure_class == policy.FATAL
               else st.REASON_LAUNCHER_FAILED)
     message = observe.launcher_failure_message(outcome)
     if judged.rule_index is not None:
         message += f" ({judged.describe(outcome.exit_code)})"
-    return _end_attempt(state, judged.failure_class, reason, message, outcome)
+    return _end_attempt(state, judged.failure_class, reason, message, outcome, None, pods)
+
+
+def _earlier_launcher_alive(state: Pass) -> bool:
+    """Whether a launcher pod of an earlier attempt still runs (e.g. stopping after its Job was
+    deleted): its Monarch workers may still hold the workers' port, so the next attempt waits
+    for it to end (its pod's deletion wakes the job)."""
+    job = state.job
+    attempt = str(state.status["attempt"])
+    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
+                                         constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
+    return any(pod["metadata"].get("labels", {}).get(constants.LABEL_ATTEMPT) != attempt
+               and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+               for pod in pods)
 
 
 def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
@@ -254,12 +267,13 @@ def _succeed(state: Pass, outcome: observe.LauncherOutcome) -> None:
 
 def _end_attempt(state: Pass, failure_class: str, reason: str, message: str,
                  outcome: observe.LauncherOutcome | None = None,
-                 lost: list[attempts.LostWorker] | None = None) -> str | None:
+                 lost: list[attempts.LostWorker] | None = None,
+                 launcher_pods: list[dict[str, Any]] | None = None) -> str | None:
     """Record how the current attempt failed, then restart (a new attempt) or fail the job as
     ``spec.runPolicy`` says. Returns ``failure_class`` when the job restarts, else None."""
     job = state.job
     attempt = int(state.status["attempt"])
-    _record_failure(state, failure_class, reason, message, outcome, lost)
+    _record_failure(state, failure_class, reason, message, outcome, lost, launcher_pods)
     spent = dict(state.status.get("failureCounts") or {})
     decision = policy.decide(job.run_policy, failure_class, spent)
     launcher_name = names.launcher_job(job.name, attempt)
@@ -270,7 +284,10 @@ def _end_attempt(state: Pass, failure_class: str, reason: str, message: str,
         _delete_if_present("batch/v1", "Job", job.namespace, launcher_name)
     if not decision.restart:
         state.status["completionTime"] = state.now_text
-        text = f"{message}; attempt {attempt}, {decision.budget}"
+        # The launcher's own line stays the whole message when no restart was asked for.
+        single = (failure_class in (policy.STARTUP, policy.FATAL) or (
+            failure_class == policy.APPLICATION and job.run_policy.backoff_limit == 0))
+        text = message if single else f"{message}; attempt {attempt}, {decision.budget}"
         if failure_class in (policy.APPLICATION, policy.INFRASTRUCTURE):
             state.condition(st.RUNNING, False, reason, "attempt failed; no restart left")
         state.condition(st.FAILED, True, reason, text)
@@ -293,8 +310,10 @@ def _end_attempt(state: Pass, failure_class: str, reason: str, message: str,
 
 def _record_failure(state: Pass, failure_class: str, reason: str, message: str,
                     outcome: observe.LauncherOutcome | None,
-                    lost: list[attempts.LostWorker] | None) -> None:
-    """End the current attempt's record: class, reason, exit code, failing rank, output tail."""
+                    lost: list[attempts.LostWorker] | None,
+                    launcher_pods: list[dict[str, Any]] | None) -> None:
+    """End the current attempt's record: class, reason, exit code, failing rank, output tail
+    (the launcher's log where the kubelet serves it, else its termination message)."""
     fields: dict[str, Any] = {"endTime": state.now_text, "class": failure_class,
                               "reason": reason, "message": attempts.shorten(message)}
     if outcome is not None and outcome.finished:
@@ -303,11 +322,22 @@ def _record_failure(state: Pass, failure_class: str, reason: str, message: str,
             state.status["launcher"] = {"exitCode": outcome.exit_code,
                                         "reason": observe.launcher_reason(outcome)}
         fields.update(attempts.failing_rank(outcome.message))
-        fields["outputTail"] = attempts.output_tail(outcome.message) or None
+        fields["outputTail"] = attempts.output_tail(
+            _launcher_output(launcher_pods or []) or outcome.message) or None
     if lost:
         fields["lostWorkers"] = [worker.name for worker in lost]
     state.status.pop("attemptWorkers", None)
     state.status = attempts.update_current(state.status, **fields)
+
+
+def _launcher_output(pods: list[dict[str, Any]]) -> str:
+    """The tail of the attempt's launcher container log, "" when none can be read."""
+    for pod in pods:
+        text = k8s.pod_log_tail(pod["metadata"].get("namespace", ""), pod["metadata"]["name"],
+                                LAUNCHER_CONTAINER, attempts.OUTPUT_TAIL_LINES)
+        if text:
+            return text
+    return ""
 
 
 def _suspend(state: Pass) -> None:
