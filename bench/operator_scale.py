@@ -23,7 +23,8 @@ by verb and resource in the JSON); operator CPU seconds. Per operator: requests 
 untouched running jobs, peak RSS (``VmHWM``), and the TCP peers the operator process had (all
 must be on 127.0.0.0/8). Times are taken by this script's watches on pods and batch Jobs.
 
-Run (as root, under the cluster-test lock; a full run takes ~10-15 minutes on 2 cores)::
+Run (as root, under the cluster-test lock; on 2 cores a full run of ours and both MPI Operator
+configurations takes about 19 minutes, 24 with ``monarch-before``)::
 
     flock /tmp/monarch-tests.lock .venv/bin/python bench/operator_scale.py
     flock /tmp/monarch-tests.lock .venv/bin/python bench/operator_scale.py --batches 1 5 \\
@@ -126,14 +127,21 @@ def contenders(args: argparse.Namespace, mpi_binary: Path | None) -> list[Conten
                                                 queue_burst),
                          mpijob, condition("Succeeded"), condition("Running"))
 
-    every = {
-        "monarch": lambda: Contender(
-            "monarch", "monarch-operator", "monarch-operator", "bench-monarch",
-            "monarch-operator.dev", "v1alpha1", "monarchjobs",
-            lambda kc: [sys.executable, "-m", "monarch_operator.controller",
-                        "--namespace", "bench-monarch"],
+    def monarch_contender(key: str, source: Path | None) -> Contender:
+        namespace = f"bench-{key}"
+        # An older checkout's operator/ (e.g. from `git archive`) goes first on the path.
+        prefix = ["env", f"PYTHONPATH={source / 'operator'}"] if source else []
+        return Contender(
+            key, f"monarch-operator ({source.name})" if source else "monarch-operator",
+            f"{key}-operator", namespace, "monarch-operator.dev", "v1alpha1", "monarchjobs",
+            lambda kc: [*prefix, sys.executable, "-m", "monarch_operator.controller",
+                        "--namespace", namespace],
             monarch_job, lambda job: (job.get("status") or {}).get("phase") == "Succeeded",
-            lambda job: (job.get("status") or {}).get("phase") == "Running"),
+            lambda job: (job.get("status") or {}).get("phase") == "Running")
+
+    every = {
+        "monarch": lambda: monarch_contender("monarch", None),
+        "monarch-before": lambda: monarch_contender("monarch-before", args.monarch_before),
         "mpi": lambda: mpi_contender("mpi", mpi.DEFAULT_QPS, mpi.DEFAULT_QUEUE_RATE, "default"),
         "mpi-raised": lambda: mpi_contender("mpi-raised", args.mpi_raised_qps,
                                             args.mpi_raised_queue_rate, "raised"),
@@ -506,7 +514,10 @@ def main(argv: list[str] | None = None) -> int:
     """Parse flags, run the benchmark, print the table and the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--operators", nargs="+", default=["monarch", "mpi", "mpi-raised"],
-                        choices=["monarch", "mpi", "mpi-raised"])
+                        choices=["monarch", "monarch-before", "mpi", "mpi-raised"])
+    parser.add_argument("--monarch-before", type=Path, default=None,
+                        help="a checkout (or `git archive`) of an earlier commit: its operator "
+                        "runs as contender monarch-before, for before/after numbers")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 50, 200])
     parser.add_argument("--workers", type=int, default=4, help="workers per job (1 GPU each)")
     parser.add_argument("--nodes", type=int, default=100)
