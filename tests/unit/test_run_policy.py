@@ -162,3 +162,15 @@ def test_builders_pass_metadata_on_and_name_each_attempts_launcher():
            for item in launcher["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["MONARCH_ATTEMPT"] == "3"
     assert build_launcher_job(job, Settings())["metadata"]["name"] == "demo-launcher"
+
+
+def test_a_worker_not_ready_is_lost_only_when_its_node_is_not_ready():
+    ready = pod("j-worker-0", "a", conditions=[{"type": "Ready", "status": "True"}])
+    snapshot = attempts.worker_snapshot("j", 1, [ready])
+    unready = pod("j-worker-0", "a", conditions=[{"type": "Ready", "status": "False"}])
+    unready["spec"] = {"nodeName": "node-2"}
+    assert attempts.nodes_to_check(snapshot, [unready]) == {"node-2"}
+    assert attempts.nodes_to_check(snapshot, [ready]) == set()
+    assert attempts.lost_workers(snapshot, [unready]) == []
+    (lost,) = attempts.lost_workers(snapshot, [unready], frozenset({"node-2"}))
+    assert lost.describe() == "j-worker-0 (node node-2 NotReady)"

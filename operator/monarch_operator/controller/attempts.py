@@ -63,20 +63,41 @@ def restart_count(pod: dict[str, Any]) -> int:
     return sum(int(container.get("restartCount") or 0) for container in statuses)
 
 
-def lost_workers(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[LostWorker]:
+def lost_workers(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]],
+                 unready_nodes: frozenset[str] = frozenset()) -> list[LostWorker]:
     """Workers of ``snapshot`` that the attempt lost, in snapshot (ordinal) order.
 
     Lost: the pod is gone or replaced (another uid), being deleted, failed or evicted (pod
-    ``reason``, a ``DisruptionTarget`` condition), or a container restarted or stopped since
-    the snapshot. A pod that is only briefly not Ready (a slow readiness probe) is not lost.
+    ``reason``, a ``DisruptionTarget`` condition), a container restarted or stopped since
+    the snapshot, or the pod is not Ready on a node in ``unready_nodes`` (its node lost or
+    NotReady, long before the node controller evicts it). A pod that is only briefly not Ready
+    (a slow readiness probe) on a healthy node is not lost.
     """
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
     lost = []
     for entry in snapshot:
-        cause = _loss_cause(entry, by_name.get(entry["name"]))
+        pod = by_name.get(entry["name"])
+        cause = _loss_cause(entry, pod)
+        node = ((pod or {}).get("spec") or {}).get("nodeName")
+        if not cause and node in unready_nodes and not _ready(pod):
+            cause = f"node {node} NotReady"
         if cause:
             lost.append(LostWorker(entry["name"], cause))
     return lost
+
+
+def nodes_to_check(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]]) -> set[str]:
+    """Nodes of the snapshot's pods that are not Ready now: only their node's health can tell
+    a lost node from a slow probe (so nodes are read only then)."""
+    names_ = {entry["name"] for entry in snapshot}
+    return {str(pod["spec"]["nodeName"]) for pod in pods
+            if pod["metadata"]["name"] in names_ and not _ready(pod)
+            and (pod.get("spec") or {}).get("nodeName")}
+
+
+def _ready(pod: dict[str, Any] | None) -> bool:
+    return any(condition.get("type") == "Ready" and condition.get("status") == "True"
+               for condition in ((pod or {}).get("status") or {}).get("conditions") or [])
 
 
 def _loss_cause(entry: dict[str, Any], pod: dict[str, Any] | None) -> str:

@@ -155,6 +155,21 @@ def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
     return [_to_dict(pod) for pod in pods.items]
 
 
+def node_is_ready(name: str) -> bool:
+    """Whether node ``name`` exists and has condition ``Ready=True``; True when the operator
+    may not read nodes (403: then only the pod's own state can tell)."""
+    try:
+        node = kubernetes.client.CoreV1Api(_client()).read_node(name)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        if error.status == 403:
+            return True
+        raise
+    return any(condition.type == "Ready" and condition.status == "True"
+               for condition in (node.status.conditions or []))
+
+
 def pod_log_tail(namespace: str, pod: str, container: str, lines: int) -> str | None:
     """The last ``lines`` lines of a container's log (``kubectl logs --tail``), or None when the
     kubelet cannot serve it (no kubelet API, the pod gone); waits at most 5 s."""

@@ -199,7 +199,10 @@ def _start_or_follow_launcher(state: Pass, settings: Settings,
                                          constants.LABEL_ROLE: constants.ROLE_LAUNCHER,
                                          constants.LABEL_ATTEMPT: str(attempt)})
     outcome = observe.launcher_outcome(launcher, pods)
-    lost = attempts.lost_workers(state.status.get("attemptWorkers") or [], worker_pods)
+    snapshot = state.status.get("attemptWorkers") or []
+    unready_nodes = frozenset(node for node in attempts.nodes_to_check(snapshot, worker_pods)
+                              if not k8s.node_is_ready(node))
+    lost = attempts.lost_workers(snapshot, worker_pods, unready_nodes)
     if lost:
         restarted = all(worker.cause == "container restarted" for worker in lost)
         reason = st.REASON_WORKER_RESTARTED if restarted else st.REASON_WORKER_EVICTED
