@@ -20,7 +20,19 @@ For each pod that kwok gave an IP on one of its nodes, the agent:
   and ``initContainerStatuses`` with exit codes, termination messages, restart counts) as one
   annotation, which a kwok Stage copies into the pod's status;
 - when a container's main process ends, kills the rest of its processes (as the end of its PID
-  namespace would) and lets go of its namespace; when the pod is deleted, stops all of it;
+  namespace would) and lets go of its namespace;
+- when the pod is deleted, terminates it as a kubelet does (``termination.py``), one step per
+  pass so that no slow container holds up the other pods: the grace period from
+  ``deletionGracePeriodSeconds`` (else ``terminationGracePeriodSeconds``, default 30 s), each
+  container's ``preStop`` exec hook, SIGTERM to its main process, SIGKILL to all of its
+  processes once the grace period is over (at least 2 s after SIGTERM); no container starts
+  any more, and once all have ended it reports the final status and the annotation
+  ``ANNOTATION_STOPPED``, on which kwok deletes the object (until then it is Terminating). A
+  force-deleted pod's containers are stopped the same way, with a 1 s grace period;
+- serves nothing for a node that is down (``nodestate.py``): for ``crash`` it kills the node's
+  processes at once (each running container then counts as lost: 137,
+  ``ContainerStatusUnknown``), for ``partition`` it leaves them running; either way it reports
+  nothing and acts on no deletion for the node until it is up again;
 - serves the kubelet API for ``kubectl logs`` and ``kubectl exec`` (``kubeletapi.py``), given
   ``--kubelet-port``.
 Failures of the agent show on the pod: a sandbox that could not start a container ends that
@@ -49,8 +61,8 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.localcluster import (identity, kubeletapi, podfiles, podstatus, sandbox,
-                                           serviceaccount, volumes)
+from monarch_operator.localcluster import (identity, kubeletapi, nodestate, podfiles, podstatus,
+                                          sandbox, serviceaccount, termination, volumes)
 
 # The pod status the agent computed, as JSON; the kwok Stage local-pod-status applies it.
 ANNOTATION_STATUS = "localcluster.monarch-operator.dev/status"
@@ -58,13 +70,20 @@ ANNOTATION_STATUS = "localcluster.monarch-operator.dev/status"
 LABEL_SIMULATE = "localcluster.monarch-operator.dev/simulate"
 # Optional, on a pod: the crash-loop back-off's first delay in seconds (kubelet: 10; for tests).
 ANNOTATION_BACKOFF = "localcluster.monarch-operator.dev/crash-loop-backoff-seconds"
+# On a deleted pod: every container of it stopped on the node; the kwok Stage local-pod-delete
+# then applies the final status and deletes the object (the kubelet's final delete).
+ANNOTATION_STOPPED = "localcluster.monarch-operator.dev/containers-stopped"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # Image paths that live elsewhere on this machine: the worker image's entrypoint.
 IMAGE_PATHS = {"/usr/local/bin/monarch-worker-entrypoint": REPO_ROOT / "images/worker/entrypoint.sh"}
 # What "the image" is made of here, which a non-root container must be able to reach.
 IMAGE_ROOTS = [Path(sys.executable).resolve(), Path(sys.prefix), Path(sys.base_prefix), REPO_ROOT]
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-STOP_GRACE_SECONDS = 3.0
+AGENT_EXIT_GRACE_SECONDS = 3.0  # when the agent itself stops: SIGTERM -> SIGKILL
+# Reported for a container whose node went down under it (kubelet_pods.go: a container that
+# was running and cannot be found any more).
+LOST_CONTAINER = (137, "ContainerStatusUnknown",
+                  "The container could not be located when the pod was terminated")
 
 log = logging.getLogger("localcluster.agent")
 
@@ -77,6 +96,8 @@ class Running:
     process: sandbox.ContainerProcess
     spec: dict[str, Any]
     termination_path: Path  # the machine's side of the container's terminationMessagePath
+    env: dict[str, str] = field(default_factory=dict)
+    stop: termination.ContainerStop | None = None  # set once its pod terminates
 
 
 @dataclass
@@ -90,11 +111,22 @@ class PodRun:
     volumes: dict[str, Path] | None = None
     tokens: serviceaccount.PodTokens | None = None
     reported: str = ""
+    grace: float | None = None  # the termination's grace period, once the pod terminates
 
     @property
     def pod_ip(self) -> str:
         """The IP kwok gave the pod."""
         return str(self.pod["status"]["podIP"])
+
+    @property
+    def node(self) -> str:
+        """The node the pod runs on."""
+        return str(self.pod["spec"]["nodeName"])
+
+    @property
+    def name(self) -> str:
+        """``namespace/name`` of the pod."""
+        return f"{self.record.namespace}/{self.record.name}"
 
     def spec_of(self, record: podstatus.ContainerRecord) -> dict[str, Any]:
         """The pod spec's entry for ``record``'s container."""
@@ -138,35 +170,61 @@ class Agent:
             except Exception:  # keep the node alive through API hiccups; log them
                 log.exception("sync failed")
             time.sleep(interval)
-        self._stop(list(self.runs))
+        self._stop_containers([r for run in self.runs.values() for r in run.containers.values()],
+                              grace=AGENT_EXIT_GRACE_SECONDS)
+        self.runs.clear()
 
     def sync(self) -> None:
-        """One pass: stop deleted pods, start new ones, step and report every pod."""
+        """One pass: begin or advance the termination of deleted pods, start new pods, step
+        and report every pod; for a node that is down (``nodestate``), only what its mode
+        leaves running."""
+        down = {node.metadata.name: mode for node in self.core.list_node().items
+                if (mode := (node.metadata.labels or {}).get(nodestate.LABEL_NODE_DOWN))}
         pods = [self.core.api_client.sanitize_for_serialization(p)
                 for p in self.core.list_pod_for_all_namespaces().items]
         pods = [p for p in pods if p["spec"].get("nodeName")]
         self._write_hosts(pods)
-        live = {pod["metadata"]["uid"] for pod in pods
-                if not pod["metadata"].get("deletionTimestamp")}
-        # Stop departed pods first: kwok hands a freed pod IP to the next pod at once, and a
-        # new sshd must not find the old one (with another job's key) still on that address.
-        self._stop([uid for uid in self.runs if uid not in live])
+        by_uid = {pod["metadata"]["uid"]: pod for pod in pods}
+        for uid, run in list(self.runs.items()):
+            pod = by_uid.get(uid)
+            if down.get(run.node) == nodestate.CRASH:
+                self._lose_containers(run, time.time())
+            elif run.node not in down and (pod is None or pod["metadata"].get("deletionTimestamp")):
+                self._terminate(run, pod, time.time())
         self.lingering = [process for process in self.lingering if not process.release()]
+        # A terminating pod keeps its IP busy until its processes are gone (kwok may hand the
+        # IP of a force-deleted pod to the next pod at once).
         busy_ips = {run.pod_ip for run in self.runs.values() if run.containers}
         for pod in pods:
-            if self._should_start(pod, live, busy_ips):
+            if pod["spec"]["nodeName"] in down:
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                self._confirm_unrun(pod)
+            elif self._should_start(pod, busy_ips):
                 run = self._new_run(pod)
                 self.runs[run.record.uid] = run
                 busy_ips.add(run.pod_ip)
-        for run in list(self.runs.values()):
-            now = time.time()
-            if not run.record.finished:
+        for uid, run in list(self.runs.items()):
+            now, mode = time.time(), down.get(run.node)
+            if mode == nodestate.CRASH:
+                continue
+            for running in run.containers.values():
+                if running.stop is not None:
+                    running.stop.advance(now)
+                    self._log_stop(run, running)
+            if run.containers or not run.record.finished:
                 self._step_safely(run, now)
-            self._report(run, now)
+            if mode == nodestate.PARTITION:
+                continue  # cut off from the API server: nothing is reported
+            if run.record.terminating and not run.containers:
+                self._confirm_stopped(run, by_uid.get(uid), now)
+                del self.runs[uid]
+            else:
+                self._report(run, now)
 
-    def _should_start(self, pod: dict[str, Any], live: set[str], busy_ips: set[str]) -> bool:
+    def _should_start(self, pod: dict[str, Any], busy_ips: set[str]) -> bool:
         meta, status = pod["metadata"], pod.get("status") or {}
-        return (meta["uid"] in live and meta["uid"] not in self.runs
+        return (meta["uid"] not in self.runs
                 and bool(status.get("podIP")) and status["podIP"] not in busy_ips
                 and status.get("phase") not in ("Succeeded", "Failed")
                 and LABEL_SIMULATE not in (meta.get("labels") or {})
@@ -204,7 +262,7 @@ class Agent:
         except Exception as error:  # a bug of ours must show on the pod, not only in our log
             log.exception("%s/%s: node agent error", run.record.namespace, run.record.name)
             run.record.agent_error = f"local node agent: {type(error).__name__}: {error}"
-            self._stop_containers(list(run.containers.values()))
+            self._stop_containers(list(run.containers.values()), grace=0.0)
             run.containers.clear()
 
     def _step(self, run: PodRun, now: float) -> None:
@@ -238,9 +296,12 @@ class Agent:
                        f"{sandbox.tail_text(process.log_path)}")
         # The container's other processes end with it, as with the end of its PID namespace.
         self._stop_containers([running], grace=0.0)
-        log.info("%s/%s container %s exited with %d (%s)", run.record.namespace,
-                 run.record.name, running.record.name, exit_code, reason)
-        running.record.exited(exit_code, reason, message, now, run.record.restart_policy,
+        if running.stop is not None:
+            running.stop.finish()
+            self._log_stop(run, running)
+        log.info("%s container %s exited with %d (%s)", run.name, running.record.name,
+                 exit_code, reason)
+        running.record.exited(exit_code, reason, message, now, run.record.restart_policy_now,
                               run.record.ref)
 
     def _start_container(self, run: PodRun, record: podstatus.ContainerRecord,
@@ -283,7 +344,7 @@ class Agent:
             return
         record.started(now)
         run.containers[record.name] = Running(record=record, process=process, spec=spec,
-                                              termination_path=termination_path)
+                                              termination_path=termination_path, env=env)
         log.info("%s/%s started %scontainer %s (pid %d): %s", run.record.namespace,
                  run.record.name, "init " if record.init else "", record.name, process.pid,
                  " ".join(command))
@@ -387,15 +448,72 @@ class Agent:
                 hosts.write(content)
 
     # -- stopping ------------------------------------------------------------------------------
-    def _stop(self, uids: list[str]) -> None:
-        """Stop every container of these pods at once and forget the pods."""
-        runs = [self.runs.pop(uid) for uid in uids]
-        for run in runs:
-            log.info("stopping %s/%s", run.record.namespace, run.record.name)
-        self._stop_containers([r for run in runs for r in run.containers.values()])
+    def _terminate(self, run: PodRun, pod: dict[str, Any] | None, now: float) -> None:
+        """Begin the pod's graceful termination (``termination.py``), or shorten it when a
+        second deletion gave a shorter grace period. ``pod`` is ``None`` once the object is
+        gone from the API (force deletion)."""
+        grace = termination.grace_period(pod or run.pod, current=run.grace, vanished=pod is None)
+        if run.grace is not None:
+            if grace < run.grace:
+                run.grace = grace
+                for running in run.containers.values():
+                    if running.stop is not None:
+                        running.stop.shorten(grace)
+            return
+        run.grace = grace
+        run.record.terminate()
+        log.info("terminating %s (%s): grace period %gs", run.name,
+                 "deleted" if pod else "gone from the API", grace)
+        for running in run.containers.values():
+            running.stop = termination.ContainerStop(running.record.name, running.process,
+                                                     grace, now)
+            hook = None if running.record.init else termination.prestop_command(running.spec)
+            running.stop.begin(hook, running.env,
+                               run.workdir / f"{running.record.name}.prestop.log")
+            self._log_stop(run, running)
 
-    def _stop_containers(self, containers: list[Running],
-                         grace: float = STOP_GRACE_SECONDS) -> None:
+    def _confirm_stopped(self, run: PodRun, pod: dict[str, Any] | None, now: float) -> None:
+        """Every container of the terminating pod ended: report its final status and let the
+        pod object go (kwok Stage local-pod-delete), as a kubelet's final delete does."""
+        if pod is not None:
+            document = json.dumps(run.record.api_status(now), sort_keys=True,
+                                  separators=(",", ":"))
+            self._annotate(run.record.namespace, run.record.name,
+                           {ANNOTATION_STATUS: document, ANNOTATION_STOPPED: "true"})
+        log.info("%s: all containers stopped", run.name)
+
+    def _confirm_unrun(self, pod: dict[str, Any]) -> None:
+        """A deleted pod this agent runs nothing for (never started, or run by an earlier
+        agent process): nothing to stop, the object may go."""
+        meta = pod["metadata"]
+        if LABEL_SIMULATE in (meta.get("labels") or {}):
+            return  # kwok's own (Stage simulated-pod-delete)
+        if meta["uid"] not in self.runs and ANNOTATION_STOPPED not in (meta.get("annotations")
+                                                                      or {}):
+            self._annotate(meta["namespace"], meta["name"], {ANNOTATION_STOPPED: "true"})
+
+    def _lose_containers(self, run: PodRun, now: float) -> None:
+        """The pod's node crashed: every process of it dies at once (SIGKILL), and each
+        container that was running counts as lost (``LOST_CONTAINER``)."""
+        if not run.containers:
+            return
+        log.info("%s: node %s crashed, killing its containers", run.name, run.node)
+        for running in run.containers.values():
+            running.process.signal_all(signal.SIGKILL)
+            if running.stop is not None:
+                running.stop.finish()
+            running.record.exited(*LOST_CONTAINER, now, run.record.restart_policy_now,
+                                  run.record.ref)
+        self.lingering += [running.process for running in run.containers.values()]
+        run.containers.clear()
+
+    def _log_stop(self, run: PodRun, running: Running) -> None:
+        stop = running.stop
+        while stop is not None and stop.events:
+            log.info("%s container %s: %s", run.name, running.record.name, stop.events.pop(0))
+
+    def _stop_containers(self, containers: list[Running], grace: float) -> None:
+        """Stop these containers now (SIGTERM, SIGKILL after ``grace`` seconds), blocking."""
         processes = [running.process for running in containers]
         sandbox.stop_all(processes, grace=grace)
         self.lingering += [process for process in processes if not process.release()]

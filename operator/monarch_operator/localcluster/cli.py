@@ -8,6 +8,9 @@ Examples::
     kubectl logs -n team-a demo-launcher-abcde   # or, without the kubelet API:
     monarch-localcluster logs team-a/demo-launcher-abcde
     monarch-localcluster logs team-a/demo-worker-0 -c prep --previous
+    monarch-localcluster node down kwok-gpu-1              # its kubelet gone: NotReady in ~20 s
+    monarch-localcluster node down kwok-gpu-1 --partition  # ... but its pods keep running
+    monarch-localcluster node up kwok-gpu-1
     monarch-localcluster down            # stop every process it started
 """
 
@@ -19,6 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from monarch_operator.localcluster import nodestate
 from monarch_operator.localcluster.cluster import LocalCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -91,6 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     logs.add_argument("-c", "--container", help="container name (default: the newest log)")
     logs.add_argument("-p", "--previous", action="store_true",
                       help="the container's previous instance (before its last restart)")
+    node = sub.add_parser("node", help="take a node's kubelet away (down) or bring it back (up)",
+                          description=nodestate.__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    node.add_argument("action", choices=("down", "up"))
+    node.add_argument("name", help="node name, e.g. kwok-gpu-1")
+    node.add_argument("--partition", action="store_true",
+                      help="down: the node's pods keep running (network partition) instead of "
+                           "dying with it (crash)")
+    node.add_argument("--no-wait", action="store_true",
+                      help="return at once instead of waiting for Ready=Unknown (down) or "
+                           "Ready=True without taints (up)")
     args = parser.parse_args(argv)
     cluster = LocalCluster(args.dir, nodes=getattr(args, "nodes", 3),
                            gpus_per_node=getattr(args, "gpus_per_node", 8))
@@ -98,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster.up(progress=lambda message: print(f"[localcluster] {message}", flush=True))
     elif args.command == "down":
         cluster.down()
+    elif args.command == "node":
+        return _node(cluster, args)
     elif args.command == "env":
         if not cluster.is_running():
             print(f"# no local cluster runs in {cluster.state_dir} "
@@ -114,6 +131,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no local process ran for pod {args.pod}", file=sys.stderr)
             return 1
         sys.stdout.write(path.read_text(errors="replace"))
+    return 0
+
+
+def _node(cluster: LocalCluster, args: argparse.Namespace) -> int:
+    try:
+        if args.action == "down":
+            cluster.node_down(args.name, nodestate.PARTITION if args.partition
+                              else nodestate.CRASH)
+        else:
+            cluster.node_up(args.name)
+        if not args.no_wait:
+            wanted = "Unknown" if args.action == "down" else "True"
+            print(f"node {args.name} {args.action}; waiting for Ready={wanted} ...", flush=True)
+            cluster.wait_node_ready(args.name, wanted)
+            print(f"node {args.name}: Ready={wanted}")
+    except (RuntimeError, TimeoutError) as error:
+        print(f"monarch-localcluster node {args.action}: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

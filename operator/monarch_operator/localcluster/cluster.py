@@ -7,6 +7,7 @@ started (by process group) and leaves nothing running.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -17,10 +18,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from monarch_operator.localcluster import certs
+from monarch_operator.localcluster import certs, nodestate
 from monarch_operator.localcluster.binaries import ensure_binaries
 
 # Pod IPs (kwok --cidr), inside 127.0.0.0/8. MONARCH_LOCALCLUSTER_POD_CIDR moves them, so that two
@@ -30,6 +31,14 @@ SERVICE_CIDR = "127.96.0.0/16"
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
 NODE_NAME = "kwok-gpu-{index}"
 GPU_RESOURCE = "nvidia.com/gpu"
+# Node heartbeats, shortened for tests (kubelet/KCM defaults: lease 40 s renewed every 10 s,
+# node-monitor-grace-period 50 s, node-monitor-period 5 s): kwok renews each node's Lease every
+# NODE_LEASE_SECONDS / 4 = 2.5 s, and a node whose Lease went NODE_MONITOR_GRACE_SECONDS without
+# renewal is marked Ready=Unknown by the node-lifecycle controller, which looks every
+# NODE_MONITOR_PERIOD_SECONDS: a node that goes down is NotReady after 20-22 s.
+NODE_LEASE_SECONDS = 10
+NODE_MONITOR_GRACE_SECONDS = 20
+NODE_MONITOR_PERIOD_SECONDS = 2
 
 Progress = Callable[[str], None]
 
@@ -76,7 +85,7 @@ class LocalCluster:
         nodes: number of kwok nodes, each advertising ``gpus_per_node`` ``nvidia.com/gpu``.
         node_agent: run the node agent (real pod processes). Benchmarks that only use simulated
             pods (label ``localcluster.monarch-operator.dev/simulate``, see kwok-stages.yaml)
-            turn it off.
+            turn it off; without it other pods never run, and once deleted stay Terminating.
         audit_users: user names (client certificate CNs) whose every request, reads and leases
             included, the audit log records too (``audit_policy``); e.g. benchmarked operators.
     """
@@ -205,6 +214,73 @@ class LocalCluster:
         pid = json.loads(self._record.read_text()).get("pids", {}).get(component)
         return int(pid) if pid is not None else None
 
+    # -- node loss (nodestate.py) --------------------------------------------------------------
+    def node_down(self, node: str, mode: str = nodestate.CRASH) -> None:
+        """Take the node's kubelet away: nothing heartbeats for it any more, so the
+        node-lifecycle controller marks it ``Ready=Unknown`` after about
+        ``NODE_MONITOR_GRACE_SECONDS`` (see ``wait_node_ready``).
+
+        Args:
+            mode: ``"crash"`` (its pods' processes are killed at once) or ``"partition"``
+                (they keep running, unseen, until the node is up again).
+
+        Raises:
+            ValueError: ``mode`` is neither.
+            RuntimeError: kubectl failed (e.g. no such node); the message is kubectl's.
+        """
+        if mode not in nodestate.MODES:
+            raise ValueError(f"node down mode must be one of {', '.join(nodestate.MODES)}, "
+                             f"not {mode!r}")
+        self._kubectl(ensure_binaries(), "label", "node", node, "--overwrite",
+                      f"{nodestate.LABEL_NODE_DOWN}={mode}")
+
+    def node_up(self, node: str) -> None:
+        """Bring the node's kubelet back (see ``node_down``); kwok marks the node Ready again
+        and the node-lifecycle controller lifts its taints (see ``wait_node_ready``).
+
+        Raises:
+            RuntimeError: kubectl failed (e.g. no such node); the message is kubectl's.
+        """
+        self._kubectl(ensure_binaries(), "label", "node", node, f"{nodestate.LABEL_NODE_DOWN}-")
+
+    @contextlib.contextmanager
+    def node_lost(self, node: str, mode: str = nodestate.CRASH, wait: bool = True
+                  ) -> Iterator[None]:
+        """``with cluster.node_lost("kwok-gpu-1"):`` the node is down inside the block (and,
+        with ``wait``, already ``Ready=Unknown`` when it starts) and up again after it, even
+        on an exception (then, with ``wait``, Ready and untainted). See ``node_down``."""
+        self.node_down(node, mode)
+        try:
+            if wait:
+                self.wait_node_ready(node, "Unknown")
+            yield
+        finally:
+            self.node_up(node)
+            if wait:
+                self.wait_node_ready(node, "True")
+
+    def wait_node_ready(self, node: str, status: str, timeout: float = 90) -> dict[str, object]:
+        """Wait until the node's ``Ready`` condition has ``status`` (``"True"``, ``"False"``
+        or ``"Unknown"``); for ``"True"`` also until no ``node.kubernetes.io/`` taint is left.
+        Returns the node object.
+
+        Raises:
+            TimeoutError: not so after ``timeout`` seconds; the message shows the condition.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            item = json.loads(self._kubectl(ensure_binaries(), "get", "node", node, "-o", "json"))
+            ready = nodestate.condition(item)
+            taints = [t["key"] for t in (item.get("spec") or {}).get("taints") or []
+                      if t["key"].startswith("node.kubernetes.io/")]
+            if ready.get("status") == status and (status != "True" or not taints):
+                return dict(item)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {node}: Ready={ready.get('status')} "
+                                   f"({ready.get('reason', '')}), taints {taints}, after "
+                                   f"{timeout:.0f}s waiting for Ready={status}")
+            time.sleep(0.5)
+
     def env(self) -> dict[str, str]:
         """Environment for clients: ``KUBECONFIG`` and kubectl's directory on ``PATH``."""
         bin_dir = ensure_binaries()
@@ -274,7 +350,8 @@ class LocalCluster:
                 f"--root-ca-file={pki / 'ca.crt'}",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 "--leader-elect=false", "--controllers=*,-nodeipam,-service-lb-controller",
-                "--node-monitor-grace-period=60s"]
+                f"--node-monitor-grace-period={NODE_MONITOR_GRACE_SECONDS}s",
+                f"--node-monitor-period={NODE_MONITOR_PERIOD_SECONDS}s"]
 
     def _scheduler_args(self, bin_dir: Path, ports: dict[str, int]) -> list[str]:
         return [str(bin_dir / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}",
@@ -285,11 +362,13 @@ class LocalCluster:
 
     def _kwok_args(self, bin_dir: Path, ports: dict[str, int]) -> list[str]:
         return [str(bin_dir / "kwok"), f"--kubeconfig={self.kubeconfig}",
-                "--manage-all-nodes=true", f"--cidr={POD_CIDR}", "--node-ip=127.0.0.1",
+                # every node that is not down (nodestate.py)
+                f"--manage-nodes-with-label-selector={nodestate.KWOK_NODE_SELECTOR}",
+                f"--cidr={POD_CIDR}", "--node-ip=127.0.0.1",
                 f"--server-address=127.0.0.1:{ports['kwok']}",
                 # What the node status advertises as the kubelet port: the node agent's.
                 f"--node-port={ports['kubelet']}",
-                "--node-lease-duration-seconds=40", f"--config={STAGES_FILE}"]
+                f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}", f"--config={STAGES_FILE}"]
 
     def _agent_args(self, ports: dict[str, int]) -> list[str]:
         return [sys.executable, "-m", "monarch_operator.localcluster.agent",

@@ -200,6 +200,7 @@ class PodRecord:
     # type -> condition, as last reported (kept for lastTransitionTime)
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
     agent_error: str = ""
+    terminating: bool = False  # the pod is being deleted: nothing starts any more
 
     @classmethod
     def from_pod(cls, pod: dict[str, Any], backoff_base: float = DEFAULT_BACKOFF_SECONDS
@@ -241,10 +242,24 @@ class PodRecord:
         """Whether an init container failed and will not be retried (``restartPolicy: Never``)."""
         return any(record.failed_for_good for record in self.init_containers)
 
+    def terminate(self) -> None:
+        """The pod is being deleted: no container starts or restarts from now on; once none
+        runs the phase is terminal (kubelet ``getPhase`` with ``podIsTerminal``)."""
+        self.terminating = True
+        for record in self.init_containers + self.containers:
+            record.due_at = None
+
+    @property
+    def restart_policy_now(self) -> str:
+        """The restart policy for a container that ends now (``Never`` while terminating)."""
+        return NEVER if self.terminating else self.restart_policy
+
     def phase(self) -> str:
         """``Pending``, ``Running``, ``Succeeded`` or ``Failed`` (kubelet ``getPhase``)."""
         if self.agent_error or self.init_failed():
             return "Failed"
+        if self.terminating and not any(r.running for r in self.init_containers + self.containers):
+            return "Succeeded" if all(r.succeeded for r in self.containers) else "Failed"
         if not self.initialized:
             return "Pending"
         if any(record.running for record in self.containers):
