@@ -2,7 +2,8 @@
 # One-time set-up on a fresh Debian/Ubuntu machine (idempotent, safe to re-run):
 # openssh (sshd for worker pods and SSH tests), util-linux (unshare), a virtualenv in .venv with
 # monarch-operator and its pinned dependencies, and the control-plane binaries built from the
-# Go module proxy into ~/.cache/monarch-operator (10-25 min the first time, seconds after).
+# Go module proxy into ~/.cache/monarch-operator (10-25 min the first time, seconds after), and
+# the pinned helm client the chart's tests use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,4 +38,6 @@ fi
 
 log "control-plane binaries"
 bash operator/monarch_operator/localcluster/build-binaries.sh >/dev/null
+log "helm (the chart's tests)"
+bash operator/monarch_operator/localcluster/build-binaries.sh helm >/dev/null
 log "ready"

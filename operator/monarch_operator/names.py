@@ -6,6 +6,7 @@ Children of job ``<job>``:
 - ``<job>-hostfile``: ConfigMap with the hostfile.
 - ``<job>-launcher``: batch Job running ``monarch-launch`` (attempt 1), ``<job>-launcher-<n>``
   for attempt ``n`` after restarts.
+- ``<job>-isolation``: NetworkPolicy admitting only the job's own pods.
 
 Limits (kubernetes/kubernetes#64023, lws #410): the StatefulSet controller labels each pod with
 ``controller-revision-hash=<statefulset name>-<10 character hash>``, and a label value holds at
@@ -27,6 +28,7 @@ WORKER_SUFFIX = "-worker"
 SSH_SUFFIX = "-ssh"
 HOSTFILE_SUFFIX = "-hostfile"
 LAUNCHER_SUFFIX = "-launcher"
+NETWORK_POLICY_SUFFIX = "-isolation"
 
 # The longest child name that has to fit a limit is the StatefulSet name inside the revision
 # hash label: len(job) + len("-worker") + 11 <= 63.
@@ -55,6 +57,11 @@ def validate_job_name(job_name: str) -> None:
             f"metadata.name {job_name!r} must be a DNS-1035 label: lowercase letters, digits "
             "and '-', starting with a letter and ending with a letter or digit"
         )
+
+
+def network_policy(job_name: str) -> str:
+    """Name of the job's NetworkPolicy (isolates its pods for ingress)."""
+    return job_name + NETWORK_POLICY_SUFFIX
 
 
 def ssh_secret(job_name: str) -> str:

@@ -1,14 +1,115 @@
-{{- define "monarch-operator.name" -}}{{ .Chart.Name }}{{- end -}}
-{{- define "monarch-operator.fullname" -}}{{ .Release.Name | trunc 63 | trimSuffix "-" }}{{- end -}}
+{{/*
+Names, labels and the operator's RBAC rules, shared by every template.
+*/}}
+
+{{/* The chart's name, overridable with nameOverride. */}}
+{{- define "monarch-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name of the release's objects: fullnameOverride, else the release name (plus the
+chart's name when the release name does not contain it). 63 characters at most (DNS label). */}}
+{{- define "monarch-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "monarch-operator.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "monarch-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
-{{- end -}}
+{{- end }}
+
 {{- define "monarch-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{ include "monarch-operator.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-{{- end -}}
+{{- end }}
+
 {{- define "monarch-operator.serviceAccountName" -}}
-{{- if .Values.serviceAccount.create -}}{{ default (include "monarch-operator.fullname" .) .Values.serviceAccount.name }}{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
-{{- end -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "monarch-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "monarch-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+What the operator does in the namespaces it watches, and nothing more (tests/unit/test_chart_rbac.py
+compares these rules with the API calls in operator/monarch_operator/controller/ and kopf's):
+- monarchjobs: kopf lists and watches them (events wake a job's pass) and removes its finalizer
+  left by older operator versions (patch); a pass reads its job (get); status: one merge-patch
+  when it changed.
+- secrets, services: read, create when missing (never updated or deleted: the owner reference
+  lets the garbage collector delete them with the job).
+- configmaps (the hostfile), batch jobs (the launcher of each attempt), statefulsets (the
+  workers): read, create, delete (a suspended job drops them; a finished one its workers).
+- pods, batch jobs, statefulsets: kopf watches the job's children (label selector) to wake
+  the job; pods are listed for readiness and the launcher's exit code.
+- pods/log: the last lines of a failed launcher (status.attempts[].outputTail).
+- events: the job's Events (kopf), created only.
+- networkpolicies: read, create the job's NetworkPolicy (networkPolicy.enabled).
+*/}}
+{{- define "monarch-operator.namespacedRules" -}}
+- apiGroups: [monarch-operator.dev]
+  resources: [monarchjobs]
+  verbs: [get, list, watch, patch]
+- apiGroups: [monarch-operator.dev]
+  resources: [monarchjobs/status]
+  verbs: [patch]
+- apiGroups: [""]
+  resources: [secrets, services]
+  verbs: [get, create]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
+- apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- if .Values.networkPolicy.enabled }}
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create]
+{{- end }}
+{{- end }}
+
+{{/* Cluster-wide only: kopf watches CustomResourceDefinitions to notice the MonarchJob CRD
+being added or removed while it runs, and a pass reads the node of a worker that stopped being
+Ready (a lost node is an infrastructure failure). Namespaced mode needs no cluster-scoped rule:
+kopf's scan is off (--namespace), and a 403 on nodes leaves the pod's own state to tell. */}}
+{{- define "monarch-operator.clusterOnlyRules" -}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get]
+{{- end }}

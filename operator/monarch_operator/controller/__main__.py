@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> None:
         "else $KUBECONFIG.",
     )
     parser.add_argument("--namespace", action="append", default=[],
-                        help="watch only this namespace (repeatable); default: all")
+                        help="watch only this namespace (repeatable; kopf's globs such as "
+                        "'team-*' and exclusions such as '!ci-*' work too); default: all")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.add_argument("--liveness", default=None, help="kopf liveness endpoint URL")
     args = parser.parse_args(argv)
@@ -31,8 +32,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     from monarch_operator.controller import handlers  # noqa: F401  (registers the handlers)
 
+    settings = kopf.OperatorSettings()
+    # Watching listed namespaces needs no cluster-scoped permission (the chart's Roles): kopf's
+    # scans of namespaces and CRDs (list/watch, cluster-wide) are off, and the listed names are
+    # taken as given. Cluster-wide, or with kopf's patterns (`!ci-*`, `team-*`), it keeps them.
+    settings.scanning.disabled = bool(args.namespace) and not any(
+        set(pattern) & set("!*?,") for pattern in args.namespace)
     asyncio.run(
         kopf.operator(
+            settings=settings,
             standalone=True,
             clusterwide=not args.namespace,
             namespaces=args.namespace,

@@ -27,6 +27,8 @@ _KINDS: dict[tuple[str, str], tuple[type, str]] = {
     ("v1", "ConfigMap"): (kubernetes.client.CoreV1Api, "namespaced_config_map"),
     ("apps/v1", "StatefulSet"): (kubernetes.client.AppsV1Api, "namespaced_stateful_set"),
     ("batch/v1", "Job"): (kubernetes.client.BatchV1Api, "namespaced_job"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): (kubernetes.client.NetworkingV1Api,
+                                               "namespaced_network_policy"),
 }
 
 

@@ -20,6 +20,7 @@ from monarch_operator.controller import attempts, k8s, observe, policy
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER, build_launcher_job
+from monarch_operator.controller.builders.networkpolicy import build_network_policy
 from monarch_operator.controller.builders.secret import build_ssh_secret
 from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
@@ -139,6 +140,8 @@ def _ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
     else:  # exists: keep its key bytes (retries must not rotate keys), but check the owner
         k8s.check_owner(secret, job.uid)
     k8s.ensure(build_worker_service(job), job.uid)
+    if settings.network_policy:  # before any pod exists, so no pod is ever open to others
+        k8s.ensure(build_network_policy(job), job.uid)
     worker_set, _ = k8s.ensure(build_worker_statefulset(job, settings), job.uid)
     pods = _worker_pods(job, worker_set)
     ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)

@@ -14,20 +14,36 @@ class Settings:
         cluster_domain: DNS suffix of Services (``cluster.local`` unless the cluster differs);
             worker FQDNs in the hostfile end with it.
         worker_user_id: UID the worker and launcher containers run as (the image's ``monarch``).
+        network_policy: give each job a NetworkPolicy that admits only its own pods
+            (``builders/networkpolicy.py``); off where the cluster's policies are managed
+            elsewhere.
     """
 
     cluster_domain: str = "cluster.local"
     worker_user_id: int = 1000
+    network_policy: bool = True
 
     @classmethod
     def from_env(cls) -> Settings:
-        """Read ``MONARCH_OPERATOR_CLUSTER_DOMAIN`` and ``MONARCH_OPERATOR_WORKER_UID``; unset
-        ones keep the defaults above.
+        """Read ``MONARCH_OPERATOR_CLUSTER_DOMAIN``, ``MONARCH_OPERATOR_WORKER_UID`` and
+        ``MONARCH_OPERATOR_NETWORK_POLICY`` (``true`` or ``false``); unset ones keep the
+        defaults above.
 
         Raises:
-            ValueError: a value that is not a number where one is expected.
+            ValueError: a value that is not a number where one is expected, or a
+                ``MONARCH_OPERATOR_NETWORK_POLICY`` other than ``true``/``false``.
         """
         return cls(
             cluster_domain=os.environ.get("MONARCH_OPERATOR_CLUSTER_DOMAIN", cls.cluster_domain),
             worker_user_id=int(os.environ.get("MONARCH_OPERATOR_WORKER_UID", cls.worker_user_id)),
+            network_policy=_boolean("MONARCH_OPERATOR_NETWORK_POLICY", cls.network_policy),
         )
+
+
+def _boolean(variable: str, default: bool) -> bool:
+    value = os.environ.get(variable)
+    if value is None:
+        return default
+    if value.lower() not in ("true", "false"):
+        raise ValueError(f"{variable}={value!r}: must be true or false")
+    return value.lower() == "true"

@@ -30,3 +30,23 @@ def ensure_binaries() -> Path:
     if missing:
         raise RuntimeError(f"build finished but {missing} are missing in {bin_dir}")
     return bin_dir
+
+
+def ensure_helm() -> Path:
+    """Return the path of the pinned ``helm`` client (v3, built from the Go module proxy).
+
+    Built once by ``build-binaries.sh helm`` into ``~/.cache/monarch-operator/bin/helm-<version>/``
+    (or under ``$MONARCH_OPERATOR_CACHE``): about 2 minutes from an empty Go module cache.
+
+    Raises:
+        RuntimeError: the build failed; the message names the script, the Go output precedes it.
+    """
+    result = subprocess.run(["bash", str(BUILD_SCRIPT), "helm"], stdout=subprocess.PIPE,
+                            stderr=None, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"building helm failed (exit {result.returncode}); see the Go output "
+                           f"above. Script: {BUILD_SCRIPT} helm")
+    helm = Path(result.stdout.strip().splitlines()[-1]) / "helm"
+    if not os.access(helm, os.X_OK):
+        raise RuntimeError(f"build finished but {helm} is missing")
+    return helm

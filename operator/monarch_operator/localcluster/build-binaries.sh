@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the pinned upstream binaries of the local control plane from the Go module proxy:
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok.
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok; with the
+# argument `helm`, only the Helm client the chart tests use.
 # Binaries land in ~/.cache/monarch-operator/bin/<versions>/ and are rebuilt only when missing.
+# Prints the directory that holds them (`helm`: ~/.cache/monarch-operator/bin/helm-<version>/).
 # Why wrapper modules: k8s.io/kubernetes and etcd's server module carry replace directives, so
 # `go install pkg@version` refuses them (kubernetes/kubernetes#79384, #113302); a module of our own
 # that requires them and maps each staging module to its published version builds fine.
@@ -10,6 +12,7 @@ set -euo pipefail
 KUBE_VERSION="${KUBE_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 CACHE="${MONARCH_OPERATOR_CACHE:-$HOME/.cache/monarch-operator}"
 BIN="$CACHE/bin/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
 WORK="$CACHE/build"
@@ -92,6 +95,34 @@ build_kwok() {
   log "built kwok in $((SECONDS - t0)) s"
 }
 
+build_helm() {
+  # helm.sh/helm/v3 has no replace directives, so `go install` works. The -X flags are the ones
+  # Helm's own Makefile sets: its version, and the Kubernetes version that `helm template` and
+  # `helm lint` assume without a cluster (that of the client-go it is built with).
+  local dir="$CACHE/bin/helm-$HELM_VERSION"
+  if [ ! -x "$dir/helm" ]; then
+    log "building helm $HELM_VERSION (first time: 2-6 min on 2 cores)"
+    mkdir -p "$dir"
+    local t0=$SECONDS kube_minor
+    kube_minor=$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | python3 -c '
+import json, re, sys
+gomod = open(json.load(sys.stdin)["GoMod"]).read()
+print(re.search(r"k8s.io/client-go v0\.(\d+)\.", gomod).group(1))')
+    local ld="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+    ld+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+    for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+      ld+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$kube_minor"
+    done
+    GOBIN="$dir" go install -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+    log "built helm in $((SECONDS - t0)) s"
+  fi
+  echo "$dir"
+}
+
+if [ "${1:-}" = helm ]; then
+  build_helm
+  exit 0
+fi
 build_etcd
 build_kwok
 build_kubernetes

@@ -1,0 +1,54 @@
+"""Rendering the chart with the pinned helm client, for the chart's unit and cluster tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from monarch_operator.localcluster.binaries import ensure_helm
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "charts" / "monarch-operator"
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+# Namespaces the shared test operator (conftest.py) leaves alone: the chart's tests run the
+# chart's own operator there (as a pod, or under the chart's ServiceAccount), and two operators
+# must not both act on one job.
+CHART_NAMESPACE_PREFIX = "chart-"
+
+
+@cache
+def helm_binary() -> Path:
+    """The pinned helm (built on first use, see build-binaries.sh)."""
+    return ensure_helm()
+
+
+def helm(*args: str, env: dict[str, str] | None = None, check: bool = True,
+         home: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run helm; ``home`` keeps its cache, config and data out of ``~``."""
+    helm_env = {**os.environ, **(env or {})}
+    if home is not None:
+        for kind in ("CACHE", "CONFIG", "DATA"):
+            helm_env[f"HELM_{kind}_HOME"] = str(home / kind.lower())
+    result = subprocess.run([str(helm_binary()), *args], capture_output=True, text=True,
+                            env=helm_env, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} exited {result.returncode}:\n"
+                             f"{result.stdout}\n{result.stderr}")
+    return result
+
+
+def render(*values_args: str, release: str = "mo", namespace: str = "monarch-system",
+           ) -> list[dict[str, Any]]:
+    """``helm template`` with extra arguments (``-f FILE``, ``--set K=V``); the objects."""
+    out = helm("template", release, str(CHART), "--namespace", namespace, *values_args).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The objects of one kind."""
+    return [obj for obj in objects if obj["kind"] == kind]

@@ -1,0 +1,297 @@
+"""Least privilege: the chart grants exactly the API calls the operator makes, and no ``*``.
+
+"What the operator uses" is read from the code, not written down a second time:
+- the calls in ``controller/k8s.py`` (the only module that talks to the API): the typed client's
+  methods (``list_namespaced_pod`` is ``list`` on ``pods``) and the generic ``read``/``ensure``/
+  ``delete`` helpers, whose kinds come from their call sites in the other controller modules
+  (a literal ``("apps/v1", "StatefulSet")``, or the ``kind`` a ``build_*`` builder returns);
+- kopf's own needs, from the handlers it has registered: a list+watch stream and annotation
+  patches on each handled resource, Events for ``kopf.event``/``kopf.warn`` and posted logs,
+  and (cluster-wide only) a watch on CustomResourceDefinitions.
+A new API call without its rule, or a rule no call needs, fails here with the difference.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import kopf
+import pytest
+
+from monarch_operator import constants
+from tests.chart import CHART, by_kind, render
+
+CONTROLLER = Path(__file__).resolve().parents[2] / "operator" / "monarch_operator" / "controller"
+# Verbs of the typed client's method prefixes (kubernetes-client/python naming).
+CLIENT_VERBS = {"read": "get", "get": "get", "list": "list", "create": "create", "delete": "delete",
+                "patch": "patch", "replace": "update"}
+API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps", "BatchV1Api": "batch",
+              "NetworkingV1Api": "networking.k8s.io", "CustomObjectsApi": constants.GROUP}
+
+# Subresources as the typed client's method names end (`..._pod_log`, `..._object_status`).
+SUBRESOURCES = ("log", "status", "scale", "eviction", "binding", "exec", "attach")
+# Cluster-scoped resources: only a ClusterRole grants them, so namespaced mode goes without.
+CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "nodes"),
+                  ("", "namespaces")}
+
+Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+
+def plural(kind_snake: str) -> str:
+    """Resource name of a kind (``stateful_set`` or ``StatefulSet`` -> ``statefulsets``)."""
+    word = kind_snake.replace("_", "").lower()
+    return word[:-1] + "ies" if word.endswith("y") else word + "s"
+
+
+def group_of(api_version: str) -> str:
+    return api_version.rpartition("/")[0]
+
+
+def client_method_rule(api_class: str, method: str) -> Rule:
+    """``("CoreV1Api", "list_namespaced_pod")`` -> ``("", "pods", "list")``."""
+    verb, _, rest = method.partition("_")
+    rest = rest.removeprefix("namespaced_")
+    base, subresource = rest, ""
+    for name in SUBRESOURCES:  # read_namespaced_pod_log: pods/log
+        if rest.endswith(f"_{name}"):
+            base, subresource = rest.removesuffix(f"_{name}"), f"/{name}"
+    resource = constants.PLURAL if api_class == "CustomObjectsApi" else plural(base)
+    return API_GROUPS[api_class], resource + subresource, CLIENT_VERBS[verb]
+
+
+def k8s_layer_calls() -> tuple[dict[str, set[str]], dict[str, set[Rule]]]:
+    """Per function of k8s.py: generic verbs (kind chosen by the caller) and fixed rules."""
+    tree = ast.parse((CONTROLLER / "k8s.py").read_text())
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    generic: dict[str, set[str]] = {name: set() for name in functions}
+    fixed: dict[str, set[Rule]] = {name: set() for name in functions}
+    calls: dict[str, set[str]] = {name: set() for name in functions}
+    for name, function in functions.items():
+        # Local names bound to a typed API (`api = kubernetes.client.CustomObjectsApi(...)`).
+        bound = {target.id: node.value.func.attr for node in ast.walk(function)
+                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                 and isinstance(node.value.func, ast.Attribute)
+                 and node.value.func.attr.endswith("Api")
+                 for target in node.targets if isinstance(target, ast.Name)}
+        for node in ast.walk(function):
+            if not isinstance(node, ast.Call):
+                continue
+            if (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id in bound):
+                fixed[name].add(client_method_rule(bound[node.func.value.id], node.func.attr))
+                continue
+            if isinstance(node.func, ast.Name) and node.func.id == "getattr":
+                template = node.args[1]
+                assert isinstance(template, ast.JoinedStr), ast.unparse(node)
+                prefix = template.values[0].value.rstrip("_")
+                generic[name].add(CLIENT_VERBS[prefix])
+            elif isinstance(node.func, ast.Name) and node.func.id in functions:
+                calls[name].add(node.func.id)
+            elif (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Call)
+                  and isinstance(node.func.value.func, ast.Attribute)
+                  and node.func.value.func.attr.endswith("Api")):
+                fixed[name].add(client_method_rule(node.func.value.func.attr, node.func.attr))
+    changed = True
+    while changed:  # what a function calls, it needs
+        changed = False
+        for name, callees in calls.items():
+            for callee in callees:
+                if not (generic[callee] <= generic[name] and fixed[callee] <= fixed[name]):
+                    generic[name] |= generic[callee]
+                    fixed[name] |= fixed[callee]
+                    changed = True
+    return generic, fixed
+
+
+def builder_kinds() -> dict[str, tuple[str, str]]:
+    """``build_*`` function name -> (apiVersion, kind) of the object it returns."""
+    kinds = {}
+    for path in (CONTROLLER / "builders").glob("*.py"):
+        for function in ast.parse(path.read_text()).body:
+            if not (isinstance(function, ast.FunctionDef) and function.name.startswith("build_")):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.Dict):
+                    entries = {key.value: value for key, value in zip(node.keys, node.values,
+                                                                        strict=True)
+                               if isinstance(key, ast.Constant)}
+                    if isinstance(entries.get("kind"), ast.Constant) and isinstance(
+                            entries.get("apiVersion"), ast.Constant):
+                        kinds[function.name] = (entries["apiVersion"].value,
+                                                entries["kind"].value)
+    return kinds
+
+
+def _k8s_calls(function: ast.FunctionDef) -> list[ast.Call]:
+    return [node for node in ast.walk(function)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "k8s"]
+
+
+def operator_code_rules() -> set[Rule]:
+    """Rules for every ``k8s.<function>(...)`` call in the controller's other modules.
+
+    The kind of a generic call is a literal pair, a ``build_*`` call, or the parameters of a
+    helper in the same module (``_delete_if_present(api_version, kind, ...)``) whose own call
+    sites pass literals.
+    """
+    generic, fixed = k8s_layer_calls()
+    builders = builder_kinds()
+    rules: set[Rule] = set()
+    for path in CONTROLLER.rglob("*.py"):
+        if path.name == "k8s.py":
+            continue
+        module = ast.parse(path.read_text())
+        functions = [node for node in ast.walk(module) if isinstance(node, ast.FunctionDef)]
+        # helper name -> (verbs, index of its apiVersion parameter, index of its kind parameter)
+        helpers: dict[str, tuple[set[str], int, int]] = {}
+        for function in functions:
+            parameters = [arg.arg for arg in function.args.args]
+            for node in _k8s_calls(function):
+                name = node.func.attr
+                assert name in generic, f"{path.name}: k8s.{name} is not in k8s.py"
+                rules |= fixed[name]
+                if not generic[name]:
+                    continue
+                first = node.args[0]
+                if isinstance(first, ast.Constant):
+                    rules |= {(group_of(first.value), plural(node.args[1].value), verb)
+                              for verb in generic[name]}
+                elif (isinstance(first, ast.Call) and isinstance(first.func, ast.Name)
+                      and first.func.id in builders):
+                    api_version, kind = builders[first.func.id]
+                    rules |= {(group_of(api_version), plural(kind), verb)
+                              for verb in generic[name]}
+                elif (isinstance(first, ast.Name) and first.id in parameters
+                      and isinstance(node.args[1], ast.Name) and node.args[1].id in parameters):
+                    verbs, _, _ = helpers.get(function.name, (set(), 0, 0))
+                    helpers[function.name] = (verbs | generic[name],
+                                              parameters.index(first.id),
+                                              parameters.index(node.args[1].id))
+                else:
+                    pytest.fail(f"{path.name}: cannot tell the kind of {ast.unparse(node)}; "
+                                "pass (apiVersion, kind) literals, a build_* call, or the "
+                                "parameters of a helper called with literals")
+        for node in ast.walk(module):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in helpers):
+                verbs, version_at, kind_at = helpers[node.func.id]
+                version, kind = node.args[version_at], node.args[kind_at]
+                assert isinstance(version, ast.Constant) and isinstance(kind, ast.Constant), (
+                    f"{path.name}: {ast.unparse(node)} must pass literals")
+                rules |= {(group_of(version.value), plural(kind.value), verb) for verb in verbs}
+    return rules
+
+
+def kopf_rules(clusterwide: bool) -> set[Rule]:
+    """What kopf does for the registered handlers (kopf docs, "Deployment": RBAC)."""
+    from monarch_operator.controller import handlers  # noqa: F401  (registers the handlers)
+
+    registry = kopf.get_default_registry()
+    selectors = {handler.selector for handler in [*registry._changing.get_all_handlers(),
+                                                  *registry._spawning.get_all_handlers(),
+                                                  *registry._watching.get_all_handlers()]}
+    rules: set[Rule] = set()
+    for selector in selectors:
+        # The handlers name their resource by its plural (kopf would resolve a kind or short
+        # name through discovery). Each is a watch stream: an initial list, then watch.
+        resource = selector.plural or selector.any_name
+        rules |= {(selector.group, resource, verb) for verb in ("list", "watch")}
+    # kopf removes its finalizer from a job that carries one (left by the operator's timer-based
+    # versions) when no handler needs it: a patch (test_operator_watches.py, C14). Children never
+    # carried kopf's finalizer.
+    rules.add((constants.GROUP, constants.PLURAL, "patch"))
+    rules.add(("", "events", "create"))  # kopf.event/kopf.warn and log posting
+    if clusterwide:  # kopf's scan notices the CRD appearing or going (off with --namespace)
+        rules |= {("apiextensions.k8s.io", "customresourcedefinitions", verb)
+                  for verb in ("list", "watch")}
+    return rules
+
+
+def granted(rules: list[dict]) -> set[Rule]:
+    wildcards = [rule for rule in rules
+                 if "*" in [*rule.get("apiGroups", []), *rule.get("resources", []),
+                            *rule.get("verbs", [])]]
+    assert not wildcards, f"wildcard rules: {wildcards}"
+    assert all(set(rule) <= {"apiGroups", "resources", "verbs"} for rule in rules), rules
+    return {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def assert_same(granted_rules: set[Rule], used: set[Rule]) -> None:
+    unused, missing = sorted(granted_rules - used), sorted(used - granted_rules)
+    assert not unused and not missing, (
+        f"granted but never used by the operator: {unused}; used but not granted: {missing} "
+        "(charts/monarch-operator/templates/_helpers.tpl, monarch-operator.namespacedRules)")
+
+
+def operator_objects(objects: list[dict], kind: str) -> list[dict]:
+    return [obj for obj in by_kind(objects, kind)
+            if "helm.sh/hook" not in obj["metadata"].get("annotations", {})]
+
+
+def test_code_derivation_sees_the_known_calls():
+    """The reading of the code finds what reconcile obviously does (guards the reader)."""
+    used = operator_code_rules()
+    assert ("apps", "statefulsets", "delete") in used
+    assert ("", "secrets", "create") in used and ("", "secrets", "get") in used
+    assert ("", "pods", "list") in used
+    assert (constants.GROUP, f"{constants.PLURAL}/status", "patch") in used
+    assert (constants.GROUP, constants.PLURAL, "get") in used  # read_monarchjob
+
+
+def test_cluster_role_grants_exactly_what_the_operator_uses():
+    objects = render()
+    [role] = operator_objects(objects, "ClusterRole")
+    assert_same(granted(role["rules"]), operator_code_rules() | kopf_rules(clusterwide=True))
+    [binding] = operator_objects(objects, "ClusterRoleBinding")
+    [account] = operator_objects(objects, "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "monarch-system"}]
+    assert operator_objects(objects, "Role") == []
+
+
+def test_namespaced_mode_grants_roles_only_in_the_watched_namespaces():
+    objects = render("-f", str(CHART / "ci" / "namespaced-values.yaml"))
+    assert operator_objects(objects, "ClusterRole") == []
+    assert operator_objects(objects, "ClusterRoleBinding") == []
+    roles = operator_objects(objects, "Role")
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
+    # Without a ClusterRole the operator does without cluster-scoped reads: k8s.node_is_ready
+    # takes a 403 on nodes as "no node information" (a lost worker is then told by its pod).
+    used = {rule for rule in operator_code_rules() | kopf_rules(clusterwide=False)
+            if rule[:2] not in CLUSTER_SCOPED}
+    for role in roles:
+        assert_same(granted(role["rules"]), used)
+
+
+def test_helm_test_hook_role_is_minimal():
+    [role] = [role for role in by_kind(render(), "Role")
+              if role["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    assert granted(role["rules"]) == {("", "pods", "list")}  # healthcheck.py's only call
+
+
+def test_a_wildcard_or_an_extra_rule_is_caught():
+    """The checks above can fail: a `*` verb and an unused rule are both refused."""
+    with pytest.raises(AssertionError, match="wildcard"):
+        granted([{"apiGroups": [""], "resources": ["pods"], "verbs": ["*"]}])
+    used = operator_code_rules() | kopf_rules(clusterwide=True)
+    with pytest.raises(AssertionError, match="never used"):
+        assert_same(used | {("", "secrets", "delete")}, used)
+    with pytest.raises(AssertionError, match="not granted"):
+        assert_same(used - {("apps", "statefulsets", "delete")}, used)
+
+
+def test_network_policy_off_drops_its_rule():
+    objects = render("--set", "networkPolicy.enabled=false")
+    [role] = operator_objects(objects, "ClusterRole")
+    policy_rules = {rule for rule in operator_code_rules() if rule[1] == "networkpolicies"}
+    assert policy_rules == {("networking.k8s.io", "networkpolicies", "get"),
+                            ("networking.k8s.io", "networkpolicies", "create")}
+    assert_same(granted(role["rules"]),
+                (operator_code_rules() | kopf_rules(clusterwide=True)) - policy_rules)
+    [deployment] = operator_objects(objects, "Deployment")
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "MONARCH_OPERATOR_NETWORK_POLICY", "value": "false"} in env
