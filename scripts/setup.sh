@@ -19,6 +19,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+# A non-root login user like the worker image's "monarch": tests/images runs the worker
+# entrypoint's sshd as this user (non-root sshd logs in only the user it runs as).
+id monarch >/dev/null 2>&1 || $SUDO useradd --create-home --shell /bin/bash monarch
 command -v go >/dev/null 2>&1 || { log "Go is required (1.26+) to build the control plane"; exit 1; }
 
 if [ ! -x .venv/bin/python ]; then

@@ -3,6 +3,8 @@
 # container, as whatever user the pod runs as (non-root by default), on $SSH_PORT (2222).
 # A fresh container has an empty /run and no host keys (field case C4, determined #4241), so
 # everything sshd needs is created here, in a directory this user can write.
+# Host key: $SSH_HOST_KEY when given (a MonarchJob's worker gets the job's key from its Secret,
+# and the launcher pins that key in its known_hosts); otherwise one is generated here.
 set -eu
 
 SSH_PORT="${SSH_PORT:-2222}"
@@ -10,13 +12,34 @@ SSH_LISTEN_ADDRESS="${SSH_LISTEN_ADDRESS:-0.0.0.0}"
 SSH_AUTHORIZED_KEYS="${SSH_AUTHORIZED_KEYS:-/etc/monarch/ssh/authorized_keys}"
 SSHD_STATE_DIR="${SSHD_STATE_DIR:-${HOME:-/tmp}/.sshd}"
 SSHD="${SSHD:-/usr/sbin/sshd}"
+SSH_HOST_KEY="${SSH_HOST_KEY:-}"
 
+# Files made here are this user's alone; the sessions sshd starts get the umask back.
+CONTAINER_UMASK="$(umask)"
+umask 077
 mkdir -p "$SSHD_STATE_DIR"
 chmod 700 "$SSHD_STATE_DIR"
-if [ ! -s "$SSHD_STATE_DIR/ssh_host_ed25519_key" ]; then
-  ssh-keygen -q -t ed25519 -N '' -f "$SSHD_STATE_DIR/ssh_host_ed25519_key"
+HOST_KEY_FILE="$SSHD_STATE_DIR/ssh_host_ed25519_key"
+if [ -n "$SSH_HOST_KEY" ]; then
+  if [ ! -r "$SSH_HOST_KEY" ] || [ ! -s "$SSH_HOST_KEY" ]; then
+    echo "monarch-worker: host key file $SSH_HOST_KEY (SSH_HOST_KEY) is missing, empty or" \
+      "unreadable as $(id -un) (uid $(id -u), groups $(id -G))" >&2
+    exit 1
+  fi
+  # sshd refuses a host key that its group can read, and a kubelet mounts Secret files under
+  # fsGroup group-readable (0440/0640): install a private copy, owned by this user, mode 0600.
+  cp "$SSH_HOST_KEY" "$HOST_KEY_FILE.partial"
+  chmod 600 "$HOST_KEY_FILE.partial"
+  mv -f "$HOST_KEY_FILE.partial" "$HOST_KEY_FILE"
+  if ! ssh-keygen -y -f "$HOST_KEY_FILE" >/dev/null 2>&1; then
+    echo "monarch-worker: host key file $SSH_HOST_KEY (SSH_HOST_KEY) is not an unencrypted" \
+      "OpenSSH private key" >&2
+    exit 1
+  fi
+elif [ ! -s "$HOST_KEY_FILE" ]; then
+  ssh-keygen -q -t ed25519 -N '' -f "$HOST_KEY_FILE"
 fi
-chmod 600 "$SSHD_STATE_DIR/ssh_host_ed25519_key"
+chmod 600 "$HOST_KEY_FILE"
 # sshd as root insists on its privilege separation directory.
 if [ "$(id -u)" = 0 ]; then mkdir -p /run/sshd && chmod 755 /run/sshd; fi
 if [ ! -r "$SSH_AUTHORIZED_KEYS" ]; then
@@ -37,7 +60,7 @@ fi
 env -0 | python3 -I -c '
 import json, os, sys
 skip = {"HOME", "PWD", "OLDPWD", "SHLVL", "HOSTNAME", "_", "TERM",
-        "SSHD", "SSH_LISTEN_ADDRESS", "SSH_PORT", "SSH_AUTHORIZED_KEYS"}
+        "SSHD", "SSH_LISTEN_ADDRESS", "SSH_PORT", "SSH_AUTHORIZED_KEYS", "SSH_HOST_KEY"}
 environment = {}
 for entry in sys.stdin.buffer.read().split(b"\0"):
     name, sep, value = entry.decode("utf-8", "surrogateescape").partition("=")
@@ -55,7 +78,7 @@ os.replace(partial, path)
 
 cat > "$SSHD_STATE_DIR/sshd_config" <<CONFIG
 ListenAddress $SSH_LISTEN_ADDRESS:$SSH_PORT
-HostKey $SSHD_STATE_DIR/ssh_host_ed25519_key
+HostKey $HOST_KEY_FILE
 PidFile $SSHD_STATE_DIR/sshd.pid
 AuthorizedKeysFile $SSH_AUTHORIZED_KEYS
 PubkeyAuthentication yes
@@ -76,4 +99,5 @@ SetEnv MONARCH_POD_ENV_FILE=$POD_ENV_FILE
 CONFIG
 
 echo "monarch-worker: sshd listening on $SSH_LISTEN_ADDRESS:$SSH_PORT as $(id -un)" >&2
+umask "$CONTAINER_UMASK"
 exec "$SSHD" -D -e -f "$SSHD_STATE_DIR/sshd_config"

@@ -38,6 +38,11 @@ SSH_DIR = "/etc/monarch/ssh"
 SSH_PRIVATE_KEY = "id_ed25519"
 SSH_PUBLIC_KEY = "id_ed25519.pub"
 SSH_AUTHORIZED_KEYS = "authorized_keys"
+# The job's sshd host key (every worker of the job presents it) and the known_hosts file that
+# pins it for the launcher: one line for every worker name of the job (see README, Security).
+SSH_HOST_KEY = "ssh_host_ed25519_key"
+SSH_HOST_PUBLIC_KEY = "ssh_host_ed25519_key.pub"
+SSH_KNOWN_HOSTS = "known_hosts"
 
 # Resource name Kubernetes uses for NVIDIA GPUs (device plugin).
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -46,6 +51,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 ENV_HOSTFILE = "MONARCH_HOSTFILE"
 ENV_SSH_KEY = "MONARCH_SSH_KEY"
 ENV_SSH_PORT = "MONARCH_SSH_PORT"
+# known_hosts file the launcher checks every worker's host key against (strict checking).
+ENV_KNOWN_HOSTS = "MONARCH_KNOWN_HOSTS"
 ENV_TRAINER_HOSTS = "MONARCH_TRAINER_HOSTS"
 ENV_REF_HOSTS = "MONARCH_REF_HOSTS"
 ENV_COLOCATE = "MONARCH_COLOCATE"
@@ -69,6 +76,7 @@ LAUNCHER_RESERVED_ENV = (
     ENV_HOSTFILE,
     ENV_SSH_KEY,
     ENV_SSH_PORT,
+    ENV_KNOWN_HOSTS,
     ENV_TRAINER_HOSTS,
     ENV_REF_HOSTS,
     ENV_COLOCATE,

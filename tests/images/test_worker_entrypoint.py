@@ -91,3 +91,14 @@ def test_a_restarted_container_rewrites_the_file(tmp_path):
     assert again.returncode == 0, again.stderr
     assert json.loads(pod_env_file.read_text())["FOO"] == "new"
     assert stat.S_IMODE(pod_env_file.stat().st_mode) == 0o600
+
+
+def test_a_given_host_key_that_is_not_a_private_key_is_refused(tmp_path):
+    bad_key = tmp_path / "ssh_host_ed25519_key"
+    bad_key.write_text("ssh-ed25519 AAAA a public key, not a private one\n")
+    bad_key.chmod(0o440)
+    result, state_dir = run_entrypoint(tmp_path, {"SSH_HOST_KEY": str(bad_key)})
+    assert result.returncode == 1
+    assert f"host key file {bad_key} (SSH_HOST_KEY) is not an unencrypted OpenSSH private key" \
+        in result.stderr
+    assert "fake-sshd" not in result.stdout

@@ -15,6 +15,7 @@ from monarch_operator.controller.builders.statefulset import (
 )
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.sshkeys import JobKeys
 from monarch_operator.hostfile import parse_hostfile
 
 SETTINGS = Settings()
@@ -32,7 +33,8 @@ def make_job(**spec_overrides):
 
 def all_children(job):
     return [
-        build_ssh_secret(job, b"private", b"ssh-ed25519 AAAA test\n"),
+        build_ssh_secret(job, SETTINGS, JobKeys(b"private", b"ssh-ed25519 AAAA client\n",
+                                                b"host", b"ssh-ed25519 BBBB host\n")),
         build_worker_service(job),
         build_worker_statefulset(job, SETTINGS),
         build_hostfile_configmap(job, SETTINGS),

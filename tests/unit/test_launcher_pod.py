@@ -21,7 +21,8 @@ CRD = ROOT / "crds" / "monarchjobs.monarch-operator.dev.yaml"
 # Everything the operator sets, in order, for the base job below (role mode, not colocated).
 OPERATOR_ENV = [
     "POD_IP", "MONARCH_JOB_NAME", "MONARCH_JOB_NAMESPACE", "MONARCH_ATTEMPT", "MONARCH_HOSTFILE",
-    "MONARCH_SSH_KEY", "MONARCH_SSH_PORT", "MONARCH_TRAINER_HOSTS", "MONARCH_REF_HOSTS",
+    "MONARCH_SSH_KEY", "MONARCH_SSH_PORT", "MONARCH_KNOWN_HOSTS", "MONARCH_TRAINER_HOSTS",
+    "MONARCH_REF_HOSTS",
     "MONARCH_COLOCATE", "MONARCH_CLIENT_ADDRESS",
 ]
 

@@ -26,7 +26,7 @@ from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
-from monarch_operator.controller.sshkeys import generate_ssh_keypair
+from monarch_operator.controller.sshkeys import generate_job_keys
 
 logger = logging.getLogger(__name__)
 
@@ -135,8 +135,8 @@ def _ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
     job = state.job
     secret = k8s.read("v1", "Secret", job.namespace, names.ssh_secret(job.name))
     if secret is None:
-        private_key, public_key = generate_ssh_keypair(f"monarch-job {job.namespace}/{job.name}")
-        k8s.ensure(build_ssh_secret(job, private_key, public_key), job.uid)
+        keys = generate_job_keys(job.namespace, job.name)
+        k8s.ensure(build_ssh_secret(job, settings, keys), job.uid)
     else:  # exists: keep its key bytes (retries must not rotate keys), but check the owner
         k8s.check_owner(secret, job.uid)
     k8s.ensure(build_worker_service(job), job.uid)

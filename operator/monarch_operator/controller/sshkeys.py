@@ -1,6 +1,13 @@
-"""Per-job SSH key pairs, made with ``cryptography`` (ed25519, OpenSSH encodings)."""
+"""Per-job SSH keys, made with ``cryptography`` (ed25519, OpenSSH encodings).
+
+A job gets two key pairs, both generated once when its Secret is made and never rotated:
+the client key (the launcher logs in with it; workers list it in ``authorized_keys``) and the
+host key (every worker's sshd presents it; the launcher pins it in ``known_hosts``).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -26,3 +33,33 @@ def generate_ssh_keypair(comment: str) -> tuple[bytes, bytes]:
         encoding=serialization.Encoding.OpenSSH, format=serialization.PublicFormat.OpenSSH
     )
     return private_pem, public_line + b" " + comment.encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """A job's two key pairs (see the module docstring); OpenSSH encodings as bytes.
+
+    Attributes:
+        client_private: the launcher's private key (``-----BEGIN OPENSSH PRIVATE KEY-----``).
+        client_public: its ``ssh-ed25519 AAAA... comment`` line, the workers' authorized_keys.
+        host_private: the workers' sshd host key.
+        host_public: its ``ssh-ed25519 AAAA... comment`` line, pinned in known_hosts.
+    """
+
+    client_private: bytes
+    client_public: bytes
+    host_private: bytes
+    host_public: bytes
+
+
+def generate_job_keys(namespace: str, job_name: str) -> JobKeys:
+    """Generate a fresh client key pair and host key pair for job ``namespace/job_name``.
+
+    The public key comments name the job (``monarch-job team-a/demo`` and
+    ``monarch-job team-a/demo host key``), so a key found in a file says where it came from.
+    """
+    client_private, client_public = generate_ssh_keypair(f"monarch-job {namespace}/{job_name}")
+    host_private, host_public = generate_ssh_keypair(
+        f"monarch-job {namespace}/{job_name} host key"
+    )
+    return JobKeys(client_private, client_public, host_private, host_public)

@@ -75,6 +75,10 @@ def launcher_env(job: JobSpec, attempt: int = 1) -> list[dict[str, Any]]:
             "value": f"{constants.SSH_DIR}/{constants.SSH_PRIVATE_KEY}",
         },
         {"name": constants.ENV_SSH_PORT, "value": str(constants.SSH_PORT)},
+        {
+            "name": constants.ENV_KNOWN_HOSTS,
+            "value": f"{constants.SSH_DIR}/{constants.SSH_KNOWN_HOSTS}",
+        },
     ]
     if job.spmd is None:
         env += [
@@ -96,8 +100,9 @@ def build_launcher_job(job: JobSpec, settings: Settings, attempt: int = 1) -> di
     """batch/v1 Job of ``attempt`` (``<job>-launcher``, then ``<job>-launcher-<n>``): no
     retries of its own (``backoffLimit: 0``; the operator's run policy decides on restarts).
 
-    The hostfile ConfigMap is mounted at ``/etc/monarch/hostfile`` and the job's private key at
-    ``/etc/monarch/ssh``; ``MONARCH_*`` variables carry the mesh layout and the client address
+    The hostfile ConfigMap is mounted at ``/etc/monarch/hostfile``, and the job's private key
+    and the known_hosts pinning the workers' host key at ``/etc/monarch/ssh``; ``MONARCH_*``
+    variables carry the mesh layout and the client address
     (the pod IP, so workers can reach the Monarch client). ``spec.launcher.template`` is merged
     over the generated pod template (containers by name, as for workers); the job's labels and
     ``restartPolicy: Never`` stay, because the operator finds and judges the pod by them.
@@ -138,7 +143,8 @@ def build_launcher_job(job: JobSpec, settings: Settings, attempt: int = 1) -> di
                     "secretName": names.ssh_secret(job.name),
                     "defaultMode": 0o400,
                     "items": [
-                        {"key": constants.SSH_PRIVATE_KEY, "path": constants.SSH_PRIVATE_KEY}
+                        {"key": key, "path": key}
+                        for key in (constants.SSH_PRIVATE_KEY, constants.SSH_KNOWN_HOSTS)
                     ],
                 },
             },

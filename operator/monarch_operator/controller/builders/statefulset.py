@@ -28,8 +28,9 @@ WORKER_ENTRYPOINT = "/usr/local/bin/monarch-worker-entrypoint"
 def build_worker_statefulset(job: JobSpec, settings: Settings) -> dict[str, Any]:
     """StatefulSet ``<job>-worker`` with ``replicas`` pods, Parallel pod management.
 
-    Each pod requests ``gpusPerWorker`` GPUs, mounts only ``authorized_keys`` of the job's
-    Secret, is Ready once sshd accepts TCP on port 2222, and searches the job's Service domain.
+    Each pod requests ``gpusPerWorker`` GPUs, mounts only ``authorized_keys`` and the host key
+    of the job's Secret (never the client's private key), is Ready once sshd accepts TCP on
+    port 2222, and searches the job's Service domain.
     ``spec.workers.template`` is merged over the generated pod template (containers by name).
     """
     labels = job_labels(job, constants.ROLE_WORKER)
@@ -82,6 +83,12 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
                         "name": "SSH_AUTHORIZED_KEYS",
                         "value": f"{constants.SSH_DIR}/{constants.SSH_AUTHORIZED_KEYS}",
                     },
+                    # The job's host key, pinned in the launcher's known_hosts; the entrypoint
+                    # copies it to a private 0600 file (fsGroup makes the mounted one 0440).
+                    {
+                        "name": "SSH_HOST_KEY",
+                        "value": f"{constants.SSH_DIR}/{constants.SSH_HOST_KEY}",
+                    },
                 ],
                 "ports": [
                     {"name": "ssh", "containerPort": constants.SSH_PORT},
@@ -105,7 +112,8 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
                     "secretName": names.ssh_secret(job.name),
                     "defaultMode": 0o400,
                     "items": [
-                        {"key": constants.SSH_AUTHORIZED_KEYS, "path": constants.SSH_AUTHORIZED_KEYS}
+                        {"key": key, "path": key}
+                        for key in (constants.SSH_AUTHORIZED_KEYS, constants.SSH_HOST_KEY)
                     ],
                 },
             }
