@@ -130,7 +130,10 @@ def measure_once(
     monarch.actor.unhandled_fault_hook = lambda failure: print(
         f"unhandled monarch fault: {failure}", file=sys.stderr
     )
-    settings = SshSettings(port=ssh_port, user="root", key=str(key))
+    # LoopbackSshd writes the known_hosts pinning its host key beside the client key.
+    settings = SshSettings(
+        port=ssh_port, user="root", key=str(key), known_hosts=str(key.parent / "known_hosts")
+    )
     checks = PreflightSettings(
         ssh=settings, python_exe=sys.executable, monarch_port=monarch_port, modules=("monarch",)
     )
@@ -138,7 +141,9 @@ def measure_once(
     addresses = run_preflight(loopback_hosts(count), checks)
     timings = {"preflight_s": time.monotonic() - started}
     started = time.monotonic()
-    job = SSHJob(python_exe=sys.executable, ssh_args=ssh_args(settings), monarch_port=monarch_port)
+    # Upstream SSHJob takes one option list for all hosts: keys checked under the addresses.
+    options = ssh_args(settings, None)
+    job = SSHJob(python_exe=sys.executable, ssh_args=options, monarch_port=monarch_port)
     timings["job_s"] = time.monotonic() - started
     # Must follow SSHJob(): its constructor enables the hostname transport, which panics when
     # the hostname resolves only to loopback (notes/monarch-sshjob.md, G1).

@@ -62,6 +62,7 @@ def main() -> int:
                 command = [
                     str(launcher), *mode, "--hostfile", str(hostfile),
                     "--ssh-key", str(cluster.key), "--ssh-port", str(cluster.port),
+                    "--known-hosts", str(cluster.known_hosts),
                     "--ssh-user", "root", "--monarch-port", str(free_port(cluster.hosts)),
                     "--trainer-hosts", "2", "--quiet", *program,
                 ]

@@ -118,14 +118,15 @@ def test_new_fields_and_the_samples_accepted(kubectl, namespace):
 
 
 # Runs in the launcher pod: a program with its own SSH launcher reads the torchforge-style
-# hostfile and reaches a worker with the job's key and port; the worker's ssh session finds the
+# hostfile and reaches a worker with the job's key and port, checking the worker's host key
+# strictly against the job's known_hosts (issue 10); the worker's ssh session finds the
 # pod environment set in spec.workers.template (field case C16).
 LAUNCHER_SCRIPT = r"""
 set -eu
 test "$MONARCH_JOB_NAME" = cpu2 && test -n "$MONARCH_JOB_NAMESPACE" && test "$GREETING" = hi
 host=$(head -n 1 "$MONARCH_HOSTFILE" | cut -d ' ' -f 1)
 ssh -i "$MONARCH_SSH_KEY" -p "$MONARCH_SSH_PORT" -o BatchMode=yes \
-    -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "$host" python3 - <<'PY'
+    -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$MONARCH_KNOWN_HOSTS" "$host" python3 - <<'PY'
 import json, os, sys
 saved = json.load(open(os.environ["MONARCH_POD_ENV_FILE"]))
 print("pod env", saved.get("FOO"), saved.get("NCCL_SOCKET_IFNAME"))

@@ -87,6 +87,8 @@ def run_launch(
         str(tmp_path / "hostfile"),
         "--ssh-key",
         str(cluster.key),
+        "--known-hosts",
+        str(cluster.known_hosts),
         "--ssh-port",
         str(cluster.port),
         "--ssh-user",

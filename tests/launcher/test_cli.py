@@ -1,5 +1,6 @@
 """monarch-launch flags: environment defaults (what the operator's launcher pod sets), usage
-errors, and the ssh options handed to SSHJob. No ssh, no Monarch."""
+errors, the ssh options handed to SSHJob and the pre-flight (host keys pinned or accept-new), and
+how a refused host key is explained. No ssh, no Monarch."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from monarch_operator import constants
 from monarch_operator.hostfile import Host
-from monarch_operator.launcher.cli import build_parser, config_from_args, main
-from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
+from monarch_operator.launcher.cli import LaunchConfig, build_parser, config_from_args, main
+from monarch_operator.launcher.session.ssh import SshSettings, host_key_failure, ssh_args
+
+
+def parse_launch(argv: list[str]) -> LaunchConfig:
+    return config_from_args(build_parser().parse_args(argv))
 
 
 def test_flags_default_from_the_operator_environment(
@@ -171,10 +177,10 @@ def test_help_shows_examples_and_exit_status() -> None:
     assert "examples:" in result.stdout and "exit status:" in result.stdout
 
 
-def test_ssh_args_for_sshjob() -> None:
-    settings = SshSettings(port=2222, user="root", key="/k")
+def test_ssh_args_pin_host_keys_with_a_known_hosts_file() -> None:
+    settings = SshSettings(port=2222, user="root", key="/k", known_hosts="/etc/monarch/kh")
 
-    assert ssh_args(settings) == [
+    assert ssh_args(settings, "w-0.svc") == [
         "-p",
         "2222",
         "-i",
@@ -185,16 +191,102 @@ def test_ssh_args_for_sshjob() -> None:
         "-o",
         "BatchMode=yes",
         "-o",
-        "StrictHostKeyChecking=no",
+        "HostKeyAlias=[w-0.svc]:2222",
         "-o",
-        "UserKnownHostsFile=/dev/null",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "UserKnownHostsFile=/etc/monarch/kh",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "CheckHostIP=no",
         "-o",
         "LogLevel=ERROR",
         "-o",
         "ConnectTimeout=5",
     ]
-    assert "-tt" not in ssh_args(settings, tty=False)
-    assert "-i" not in ssh_args(SshSettings(port=22, user="u"))
+    assert "-tt" not in ssh_args(settings, "w-0.svc", tty=False)
+    assert "-i" not in ssh_args(SshSettings(port=22, user="u"), "h")
+
+
+def test_ssh_args_without_a_file_use_ssh_own_known_hosts_and_accept_new() -> None:
+    options = ssh_args(SshSettings(port=22, user="u"), "node7", tty=False)
+    assert "StrictHostKeyChecking=accept-new" in options
+    assert "HostKeyAlias=node7" in options, "port 22: the plain name, as ssh files it"
+    assert not any(o.startswith(("UserKnownHostsFile", "GlobalKnownHostsFile")) for o in options)
+    assert not any(o.endswith("=no") and o.startswith("StrictHost") for o in options)
+
+
+def test_known_hosts_path_is_absolute_and_quoted_for_ssh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    options = ssh_args(SshSettings(port=22, user="u", known_hosts="my dir/100%"), "h")
+    assert f'UserKnownHostsFile="{tmp_path}/my dir/100%%"' in options
+
+
+OFFENDING_KEY_STDERR = """\
+@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @
+@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!
+The fingerprint for the ED25519 key sent by the remote host is
+SHA256:viKaHgGRT53MF7+/cNXj5la9Z2ZJSq2diyTf4Y8B2tI.
+Please contact your system administrator.
+Add correct host key in /etc/monarch/ssh/known_hosts to get rid of this message.
+Offending ED25519 key in /etc/monarch/ssh/known_hosts:1
+  remove with:
+  ssh-keygen -f "/etc/monarch/ssh/known_hosts" -R "[w-0.demo-worker]:2222"
+Host key for [w-0.demo-worker]:2222 has changed and you have requested strict checking.
+Host key verification failed.
+"""
+
+
+def test_a_changed_host_key_is_explained_with_host_file_and_fingerprint() -> None:
+    settings = SshSettings(port=2222, user="u", known_hosts="/etc/monarch/ssh/known_hosts")
+    failure = host_key_failure(OFFENDING_KEY_STDERR, "w-0.demo-worker", settings)
+    reason, detail = failure or ("", "")
+    assert reason == "HostKeyChanged"
+    assert detail.startswith(
+        "w-0.demo-worker presented a host key (SHA256:viKaHgGRT53MF7+/cNXj5la9Z2ZJSq2diyTf4Y8B2tI)"
+        " other than the one /etc/monarch/ssh/known_hosts:1 pins for [w-0.demo-worker]:2222;"
+    )
+    assert "ssh-keygen -f '/etc/monarch/ssh/known_hosts' -R '[w-0.demo-worker]:2222'" in detail
+
+
+def test_an_unknown_host_under_strict_checking_names_the_file_and_the_fix() -> None:
+    settings = SshSettings(port=22, user="u", known_hosts="/k/known_hosts")
+    stderr = ("No ED25519 host key is known for node3 and you have requested strict checking.\n"
+              "Host key verification failed.\n")
+    reason, detail = host_key_failure(stderr, "node3", settings) or ("", "")
+    assert reason == "HostKeyUnknown"
+    assert detail.startswith("no host key for node3 in /k/known_hosts; refused")
+    assert "ssh-keyscan -p 22 node3" in detail
+
+
+def test_other_ssh_failures_are_not_host_key_failures() -> None:
+    settings = SshSettings(port=22, user="u")
+    assert host_key_failure("root@h: Permission denied (publickey).", "h", settings) is None
+
+
+def test_known_hosts_comes_from_the_flag_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    monkeypatch.setenv(constants.ENV_KNOWN_HOSTS, str(known_hosts))
+    assert parse_launch(["--hosts", "a"]).session.ssh.known_hosts == str(known_hosts)
+    other = tmp_path / "other"
+    other.write_text("")
+    flag = parse_launch(["--hosts", "a", "--known-hosts", str(other)])
+    assert flag.session.ssh.known_hosts == str(other)
+    monkeypatch.delenv(constants.ENV_KNOWN_HOSTS)
+    assert parse_launch(["--hosts", "a"]).session.ssh.known_hosts is None
+
+
+def test_missing_known_hosts_file_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--hosts", "192.0.2.1", "--known-hosts", "/nonexistent/kh"]) == 2
+    assert "--known-hosts /nonexistent/kh: no such file" in capsys.readouterr().err
 
 
 def test_missing_ssh_key_file_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

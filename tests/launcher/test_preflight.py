@@ -60,7 +60,8 @@ def settings_for(
 ) -> PreflightSettings:
     """Pre-flight settings for root on ``cluster``, with this test's Python as the worker's."""
     return PreflightSettings(
-        ssh=SshSettings(port=cluster.port, user="root", key=str(key or cluster.key)),
+        ssh=SshSettings(port=cluster.port, user="root", key=str(key or cluster.key),
+                        known_hosts=str(cluster.known_hosts)),
         python_exe=python_exe,
         monarch_port=monarch_port,
         modules=modules,
@@ -250,7 +251,7 @@ def test_worker_of_a_live_ssh_session_is_never_killed(
     live = subprocess.Popen(
         [
             "ssh",
-            *ssh_args(settings.ssh),  # -tt: killing this client hangs up the remote worker
+            *ssh_args(settings.ssh, STALE_HOST),  # -tt: killing it hangs up the remote worker
             STALE_HOST,
             f"{sys.executable} -c {shlex.quote(fake_worker_code(monarch_port))}",
         ],

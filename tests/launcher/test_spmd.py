@@ -324,6 +324,7 @@ def test_in_code_api_catches_the_exception_raised_in_train(
                 str(ssh_cluster.port),
                 str(ssh_cluster.key),
                 str(monarch_port),
+                str(ssh_cluster.known_hosts),
             ],
             cwd=tmp_path,
             env=env,

@@ -9,6 +9,7 @@ gradient averaging over equal shards must equal the full-batch step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -286,7 +287,7 @@ def test_refused_key_fails_fast_naming_every_host(
     a, b, _ = ssh_cluster.hosts
     stranger = tmp_path / "stranger"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
-    cluster = SshCluster(ssh_cluster.hosts, ssh_cluster.port, stranger, ssh_cluster.state_dir)
+    cluster = dataclasses.replace(ssh_cluster, key=stranger)
 
     launch = run_launch(tmp_path, cluster, f"{a} slots=1\n{b} slots=1\n", monarch_port)
 

@@ -192,6 +192,15 @@ def add_session_flags(parser: argparse.ArgumentParser) -> None:
         help=f"private key file (env {constants.ENV_SSH_KEY}; default: ssh's own)",
     )
     ssh.add_argument(
+        "--known-hosts",
+        default=os.environ.get(constants.ENV_KNOWN_HOSTS) or None,
+        metavar="FILE",
+        help="check every host's key strictly against FILE alone; a host missing from it or "
+        f"presenting another key is refused (env {constants.ENV_KNOWN_HOSTS}; default: ssh's "
+        "own ~/.ssh/known_hosts, a host never seen is remembered on first use, a changed key "
+        "is refused)",
+    )
+    ssh.add_argument(
         "--ssh-port",
         type=port_number,
         default=_env_int(constants.ENV_SSH_PORT, port_number) or 22,
@@ -324,7 +333,8 @@ def session_from_args(
     """Build the :class:`SessionConfig` from the shared flags.
 
     Raises:
-        UsageError: a malformed ``--env`` item, or an ``--ssh-key`` file that does not exist.
+        UsageError: a malformed ``--env`` item, or an ``--ssh-key`` or ``--known-hosts`` file
+            that does not exist.
     """
     try:
         extra = parse_env_items(args.env, environ)
@@ -332,8 +342,12 @@ def session_from_args(
         raise UsageError(str(error)) from None
     if args.ssh_key and not os.path.isfile(os.path.expanduser(args.ssh_key)):
         raise UsageError(f"--ssh-key {args.ssh_key}: no such file")
+    if args.known_hosts and not os.path.isfile(os.path.expanduser(args.known_hosts)):
+        raise UsageError(f"--known-hosts {args.known_hosts}: no such file")
     return SessionConfig(
-        ssh=SshSettings(port=args.ssh_port, user=args.ssh_user, key=args.ssh_key),
+        ssh=SshSettings(
+            port=args.ssh_port, user=args.ssh_user, key=args.ssh_key, known_hosts=args.known_hosts
+        ),
         python_exe=args.python_exe,
         monarch_port=args.monarch_port,
         environment=worker_environment(environ, extra),

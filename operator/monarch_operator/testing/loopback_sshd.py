@@ -68,12 +68,15 @@ class SshCluster:
         port: the sshd port, the same on every address.
         key: the client's private key file; log in as root with it.
         state_dir: configs, keys, pid files and one log per daemon.
+        known_hosts: pins the daemons' host key (one for all) for every address, as ssh looks
+            them up (``[127.0.0.2]:<port>``); give it to ``--known-hosts``.
     """
 
     hosts: tuple[str, ...]
     port: int
     key: Path
     state_dir: Path
+    known_hosts: Path
 
 
 def loopback_hosts(count: int) -> tuple[str, ...]:
@@ -172,6 +175,9 @@ class LoopbackSshd:
         _keygen(self.state_dir / "id")
         shutil.copy(self.state_dir / "id.pub", self.state_dir / "authorized_keys")
         port = free_port(self.hosts)
+        known_hosts = self.state_dir / "known_hosts"
+        names = ",".join(f"[{address}]:{port}" for address in self.hosts)
+        known_hosts.write_text(f"{names} {(self.state_dir / 'host_key.pub').read_text()}")
         try:
             for address in self.hosts:
                 self._daemons.append(self._start_daemon(address, port))
@@ -181,7 +187,11 @@ class LoopbackSshd:
             self.stop()
             raise
         return SshCluster(
-            hosts=self.hosts, port=port, key=self.state_dir / "id", state_dir=self.state_dir
+            hosts=self.hosts,
+            port=port,
+            key=self.state_dir / "id",
+            state_dir=self.state_dir,
+            known_hosts=known_hosts,
         )
 
     def _log(self, address: str) -> Path:

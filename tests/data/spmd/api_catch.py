@@ -1,6 +1,6 @@
 """The in-code SPMD API as a notebook would use it: run ``train`` on every rank, then catch the
-exception one rank raises. argv: hosts (a,b), sshd port, key file, Monarch port. Prints one JSON
-line with what the controller saw."""
+exception one rank raises. argv: hosts (a,b), sshd port, key file, Monarch port, known_hosts
+file. Prints one JSON line with what the controller saw."""
 
 import json
 import os
@@ -45,12 +45,13 @@ def attempt(function, name: str) -> None:
         seen[name] = {"runtime_error": str(error)}
 
 
-hosts, ssh_port, key, monarch_port = sys.argv[1:5]
+hosts, ssh_port, key, monarch_port, known_hosts = sys.argv[1:6]
 seen: dict = {}
 with spmd_launcher(
     hosts=hosts,
     nproc_per_node=1,
     ssh_key=key,
+    known_hosts=known_hosts,
     ssh_port=int(ssh_port),
     ssh_user="root",
     monarch_port=int(monarch_port),

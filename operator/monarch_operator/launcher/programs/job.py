@@ -441,7 +441,7 @@ class Job:
         if self.addresses:
             self._exit_records = sorted(
                 set(self._exit_records)
-                | set(collect(list(self.addresses.values()), self.session.ssh, self.run_id)),
+                | set(collect(self.addresses, self.session.ssh, self.run_id)),
                 key=lambda record: (record.time, record.role, record.rank),
             )
         return list(self._exit_records)

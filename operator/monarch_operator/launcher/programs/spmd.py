@@ -526,6 +526,7 @@ def spmd_launcher(
     ssh_key: str | None = None,
     ssh_port: int = 22,
     ssh_user: str | None = None,
+    known_hosts: str | None = None,
     python_exe: str | None = None,
     env: dict[str, str] | None = None,
     monarch_port: int = 22222,
@@ -542,6 +543,9 @@ def spmd_launcher(
             :func:`plan_spmd`.
         nnodes: hosts to use (default: all).
         ssh_key, ssh_port, ssh_user: how to log in (default user: the current one).
+        known_hosts: the known_hosts file every host's key is checked against strictly
+            (default: ``$MONARCH_KNOWN_HOSTS`` when set, else ssh's own files with
+            ``accept-new``; see :mod:`launcher.session.ssh`).
         python_exe: worker Python, same path on every host (default: this interpreter).
         env: extra variables for every rank, on top of the allow-list of
         :mod:`launcher.session.environment`. monarch_port: the Monarch worker port on every host.
@@ -561,12 +565,16 @@ def spmd_launcher(
     host_list = hosts if hosts is None or isinstance(hosts, str) else ",".join(hosts)
     if ssh_key and not os.path.isfile(os.path.expanduser(ssh_key)):
         raise SpmdConfigError(f"ssh_key {ssh_key}: no such file")
+    known_hosts = known_hosts or os.environ.get(constants.ENV_KNOWN_HOSTS) or None
+    if known_hosts and not os.path.isfile(os.path.expanduser(known_hosts)):
+        raise SpmdConfigError(f"known_hosts {known_hosts}: no such file")
     resolved, _source = resolve_host_source(hostfile, host_list, slurm, None, os.environ)
     config = SessionConfig(
         ssh=SshSettings(
             port=ssh_port,
             user=ssh_user or getpass.getuser(),
             key=os.path.expanduser(ssh_key) if ssh_key else None,
+            known_hosts=os.path.expanduser(known_hosts) if known_hosts else None,
         ),
         python_exe=python_exe or sys.executable,
         monarch_port=monarch_port,

@@ -21,7 +21,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NoReturn
@@ -101,12 +101,13 @@ def parse_records(text: str) -> list[ExitRecord]:
 
 
 def collect(
-    addresses: Sequence[str], ssh: SshSettings, run_id: str, timeout_s: float = 10.0
+    addresses: Mapping[str, str], ssh: SshSettings, run_id: str, timeout_s: float = 10.0
 ) -> list[ExitRecord]:
     """Read and delete this run's exit records on ``addresses`` over ssh, in parallel.
 
     Args:
-        addresses: the hosts to read (each once).
+        addresses: ``{host name: address}`` of the hosts to read (each address once; the host
+            key is checked under the name).
         ssh: how to log in.
         run_id: the run whose records to read (hex, so safe in a shell glob).
         timeout_s: limit per host, seconds; a host that does not answer adds no records.
@@ -119,10 +120,10 @@ def collect(
     # loopback test hosts do) report each record once.
     command = f'for f in {pattern}; do [ -f "$f" ] && cat "$f" && rm -f -- "$f"; done; true'
 
-    def read(address: str) -> str:
+    def read(address: str, host: str) -> str:
         try:
             result = subprocess.run(
-                ["ssh", *ssh_args(ssh, tty=False), "-n", address, command],
+                ["ssh", *ssh_args(ssh, host, tty=False), "-n", address, command],
                 capture_output=True,
                 text=True,
                 timeout=timeout_s,
@@ -132,9 +133,11 @@ def collect(
             return ""
         return result.stdout
 
-    unique = list(dict.fromkeys(addresses))
+    unique: dict[str, str] = {}  # address -> the first host name given for it
+    for host, address in addresses.items():
+        unique.setdefault(address, host)
     if not unique:
         return []
     with ThreadPoolExecutor(max_workers=min(32, len(unique))) as pool:
-        outputs = list(pool.map(read, unique))
+        outputs = list(pool.map(read, unique.keys(), unique.values()))
     return parse_records("\n".join(outputs))

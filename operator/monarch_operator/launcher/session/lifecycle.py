@@ -45,7 +45,12 @@ from monarch_operator.launcher.session.preflight import (
     remove_private_env_files,
     run_preflight,
 )
-from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
+from monarch_operator.launcher.session.ssh import (
+    HOST_KEY_CHANGED,
+    HOST_KEY_UNKNOWN,
+    SshSettings,
+    ssh_args,
+)
 
 if TYPE_CHECKING:
     from monarch.actor import HostMesh, MeshFailure
@@ -374,12 +379,13 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
         )
     except PreflightError as error:
         # Hosts that got as far as the remote check hold this run's private env file.
-        unreached = {DNS_NOT_RESOLVABLE, SSH_UNREACHABLE, SSH_AUTH_FAILED, PYTHON_NOT_FOUND}
-        reached = list(error.ready.values()) + [
-            check.address
+        unreached = {DNS_NOT_RESOLVABLE, SSH_UNREACHABLE, SSH_AUTH_FAILED, PYTHON_NOT_FOUND,
+                     HOST_KEY_UNKNOWN, HOST_KEY_CHANGED}
+        reached = dict(error.ready) | {
+            check.host: check.address
             for check in error.failures
             if check.address and check.reason not in unreached
-        ]
+        }
         remove_private_env_files(reached, settings)
         raise
 
@@ -423,9 +429,10 @@ def started_job(
     logging.getLogger("monarch._src.job.job").setLevel(logging.WARNING)
 
     public, private = split_environment(config.environment)
+    names = {address: host for host, address in addresses.items()}
     job = LauncherSSHJob(
         python_exe=config.python_exe,
-        ssh_args=ssh_args(config.ssh),
+        ssh_args=lambda address: ssh_args(config.ssh, names.get(address, address)),
         monarch_port=config.monarch_port,
         environment=public,
         stdout=reporter.worker_stream,
@@ -435,7 +442,6 @@ def started_job(
     # when the hostname resolves only to loopback, and enabling another one before SSHJob() is
     # refused ("Only one transport type may be enabled").
     host_meshes: dict[str, HostMesh] = {}
-    names = {address: host for host, address in addresses.items()}
     watch = _WorkerWatch(job, names)
     try:
         listen = config.client_address or client_address(addresses.values())
@@ -464,7 +470,7 @@ def started_job(
         }
         teardown(job, reachable, reporter)
         # Workers delete their env file when they start; one that never started left it.
-        remove_private_env_files(list(addresses.values()), preflight_settings(config))
+        remove_private_env_files(addresses, preflight_settings(config))
         reporter.progress("torn down")
 
 

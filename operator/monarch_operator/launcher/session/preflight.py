@@ -6,7 +6,8 @@ For every host, in parallel:
 2. the address is not loopback while other hosts are remote (``LoopbackAddress``, field case
    C3: a worker elsewhere could never reach it);
 3. sshd answers on the port with an SSH banner (``SSHUnreachable``);
-4. ssh logs in with our key (``SSHAuthFailed``) and runs the worker Python
+4. ssh checks the host's key (``HostKeyUnknown``, ``HostKeyChanged``: see
+   :mod:`launcher.session.ssh`), logs in with our key (``SSHAuthFailed``) and runs the worker Python
    (``PythonNotFound``), which imports Monarch and the actor module (``ImportFailed``), stops
    Monarch workers of an earlier run still bound to this host's worker port, and checks that
    the port is then free (``PortInUse``, naming the process holding it). Only orphaned workers
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 
 from monarch_operator.launcher.session.environment import env_prefix, private_env_path
 from monarch_operator.launcher.session.network import NetworkCheckError, probe_sshd, resolve_host
-from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
+from monarch_operator.launcher.session.ssh import SshSettings, host_key_failure, ssh_args
 
 DNS_NOT_RESOLVABLE = "DNSNotResolvable"
 LOOPBACK_ADDRESS = "LoopbackAddress"
@@ -277,7 +278,7 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
     )
     try:
         result = subprocess.run(
-            ["ssh", *ssh_args(settings.ssh, tty=False), address, command],
+            ["ssh", *ssh_args(settings.ssh, host, tty=False), address, command],
             input=json.dumps(dict(private)) if private else "",
             capture_output=True,
             text=True,
@@ -289,6 +290,9 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
             host, address, SSH_UNREACHABLE, f"no answer within {settings.ssh_timeout_s:g}s"
         )
     if result.returncode == _SSH_ERROR:
+        refused = host_key_failure(result.stderr, host, settings.ssh)
+        if refused is not None:
+            return HostCheck(host, address, *refused)
         stderr = _last_line(result.stderr)
         return HostCheck(host, address, _ssh_failure_reason(stderr), stderr)
     if result.returncode == _NOT_FOUND:
@@ -412,9 +416,10 @@ def run_preflight(
 
 
 def remove_private_env_files(
-    addresses: Sequence[str], settings: PreflightSettings, timeout_s: float = 5.0
+    addresses: Mapping[str, str], settings: PreflightSettings, timeout_s: float = 5.0
 ) -> None:
-    """Delete this run's private env files on ``addresses``, in parallel; best effort.
+    """Delete this run's private env files on ``addresses`` (``{host: address}``), in parallel;
+    best effort.
 
     A worker deletes its file when it starts; this covers hosts whose worker never started
     (another host failed pre-flight, attach failed), so no token is left on disk.
@@ -422,13 +427,14 @@ def remove_private_env_files(
     if not settings.private_environment or not addresses:
         return
 
-    def remove(address: str) -> None:
+    def remove(host: str, address: str) -> None:
         # run_id is hex and address an IPv4 literal: no quoting issue; "$HOME" instead of "~"
         # because the tilde does not expand inside quotes.
         path = private_env_path(settings.run_id, address).replace("~", "$HOME", 1)
+        options = ssh_args(settings.ssh, host, tty=False)
         try:
             subprocess.run(
-                ["ssh", *ssh_args(settings.ssh, tty=False), "-n", address, f'rm -f -- "{path}"'],
+                ["ssh", *options, "-n", address, f'rm -f -- "{path}"'],
                 capture_output=True,
                 timeout=timeout_s,
                 check=False,
@@ -437,4 +443,4 @@ def remove_private_env_files(
             pass
 
     with ThreadPoolExecutor(max_workers=min(32, len(addresses))) as pool:
-        list(pool.map(remove, addresses))
+        list(pool.map(remove, addresses.keys(), addresses.values()))

@@ -142,7 +142,7 @@ class LauncherSSHJob(SSHJob):
     def __init__(
         self,
         python_exe: str,
-        ssh_args: Sequence[str],
+        ssh_args: Callable[[str], Sequence[str]],
         monarch_port: int,
         environment: Mapping[str, str],
         stdout: IO[Any] | None = None,
@@ -152,7 +152,8 @@ class LauncherSSHJob(SSHJob):
 
         Args:
             python_exe: worker interpreter path, the same on every host.
-            ssh_args: ssh options before the host (see :func:`launcher.session.ssh.ssh_args`).
+            ssh_args: ``address -> ssh options`` for the host at that address (see
+                :func:`launcher.session.ssh.ssh_args`: its host key is checked under its name).
             monarch_port: the port every worker listens on.
             environment: variables set in every worker (and so in every proc it spawns).
             stdout: where the ssh clients' (and so the workers') output is copied to; None = the
@@ -161,7 +162,9 @@ class LauncherSSHJob(SSHJob):
                 (written by the pre-flight); the worker loads it, deletes it, and refuses to
                 start without it. None: no private variables.
         """
-        super().__init__(python_exe=python_exe, ssh_args=list(ssh_args), monarch_port=monarch_port)
+        # Upstream keeps one option list for every host; ours differ per host (HostKeyAlias).
+        super().__init__(python_exe=python_exe, ssh_args=(), monarch_port=monarch_port)
+        self._ssh_args_for = ssh_args
         self._worker_env = dict(environment)
         self._ssh_stdout = stdout
         self._private_env_file = private_env_file
@@ -189,7 +192,7 @@ class LauncherSSHJob(SSHJob):
             f"{env_prefix(self._worker_env)}{shlex.quote(self._python_exe)} -c {shlex.quote(loop)}"
         )
         process = subprocess.Popen(
-            ["ssh", *self._ssh_args, host, "-n", command],
+            ["ssh", *self._ssh_args_for(host), host, "-n", command],
             # Own session: a Ctrl-C meant for the launcher must not cut the ssh sessions before
             # the launcher has shut the meshes down.
             start_new_session=True,
