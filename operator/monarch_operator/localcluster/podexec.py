@@ -85,10 +85,11 @@ def exec_argv(pid: int, identity: Identity, command: list[str], tty: bool) -> li
 TIOCSPTLCK, TIOCGPTPEER = 0x40045431, 0x5441
 
 
-def container_pty(pid: int) -> tuple[int, int]:
+def container_pty(pid: int, owner: int | None = None) -> tuple[int, int]:
     """A new pty (master, follower) of the devpts that the container of main process ``pid``
     sees at ``/dev/pts`` (the sandbox mounts one per container); the agent's own pty when the
-    container has none."""
+    container has none. The follower belongs to ``owner`` (a uid) when given, as a login's
+    terminal does."""
     try:
         terminal = os.open(f"/proc/{pid}/root/dev/pts/ptmx",
                            os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
@@ -96,11 +97,13 @@ def container_pty(pid: int) -> tuple[int, int]:
         return os.openpty()
     try:
         fcntl.ioctl(terminal, TIOCSPTLCK, struct.pack("i", 0))
-        follower = fcntl.ioctl(terminal, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        follower = int(fcntl.ioctl(terminal, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
     except OSError:
         os.close(terminal)
         return os.openpty()
-    return terminal, int(follower)
+    if owner is not None:
+        os.fchown(follower, owner, -1)
+    return terminal, follower
 
 
 def exit_status(exit_code: int) -> dict[str, Any]:
@@ -140,7 +143,7 @@ async def serve(request: web.Request, pid: int) -> web.StreamResponse:
     except (OSError, KeyError, ValueError):
         raise web.HTTPNotFound(text="the container is not running") from None
     await ws.prepare(request)
-    session = _Session(ws, pid=pid, stdin=_requested(request, "input"),
+    session = _Session(ws, pid=pid, uid=identity.uid, stdin=_requested(request, "input"),
                        stdout=_requested(request, "output"),
                        stderr=_requested(request, "error"), tty=_requested(request, "tty"))
     await session.run(exec_argv(pid, identity, command, session.tty), identity.env)
@@ -150,10 +153,10 @@ async def serve(request: web.Request, pid: int) -> web.StreamResponse:
 class _Session:
     """One exec: the process, its pipes (or terminal) and the WebSocket they are copied to."""
 
-    def __init__(self, ws: web.WebSocketResponse, *, pid: int, stdin: bool, stdout: bool,
-                 stderr: bool, tty: bool) -> None:
+    def __init__(self, ws: web.WebSocketResponse, *, pid: int, uid: int, stdin: bool,
+                 stdout: bool, stderr: bool, tty: bool) -> None:
         self.ws, self.stdin, self.stdout, self.stderr, self.tty = ws, stdin, stdout, stderr, tty
-        self.pid = pid  # the container's main process
+        self.pid, self.uid = pid, uid  # the container's main process and the command's user
         self.send_lock = asyncio.Lock()
         self.terminal: int | None = None  # the pty's master side, with tty
         self.process: asyncio.subprocess.Process | None = None
@@ -161,7 +164,7 @@ class _Session:
     async def run(self, argv: list[str], env: dict[str, str]) -> None:
         """Start the process, copy streams both ways, send the exit status, close."""
         if self.tty:
-            self.terminal, follower = container_pty(self.pid)
+            self.terminal, follower = container_pty(self.pid, self.uid)
             try:
                 self.process = await asyncio.create_subprocess_exec(
                     *argv, stdin=follower, stdout=follower, stderr=follower, env=env,
