@@ -16,6 +16,10 @@ import pytest
 
 from monarch_operator.localcluster.cluster import LocalCluster
 from monarch_operator.localcluster.demo import Kubectl, install_crds, start_operator, stop_process
+from tests.chart import CHART_NAMESPACE_PREFIX
+
+# Every namespace but the chart tests' (kopf pattern): those run the chart's own operator.
+OPERATOR_NAMESPACES = (f"!{CHART_NAMESPACE_PREFIX}*",)
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +53,8 @@ class OperatorProcess:
     def start(self, **extra_env: str) -> None:
         self.stop()
         self.extra_env = dict(extra_env)
-        self.process = start_operator(self.cluster.state_dir, {**self.cluster.env(), **extra_env})
+        self.process = start_operator(self.cluster.state_dir, {**self.cluster.env(), **extra_env},
+                                      namespaces=OPERATOR_NAMESPACES)
 
     def stop(self) -> int | None:
         """SIGTERM (then SIGKILL); returns the exit status, None if it was not running."""
@@ -102,3 +107,24 @@ def namespace(kubectl: Kubectl, operator: Path) -> Iterator[str]:
         kubectl("delete", "monarchjobs", "--all", "-n", name, "--wait=true", "--timeout=60s",
                 check=False)
         kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def chart_namespace(kubectl: Kubectl) -> Iterator[str]:
+    """A fresh namespace that the shared test operator leaves alone (``chart-*``)."""
+    name = f"{CHART_NAMESPACE_PREFIX}{uuid.uuid4().hex[:8]}"
+    kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        kubectl("delete", "monarchjobs", "--all", "-n", name, "--wait=false", check=False)
+        kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def helm_env(local_cluster: LocalCluster, tmp_path: Path) -> dict[str, str]:
+    """helm's environment: the local cluster's kubeconfig, its cache and config in tmp_path."""
+    env = dict(local_cluster.env())
+    for kind in ("CACHE", "CONFIG", "DATA"):
+        env[f"HELM_{kind}_HOME"] = str(tmp_path / f"helm-{kind.lower()}")
+    return env

@@ -53,9 +53,11 @@ def install_crds(kubectl: Kubectl) -> None:
 OPERATOR_PID_FILE = "operator.pid"
 
 
-def start_operator(state_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_operator(state_dir: Path, env: dict[str, str],
+                   namespaces: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     """Run ``monarch-operator`` with output to ``<state_dir>/logs/operator.log``.
 
+    ``namespaces`` become its ``--namespace`` flags (kopf patterns; none: every namespace).
     Its pid goes to ``<state_dir>/operator.pid`` so that ``monarch-localcluster down`` stops it
     too (``scripts/demo.sh --keep`` leaves it running with the cluster).
     """
@@ -63,7 +65,8 @@ def start_operator(state_dir: Path, env: dict[str, str]) -> subprocess.Popen[byt
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "monarch_operator.controller"],
+            [sys.executable, "-m", "monarch_operator.controller",
+             *(f"--namespace={namespace}" for namespace in namespaces)],
             env={**os.environ, **env},
             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
