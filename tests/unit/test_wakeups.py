@@ -13,6 +13,18 @@ def run(coroutine):
     return asyncio.run(coroutine)
 
 
+async def until(predicate, timeout: float = 10.0) -> None:
+    """Wait until ``predicate()`` holds (checked every millisecond); fail after ``timeout`` s.
+
+    Tests wait for what they need instead of sleeping a guessed few milliseconds, so a loaded
+    machine makes them slower, never wrong.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.001)
+
+
 def test_wakeups_during_a_pass_coalesce_into_one_more_pass():
     async def scenario():
         calls: list[tuple[str, str]] = []
@@ -68,7 +80,7 @@ def test_passes_of_one_job_never_overlap_but_jobs_run_side_by_side():
 def test_the_pass_sets_a_timer_at_its_deadline_and_a_later_pass_replaces_it():
     async def scenario():
         calls = []
-        delays = iter([0.05, None])
+        delays = iter([0.3, None])
 
         async def run_pass(key):
             calls.append(asyncio.get_running_loop().time())
@@ -76,14 +88,13 @@ def test_the_pass_sets_a_timer_at_its_deadline_and_a_later_pass_replaces_it():
 
         wakeups = Wakeups(run_pass)
         wakeups.wake(KEY)
-        await asyncio.sleep(0.01)
-        assert KEY in wakeups.pending_timers()
-        await asyncio.sleep(0.1)
+        await until(lambda: len(calls) == 1 and KEY in wakeups.pending_timers())
+        await until(lambda: len(calls) == 2 and wakeups.is_idle())
         assert wakeups.pending_timers() == {}, "the second pass had no deadline"
         return calls
 
     calls = run(scenario())
-    assert len(calls) == 2 and calls[1] - calls[0] >= 0.05
+    assert len(calls) == 2 and calls[1] - calls[0] >= 0.3
 
 
 def test_forget_cancels_the_timer():
@@ -92,13 +103,13 @@ def test_forget_cancels_the_timer():
 
         async def run_pass(key):
             calls.append(key)
-            return 0.02
+            return 0.5
 
         wakeups = Wakeups(run_pass)
         wakeups.wake(KEY)
-        await asyncio.sleep(0.005)
+        await until(lambda: len(calls) == 1 and KEY in wakeups.pending_timers())
         wakeups.forget(KEY)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.7)  # past the 0.5 s timer the pass asked for
         return calls
 
     assert run(scenario()) == [KEY]
@@ -116,9 +127,9 @@ def test_a_failing_pass_does_not_stop_later_wakeups():
 
         wakeups = Wakeups(run_pass)
         wakeups.wake(KEY)
-        await asyncio.sleep(0.01)
+        await until(lambda: len(calls) == 1 and wakeups.is_idle())
         wakeups.wake(KEY)
-        await asyncio.sleep(0.01)
+        await until(lambda: len(calls) == 2 and wakeups.is_idle())
         return calls
 
     assert run(scenario()) == [KEY, KEY]
