@@ -53,7 +53,6 @@ def test_children_owned_hostfile_and_launcher_exit_code(kubectl, namespace):
                      and j.get("status", {}).get("phase") == "Failed" and j, 120, "job Failed")
     status = job["status"]
     assert status["launcher"]["exitCode"] == 3
-    assert status["readyWorkers"] == "2/2"
     assert status["observedGeneration"] == job["metadata"]["generation"]
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "LauncherFailed" and "code 3" in failed["message"]
@@ -67,10 +66,12 @@ def test_children_owned_hostfile_and_launcher_exit_code(kubectl, namespace):
     # Finished jobs hold no GPUs: the worker StatefulSet is gone.
     wait_until(lambda: get_json(kubectl, "statefulset", "kids-worker", "-n", namespace) is None,
                30, "worker StatefulSet deleted")
-    table = kubectl("get", "monarchjobs", "-n", namespace)
+    # READY counts the workers Ready now: none once they are released.
+    table = wait_until(lambda: (t := kubectl("get", "monarchjobs", "-n", namespace))
+                       and " 0/2 " in t and t, 30, "READY 0/2")
     header, row = table.strip().splitlines()
     assert header.split() == ["NAME", "STATUS", "READY", "RESTARTS", "AGE"]
-    assert row.split()[:3] == ["kids", "Failed", "2/2"]
+    assert row.split()[:3] == ["kids", "Failed", "0/2"]
 
 
 def test_job_waits_with_ready_count_until_workers_are_ready(kubectl, namespace):

@@ -51,3 +51,26 @@ def test_a_restarted_attempt_times_its_own_gate_and_a_suspended_job_none():
     assert remaining == 40 + deadlines.DEADLINE_SLACK_SECONDS
     suspended = with_condition({"startTime": START}, st.SUSPENDED)
     assert deadlines.seconds_until_next_deadline(job(), suspended, T0) is None
+
+
+def test_active_deadline_until_finished_and_the_earliest_wins():
+    running = with_condition({"startTime": START}, st.RUNNING)
+    later = T0 + dt.timedelta(seconds=100)
+    assert deadlines.seconds_until_next_deadline(job(activeDeadlineSeconds=300), running,
+                                                 later) == 200 + deadlines.DEADLINE_SLACK_SECONDS
+    waiting = {"startTime": START}
+    assert deadlines.seconds_until_next_deadline(
+        job(activeDeadlineSeconds=60, startupTimeoutSeconds=600), waiting, T0) == (
+        60 + deadlines.DEADLINE_SLACK_SECONDS)
+    failed = with_condition(running, st.FAILED)
+    assert deadlines.seconds_until_next_deadline(job(activeDeadlineSeconds=300), failed,
+                                                 later) is None
+
+
+def test_ttl_counts_from_completion():
+    done = with_condition({"startTime": START, "completionTime": "2026-01-01T00:10:00Z"},
+                          st.SUCCEEDED)
+    now = T0 + dt.timedelta(minutes=10, seconds=5)
+    assert deadlines.seconds_until_next_deadline(job(ttlSecondsAfterFinished=60), done, now) == (
+        55 + deadlines.DEADLINE_SLACK_SECONDS)
+    assert deadlines.seconds_until_next_deadline(job(), done, now) is None

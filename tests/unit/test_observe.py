@@ -9,9 +9,12 @@ import pytest
 
 from monarch_operator.controller.observe import (
     LauncherOutcome,
+    create_failure,
+    is_invalid_object_message,
     launcher_failure_message,
     launcher_outcome,
     launcher_reason,
+    unrecoverable_problem,
     why_not_ready,
 )
 
@@ -181,3 +184,53 @@ def test_long_launcher_reason_keeps_head_and_tail():
                              limit=100)
     assert len(reason) == 100
     assert reason.startswith("Traceback") and reason.endswith("ValueError: boom")
+
+
+def waiting(name: str, reason: str, message: str = "",
+            last_exit: int | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": name,
+                                 "state": {"waiting": {"reason": reason, "message": message}}}
+    if last_exit is not None:
+        container["lastState"] = {"terminated": {"exitCode": last_exit}}
+    return container
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ({"containerStatuses": [waiting("worker", "InvalidImageName", "bad ref")]},
+         "InvalidImageName: bad ref"),
+        ({"initContainerStatuses": [waiting("prep", "CrashLoopBackOff", "back-off", 1)]},
+         "Init:CrashLoopBackOff: init container prep exited 1"),
+        ({"initContainerStatuses": [waiting("prep", "InvalidImageName", "bad")]},
+         "Init:InvalidImageName: bad"),
+        # Might heal: a pull that fails now, a main container restarting, a pod being scheduled.
+        ({"containerStatuses": [waiting("worker", "ImagePullBackOff", "timeout")]}, None),
+        ({"containerStatuses": [waiting("worker", "CrashLoopBackOff", "back-off", 1)]}, None),
+        ({"conditions": [UNSCHEDULABLE]}, None),
+        ({}, None),
+    ],
+)
+def test_unrecoverable_problem(status: dict[str, Any], expected: str | None) -> None:
+    assert unrecoverable_problem({"status": status}) == expected
+
+
+def test_create_failure_is_the_newest_failed_create_event() -> None:
+    events = [
+        {"reason": "SuccessfulCreate", "message": "create Pod x-worker-0",
+         "lastTimestamp": "2026-01-01T00:00:09Z"},
+        {"reason": "FailedCreate", "message": "old\n failure",
+         "lastTimestamp": "2026-01-01T00:00:01Z"},
+        {"reason": "FailedCreate", "message": 'pods "x-worker-0" is forbidden: quota',
+         "lastTimestamp": "2026-01-01T00:00:05Z"},
+    ]
+    assert create_failure(events) == 'pods "x-worker-0" is forbidden: quota'
+    assert create_failure(events[:1]) is None
+    assert create_failure(events[1:2]) == "old failure"
+
+
+def test_only_invalid_objects_are_final() -> None:
+    assert is_invalid_object_message(
+        'Pod "x-worker-0" is invalid: spec.containers[0].image: Required value')
+    assert not is_invalid_object_message(
+        'pods "x-worker-0" is forbidden: error looking up service account t/x: not found')

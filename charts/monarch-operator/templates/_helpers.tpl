@@ -63,13 +63,15 @@ compares these rules with the API calls in operator/monarch_operator/controller/
 - pods, batch jobs, statefulsets: kopf watches the job's children (label selector) to wake
   the job; pods are listed for readiness and the launcher's exit code.
 - pods/log: the last lines of a failed launcher (status.attempts[].outputTail).
-- events: the job's Events (kopf), created only.
+- events: the job's Events (kopf), created; FailedCreate Events of worker StatefulSets are
+  listed and watched (a pod the StatefulSet cannot create wakes the job and is named).
+- monarchjobs delete: spec.ttlSecondsAfterFinished deletes a finished job.
 - networkpolicies: read, create the job's NetworkPolicy (networkPolicy.enabled).
 */}}
 {{- define "monarch-operator.namespacedRules" -}}
 - apiGroups: [monarch-operator.dev]
   resources: [monarchjobs]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch, patch, delete]
 - apiGroups: [monarch-operator.dev]
   resources: [monarchjobs/status]
   verbs: [patch]
@@ -93,7 +95,7 @@ compares these rules with the API calls in operator/monarch_operator/controller/
   verbs: [get, list, watch, create, delete]
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [list, watch, create]
 {{- if .Values.networkPolicy.enabled }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]

@@ -32,7 +32,9 @@ def seconds_until_next_deadline(job: JobSpec, status: dict[str, Any],
 
     Deadlines: the startup timeout (``spec.startupTimeoutSeconds`` from the current attempt's
     ``startTime``, else ``status.startTime``, while its launcher has not started and the job is
-    not suspended).
+    not suspended), ``spec.activeDeadlineSeconds`` (from ``status.startTime``, until the job
+    finished) and ``spec.ttlSecondsAfterFinished`` (from ``status.completionTime``, once it
+    finished).
 
     Returns:
         ``None`` when no deadline applies (e.g. a running job without deadlines); ``0`` or more
@@ -46,6 +48,14 @@ def seconds_until_next_deadline(job: JobSpec, status: dict[str, Any],
         started = parse_time(start_text)
         if not st.is_true(status, st.RUNNING):
             deadlines.append(started + dt.timedelta(seconds=job.startup_timeout_seconds))
+    job_start = status.get("startTime")
+    if not st.is_finished(status) and job_start and job.active_deadline_seconds is not None:
+        deadlines.append(parse_time(job_start)
+                         + dt.timedelta(seconds=job.active_deadline_seconds))
+    completion_text = status.get("completionTime")
+    if st.is_finished(status) and completion_text and job.ttl_seconds_after_finished is not None:
+        deadlines.append(parse_time(completion_text)
+                         + dt.timedelta(seconds=job.ttl_seconds_after_finished))
     if not deadlines:
         return None
     remaining = (min(deadlines) - now).total_seconds() + DEADLINE_SLACK_SECONDS

@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from monarch_operator import constants
+from monarch_operator import constants, names
 from monarch_operator.controller import k8s, passes, wakeups
 from monarch_operator.controller.settings import Settings
 
@@ -27,6 +27,10 @@ _RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
 # (server-side selector), so the operator never streams other workloads' pods.
 _CHILDREN = (("", "v1", "pods"), ("batch", "v1", "jobs"), ("apps", "v1", "statefulsets"))
 _CHILD_SELECTOR = f"app.kubernetes.io/managed-by={constants.MANAGED_BY},{constants.LABEL_JOB}"
+# A StatefulSet that cannot create its pods changes nothing we watch; its FailedCreate Events
+# (selected server-side) wake the job so that it says why, or fails when the pod is invalid.
+_EVENTS = ("", "v1", "events")
+_CREATE_FAILURE_SELECTOR = "involvedObject.kind=StatefulSet,reason=FailedCreate"
 
 
 async def _run_pass(key: wakeups.JobKey) -> float | None:
@@ -49,6 +53,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     for group, version, plural in _CHILDREN:
         settings.watching.label_selectors[group, version, plural] = _CHILD_SELECTOR
+    settings.watching.field_selectors[_EVENTS] = _CREATE_FAILURE_SELECTOR
     # Nothing of kopf's is stored on jobs (no change-detection handlers); kept in our own
     # prefix in case a handler that needs it is added.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
@@ -76,3 +81,11 @@ async def on_child_event(namespace: str, labels: dict[str, str], **_: Any) -> No
     """A child of a job changed: wake its job (found by the job label; a pass of a job that
     does not exist does nothing)."""
     WAKEUPS.wake((namespace, labels[constants.LABEL_JOB]))
+
+
+@kopf.on.event(*_EVENTS)
+async def on_create_failure(namespace: str, body: kopf.Body, **_: Any) -> None:
+    """The StatefulSet controller could not create a pod: wake the job owning that set."""
+    statefulset = str((body.get("involvedObject") or {}).get("name") or "")
+    if statefulset.endswith(names.WORKER_SUFFIX):
+        WAKEUPS.wake((namespace, statefulset.removesuffix(names.WORKER_SUFFIX)))

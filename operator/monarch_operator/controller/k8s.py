@@ -6,6 +6,7 @@ object that another owner controls. Deletes treat 404 as done. Everything return
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from typing import Any
@@ -30,6 +31,15 @@ _KINDS: dict[tuple[str, str], tuple[type, str]] = {
     ("networking.k8s.io/v1", "NetworkPolicy"): (kubernetes.client.NetworkingV1Api,
                                                "namespaced_network_policy"),
 }
+
+
+class RefusedError(RuntimeError):
+    """The API server refused to create a child as invalid (HTTP 400/422), or the client could
+    not even send it: the same object will never be accepted (field case C12)."""
+
+    def __init__(self, kind: str, name: str, detail: str) -> None:
+        super().__init__(f"the API server refused {kind} {name}: {detail}")
+        self.kind = kind
 
 
 class NotOwnedError(RuntimeError):
@@ -113,9 +123,13 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
         try:
             observed = _to_dict(getattr(api, f"create_{suffix}")(namespace, desired))
             created = True
+        except (ValueError, TypeError) as error:  # the typed client refused to send it
+            raise RefusedError(kind, name, str(error)) from error
             if os.environ.get(CRASH_AFTER_CREATE_ENV) == kind:
                 os.kill(os.getpid(), signal.SIGKILL)
         except ApiException as error:
+            if error.status in (400, 422):
+                raise RefusedError(kind, name, api_error_message(error)) from error
             if error.status != 409:
                 raise
             observed = read(api_version, kind, namespace, name)
@@ -194,6 +208,37 @@ def read_monarchjob(namespace: str, name: str) -> dict[str, Any] | None:
             return None
         raise
     return job
+
+
+def delete_monarchjob(namespace: str, name: str) -> bool:
+    """Delete the MonarchJob (children follow by garbage collection); False if already gone."""
+    try:
+        kubernetes.client.CustomObjectsApi(_client()).delete_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name,
+            propagation_policy="Background")
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def list_events(namespace: str, kind: str, name: str, uid: str) -> list[dict[str, Any]]:
+    """Events about one object (``involvedObject`` kind, name and uid: a deleted namesake's
+    events are not its own)."""
+    selector = f"involvedObject.kind={kind},involvedObject.name={name}"
+    events = kubernetes.client.CoreV1Api(_client()).list_namespaced_event(
+        namespace, field_selector=selector)
+    return [event for event in (_to_dict(item) for item in events.items)
+            if (event.get("involvedObject") or {}).get("uid") == uid]
+
+
+def api_error_message(error: ApiException) -> str:
+    """The API server's ``Status.message`` when the body is one, else the raw body."""
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.body)
+    except (ValueError, AttributeError):
+        return str(error.body)
 
 
 def patch_job_status(namespace: str, name: str, status: dict[str, Any]) -> None:

@@ -114,6 +114,48 @@ def _reason_text(entry: dict[str, Any]) -> str:
     return f"{reason}: {message}" if reason and message else reason or message or "unknown"
 
 
+# Waiting reasons of a container that no retry cures: the image reference cannot even be
+# parsed (the kubelet's InvalidImageName, kubernetes/kubernetes pkg/kubelet/images).
+UNRECOVERABLE_WAITING_REASONS = frozenset({"InvalidImageName"})
+
+
+def unrecoverable_problem(pod: dict[str, Any]) -> str | None:
+    """Why the worker pod can never become Ready, or ``None`` if waiting may still help.
+
+    Unrecoverable: a container or init container whose image name is invalid, and an init
+    container in ``CrashLoopBackOff`` (it failed, was restarted and failed again; the main
+    container never starts). Worded as :func:`why_not_ready` words it.
+    """
+    status = pod.get("status") or {}
+    for container in status.get("initContainerStatuses") or []:
+        reason = ((container.get("state") or {}).get("waiting") or {}).get("reason")
+        if reason == "CrashLoopBackOff" or reason in UNRECOVERABLE_WAITING_REASONS:
+            return f"Init:{_container_problem(container, 'init container')}"
+    for container in status.get("containerStatuses") or []:
+        reason = ((container.get("state") or {}).get("waiting") or {}).get("reason")
+        if reason in UNRECOVERABLE_WAITING_REASONS:
+            return _container_problem(container, "container")
+    return None
+
+
+def create_failure(events: list[dict[str, Any]]) -> str | None:
+    """The newest ``FailedCreate`` event's message (the StatefulSet controller could not create
+    a pod: an admission refusal, a quota, a missing ServiceAccount), or ``None``."""
+    failures = [event for event in events if event.get("reason") == "FailedCreate"]
+    if not failures:
+        return None
+    newest = max(failures, key=lambda event: str(event.get("lastTimestamp")
+                                                 or event.get("eventTime") or ""))
+    return " ".join(str(newest.get("message") or "FailedCreate").split())
+
+
+def is_invalid_object_message(message: str) -> bool:
+    """Whether an API error message says the object itself is invalid (HTTP 422
+    ``... is invalid: <field>: ...``): resending it can never succeed, unlike a quota or a
+    missing ServiceAccount."""
+    return " is invalid: " in message
+
+
 @dataclass(frozen=True)
 class LauncherOutcome:
     """How the launcher Job ended: ``finished`` False while it runs.

@@ -8,7 +8,6 @@ event (:mod:`.deadlines`). Posting the events is left to the caller, on kopf's e
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +56,7 @@ class PassRunner:
             report = PassReport(None, next_pass_seconds=self._backoff(key))
             logger.warning("%s/%s: API error %s %s (next try in %.0fs): %s", namespace, name,
                            error.status, error.reason, report.next_pass_seconds,
-                           _api_message(error))
+                           k8s.api_error_message(error))
             return report
         except Exception:
             report = PassReport(None, next_pass_seconds=self._backoff(key))
@@ -114,11 +113,3 @@ def _fail_invalid(body: dict[str, Any], message: str, now: dt.datetime) -> list[
     metadata = body["metadata"]
     k8s.patch_job_status(metadata.get("namespace", "default"), metadata["name"], new_status)
     return [reconcile.Event("Warning", st.REASON_INVALID_SPEC, message)]
-
-
-def _api_message(error: ApiException) -> str:
-    """The API server's ``Status.message`` when the body is one, else the raw body."""
-    try:
-        return str(json.loads(error.body or "{}").get("message") or error.body)
-    except (ValueError, AttributeError):
-        return str(error.body)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attempts, k8s, observe, policy
+from monarch_operator.controller import attempts, deadlines, k8s, observe, policy
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER, build_launcher_job
@@ -25,7 +25,7 @@ from monarch_operator.controller.builders.secret import build_ssh_secret
 from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec import CLEANUP_DELETE_ALL, CLEANUP_KEEP_ALL, JobSpec
 from monarch_operator.controller.sshkeys import generate_job_keys
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,10 @@ class Event:
     message: str
 
 
+# The spec field a refused child comes from, named in the Failed message.
+_USER_FIELDS = {"StatefulSet": "spec.workers.template", "Job": "spec.launcher"}
+
+
 @dataclass
 class Outcome:
     """What one pass did: events to post, the status it left, and when to look again.
@@ -55,6 +59,7 @@ class Outcome:
     events: list[Event]
     status: dict[str, Any]
     retry_after: float | None = None
+    deleted: bool = False  # the pass deleted the job itself (ttlSecondsAfterFinished)
 
 
 @dataclass
@@ -98,6 +103,8 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> Out
     if not st.is_finished(state.status) and state.status.get("attempt") is None:
         state.status = attempts.begin(state.status, 1, state.now_text)
     if not st.is_finished(state.status):
+        _check_active_deadline(state)
+    if not st.is_finished(state.status):  # noqa: SIM102 (the deadline may have ended it)
         try:
             if job.suspend:
                 _suspend(state)
@@ -108,10 +115,50 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> Out
             # Never adopted, never overwritten (field case C6): say so once, look again later.
             state.condition(st.WORKERS_READY, False, st.REASON_CHILD_NOT_OWNED, str(error))
             retry_after = NOT_OWNED_RETRY_SECONDS
+        except k8s.RefusedError as error:
+            # Resending the same object cannot succeed: the job ends naming the field (C12).
+            field_path = _USER_FIELDS.get(error.kind, "spec")
+            _fail(state, st.REASON_TEMPLATE_REFUSED, f"{field_path}: {error}")
     if st.is_finished(state.status):
-        _release_workers(state)
+        # Finished is final: nothing is created again, only let go of (cleanupPolicy, TTL).
+        state.status.setdefault("completionTime", state.now_text)
+        if _ttl_expired(state, previous):
+            return Outcome(state.events, state.status, deleted=True)
+        _clean_up(state)
+        _count_ready_workers(state)
     _write_status(state, previous)
     return Outcome(state.events, state.status, retry_after)
+
+
+def _check_active_deadline(state: Pass) -> None:
+    """``spec.activeDeadlineSeconds`` from ``status.startTime``: past it the job Failed
+    (``DeadlineExceeded``) and :func:`_clean_up` releases every pod."""
+    limit = state.job.active_deadline_seconds
+    if limit is None:
+        return
+    started = deadlines.parse_time(state.status["startTime"])
+    if (state.now - started).total_seconds() <= limit:
+        return
+    _fail(state, st.REASON_DEADLINE_EXCEEDED,
+          f"the job ran longer than spec.activeDeadlineSeconds ({limit}s); "
+          "workers and launcher deleted")
+
+
+def _ttl_expired(state: Pass, previous: dict[str, Any]) -> bool:
+    """``spec.ttlSecondsAfterFinished`` from ``status.completionTime``: past it, delete the
+    MonarchJob (its children follow by garbage collection). Only once the finished status
+    has been written, so that even a TTL of 0 shows how the job ended first."""
+    ttl = state.job.ttl_seconds_after_finished
+    if ttl is None or not st.is_finished(previous) or "completionTime" not in previous:
+        return False
+    finished = deadlines.parse_time(previous["completionTime"])
+    if (state.now - finished).total_seconds() < ttl:
+        return False
+    job = state.job
+    k8s.delete_monarchjob(job.namespace, job.name)
+    state.events.append(Event("Normal", st.REASON_TTL_EXPIRED,
+                              f"deleted {ttl}s after it finished (spec.ttlSecondsAfterFinished)"))
+    return True
 
 
 def _run_attempt(state: Pass, settings: Settings) -> None:
@@ -153,17 +200,43 @@ def _ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
     not_ready = [names.worker_pod(job.name, i) for i in range(job.replicas) if i not in ready]
     if st.is_true(state.status, st.RUNNING):
         return pods  # launched: a lost worker is judged with the attempt (lost_workers)
+    by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    reasons = {name: observe.why_not_ready(by_name.get(name)) for name in not_ready}
+    if any(name not in by_name for name in not_ready):
+        failure = observe.create_failure(k8s.list_events(
+            job.namespace, "StatefulSet", worker_set["metadata"]["name"],
+            worker_set["metadata"]["uid"]))
+        if failure and observe.is_invalid_object_message(failure):
+            _fail(state, st.REASON_TEMPLATE_REFUSED,
+                  f"spec.workers.template: the StatefulSet cannot create worker pods: {failure}")
+            return pods
+        if failure:
+            reasons.update({name: f"not created: FailedCreate: {failure}"
+                            for name in not_ready if name not in by_name})
+    for name in not_ready:
+        problem = observe.unrecoverable_problem(by_name[name]) if name in by_name else None
+        if problem:  # waiting out spec.startupTimeoutSeconds would not help
+            _fail(state, st.REASON_WORKER_CANNOT_START,
+                  f"{name} ({problem}) can never become Ready")
+            return pods
+    described = [f"{name} ({reasons[name]})" for name in not_ready]
     state.condition(st.WORKERS_READY, False, st.REASON_WAITING_FOR_WORKERS,
-                    f"{len(ready)}/{job.replicas} workers ready; waiting for {_short(not_ready)}")
+                    f"{len(ready)}/{job.replicas} workers ready; waiting for {_short(described)}")
     record = attempts.current(state.status) or {}
-    started = _parse_time(record.get("startTime") or state.status["startTime"])
+    started = deadlines.parse_time(record.get("startTime") or state.status["startTime"])
     if (state.now - started).total_seconds() > job.startup_timeout_seconds:
-        by_name = {pod["metadata"]["name"]: pod for pod in pods}
-        reasons = [f"{name} ({observe.why_not_ready(by_name.get(name))})" for name in not_ready]
         message = (f"workers not ready after {job.startup_timeout_seconds}s "
-                   f"(spec.startupTimeoutSeconds): {_short(reasons)}")
+                   f"(spec.startupTimeoutSeconds): {_short(described)}")
         _end_attempt(state, policy.STARTUP, st.REASON_STARTUP_TIMEOUT, message)
     return pods
+
+
+def _fail(state: Pass, reason: str, message: str) -> None:
+    """The job Failed for ``reason`` at once, whatever restart budget is left (class Fatal:
+    nothing a restart could cure); the attempt records it, a Warning event follows."""
+    _end_attempt(state, policy.FATAL, reason, message)
+    if st.is_true(state.status, st.RUNNING):
+        state.condition(st.RUNNING, False, reason, message)
 
 
 def _worker_pods(job: JobSpec, worker_set: dict[str, Any]) -> list[dict[str, Any]]:
@@ -388,11 +461,40 @@ def _resume(state: Pass) -> None:
     state.events.append(Event("Normal", st.REASON_RESUMED, "spec.suspend is false: resuming"))
 
 
-def _release_workers(state: Pass) -> None:
-    """Finished jobs hold no GPUs: delete the worker StatefulSet (its pods follow)."""
+def _clean_up(state: Pass) -> None:
+    """Let go of a finished job's children as ``spec.cleanupPolicy`` says.
+
+    A launcher that still runs (the job failed around it, e.g. its deadline) is always
+    stopped; workers hold GPUs and go unless the policy is KeepAll, and also then when the
+    job exceeded its ``activeDeadlineSeconds`` (a deadline releases everything).
+    """
     job = state.job
-    if _delete_if_present("apps/v1", "StatefulSet", job.namespace, names.worker_set(job.name)):
+    namespace = job.namespace
+    cleanup = job.cleanup_policy
+    deadline = st.reason_of(state.status, st.FAILED) == st.REASON_DEADLINE_EXCEEDED
+    launcher_name = names.launcher_job(job.name, int(state.status.get("attempt") or 1))
+    launcher = k8s.read("batch/v1", "Job", namespace, launcher_name)
+    launcher_running = launcher is not None and not observe.launcher_outcome(launcher, []).finished
+    if (launcher_running or cleanup == CLEANUP_DELETE_ALL) and _delete_if_present(
+            "batch/v1", "Job", namespace, launcher_name):
+        state.events.append(Event("Normal", "LauncherDeleted", "launcher Job deleted"))
+    if (cleanup != CLEANUP_KEEP_ALL or deadline) and _delete_if_present(
+            "apps/v1", "StatefulSet", namespace, names.worker_set(job.name)):
         state.events.append(Event("Normal", "WorkersReleased", "worker pods deleted"))
+    if cleanup == CLEANUP_DELETE_ALL:
+        for api_version, kind, name in [("v1", "ConfigMap", names.hostfile_configmap(job.name)),
+                                        ("v1", "Service", names.worker_service(job.name)),
+                                        ("v1", "Secret", names.ssh_secret(job.name))]:
+            _delete_if_present(api_version, kind, namespace, name)
+
+
+def _count_ready_workers(state: Pass) -> None:
+    """READY says how many workers are Ready now, also after the job finished."""
+    job = state.job
+    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
+                                         constants.LABEL_ROLE: constants.ROLE_WORKER})
+    ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)
+    state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
 
 
 def _delete_if_present(api_version: str, kind: str, namespace: str, name: str) -> bool:
@@ -414,10 +516,6 @@ def _write_status(state: Pass, previous: dict[str, Any]) -> None:
     state.status["observedGeneration"] = state.job.generation
     if state.status != previous:
         k8s.patch_job_status(state.job.namespace, state.job.name, state.status)
-
-
-def _parse_time(text: str) -> dt.datetime:
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
 
 
 def _short(items: list[str], limit: int = 5) -> str:

@@ -19,6 +19,15 @@ DEFAULT_STEPS = 3
 DEFAULT_MESH_HOSTS = 1
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 600
 
+# spec.cleanupPolicy: what a finished job (Succeeded or Failed) keeps of its children.
+# Workers always hold GPUs, so only KeepAll leaves them; the default keeps the launcher's
+# Job and pod for `kubectl logs`, as Kubernetes Jobs do.
+CLEANUP_DELETE_WORKERS = "DeleteWorkers"  # default: worker pods go, the launcher pod stays
+CLEANUP_DELETE_ALL = "DeleteAll"  # every child goes; the job keeps its status
+CLEANUP_KEEP_ALL = "KeepAll"  # nothing is deleted (debugging; the workers keep their GPUs)
+CLEANUP_POLICIES = (CLEANUP_DELETE_WORKERS, CLEANUP_DELETE_ALL, CLEANUP_KEEP_ALL)
+DEFAULT_CLEANUP_POLICY = CLEANUP_DELETE_WORKERS
+
 
 class InvalidSpecError(ValueError):
     """The MonarchJob cannot be run as written; the message names the field and the rule."""
@@ -75,6 +84,11 @@ class JobSpec:
     # The job's own labels and annotations, passed on to its pods (e.g. Kueue's queue name).
     pod_labels: dict[str, str] = field(default_factory=dict)
     pod_annotations: dict[str, str] = field(default_factory=dict)
+    # spec.activeDeadlineSeconds: the whole job, from status.startTime (None: no limit).
+    active_deadline_seconds: int | None = None
+    # spec.ttlSecondsAfterFinished: the MonarchJob is deleted this long after it finished.
+    ttl_seconds_after_finished: int | None = None
+    cleanup_policy: str = DEFAULT_CLEANUP_POLICY
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> JobSpec:
@@ -129,6 +143,9 @@ class JobSpec:
             run_policy=RunPolicy.from_spec(spec.get("runPolicy")),
             pod_labels=_passed_on(metadata.get("labels")),
             pod_annotations=_passed_on(metadata.get("annotations")),
+            active_deadline_seconds=_optional_int(spec.get("activeDeadlineSeconds")),
+            ttl_seconds_after_finished=_optional_int(spec.get("ttlSecondsAfterFinished")),
+            cleanup_policy=_cleanup_policy(spec.get("cleanupPolicy")),
         )
 
 
@@ -181,6 +198,15 @@ def _passed_on(entries: dict[str, Any] | None) -> dict[str, str]:
     """The job's labels or annotations that its pods get too (all but :data:`_NOT_PASSED_ON`)."""
     return {str(key): str(value) for key, value in (entries or {}).items()
             if not str(key).startswith(_NOT_PASSED_ON)}
+
+
+def _cleanup_policy(value: Any) -> str:
+    if value is None:
+        return DEFAULT_CLEANUP_POLICY
+    if value not in CLEANUP_POLICIES:
+        raise InvalidSpecError(
+            f"spec.cleanupPolicy {value!r} must be one of {', '.join(CLEANUP_POLICIES)}")
+    return str(value)
 
 
 def _optional_int(value: Any) -> int | None:

@@ -38,6 +38,10 @@ REASON_FATAL_EXIT_CODE = "FatalExitCode"
 # spec.suspend.
 REASON_SUSPENDED = "JobSuspended"
 REASON_RESUMED = "JobResumed"
+REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"  # spec.activeDeadlineSeconds passed
+REASON_TEMPLATE_REFUSED = "TemplateRefused"  # the API server refused a child built from spec
+REASON_WORKER_CANNOT_START = "WorkerCannotStart"  # e.g. invalid image, init crash loop
+REASON_TTL_EXPIRED = "TTLExpired"  # the job was deleted by spec.ttlSecondsAfterFinished
 # Reasons of a condition that need someone's attention: their Events are Warnings.
 WARNING_REASONS = frozenset({REASON_CHILD_NOT_OWNED, REASON_RESTARTING})
 
@@ -100,6 +104,14 @@ def set_condition(
             return new_status
     conditions.append(condition)
     return new_status
+
+
+def reason_of(status: dict[str, Any], condition_type: str) -> str | None:
+    """Reason of the condition if it is ``"True"``, else ``None``."""
+    condition = get_condition(status, condition_type)
+    if condition is None or condition.get("status") != "True":
+        return None
+    return str(condition.get("reason") or "")
 
 
 def is_finished(status: dict[str, Any]) -> bool:
