@@ -112,6 +112,8 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
     Raises:
         NotOwnedError: an object of that name exists but its controller is not ``owner_uid``
             (e.g. a leftover of a deleted job of the same name that GC has not removed yet).
+        RefusedError: the API server refused to create it as invalid (400/422), or the client
+            could not send it.
         kubernetes.client.rest.ApiException: any other API error.
     """
     api_version, kind = desired["apiVersion"], desired["kind"]
@@ -123,10 +125,10 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
         try:
             observed = _to_dict(getattr(api, f"create_{suffix}")(namespace, desired))
             created = True
-        except (ValueError, TypeError) as error:  # the typed client refused to send it
-            raise RefusedError(kind, name, str(error)) from error
             if os.environ.get(CRASH_AFTER_CREATE_ENV) == kind:
                 os.kill(os.getpid(), signal.SIGKILL)
+        except (ValueError, TypeError) as error:  # the typed client refused to send it
+            raise RefusedError(kind, name, str(error)) from error
         except ApiException as error:
             if error.status in (400, 422):
                 raise RefusedError(kind, name, api_error_message(error)) from error
