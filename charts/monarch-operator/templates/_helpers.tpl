@@ -77,7 +77,7 @@ compares these rules with the API calls in operator/monarch_operator/controller/
   verbs: [patch]
 - apiGroups: [""]
   resources: [secrets, services]
-  verbs: [get, create]
+  verbs: [get, create, delete]
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, delete]

@@ -481,11 +481,10 @@ def _clean_up(state: Pass) -> None:
     if (cleanup != CLEANUP_KEEP_ALL or deadline) and _delete_if_present(
             "apps/v1", "StatefulSet", namespace, names.worker_set(job.name)):
         state.events.append(Event("Normal", "WorkersReleased", "worker pods deleted"))
-    if cleanup == CLEANUP_DELETE_ALL:
-        for api_version, kind, name in [("v1", "ConfigMap", names.hostfile_configmap(job.name)),
-                                        ("v1", "Service", names.worker_service(job.name)),
-                                        ("v1", "Secret", names.ssh_secret(job.name))]:
-            _delete_if_present(api_version, kind, namespace, name)
+    if cleanup == CLEANUP_DELETE_ALL:  # literal kinds: the chart's RBAC test reads them
+        _delete_if_present("v1", "ConfigMap", namespace, names.hostfile_configmap(job.name))
+        _delete_if_present("v1", "Service", namespace, names.worker_service(job.name))
+        _delete_if_present("v1", "Secret", namespace, names.ssh_secret(job.name))
 
 
 def _count_ready_workers(state: Pass) -> None:
