@@ -29,6 +29,26 @@ def test_chart_crds_identical_to_top_level_crds():
     assert not [p for p in (CHART / "crds").iterdir() if p.is_symlink() or p.is_dir()]
 
 
+def _null_keys(node, path: str = "") -> list[str]:
+    """Paths of the keys whose value is YAML null, anywhere under ``node``."""
+    if isinstance(node, dict):
+        return [found for key, value in node.items()
+                for found in ([f"{path}.{key}"] if value is None else [])
+                + _null_keys(value, f"{path}.{key}")]
+    if isinstance(node, list):
+        return [found for index, item in enumerate(node)
+                for found in _null_keys(item, f"{path}[{index}]")]
+    return []
+
+
+def test_crds_have_no_null_keys():
+    """No CRD key parses to null: an unquoted comma in a flow mapping's description
+    (``{type: string, description: a (b, c)}``) splits it into stray keys, which the API server
+    drops, so that every client-side apply re-patches the CRD ("configured", never "unchanged")."""
+    for crd in CRD_FILES:
+        assert _null_keys(yaml.safe_load(crd.read_text())) == [], crd.name
+
+
 def test_packaged_chart_carries_the_same_crds(tmp_path):
     helm("package", str(CHART), "--destination", str(tmp_path))
     [package] = tmp_path.glob("monarch-operator-*.tgz")
