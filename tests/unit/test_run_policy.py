@@ -174,3 +174,13 @@ def test_a_worker_not_ready_is_lost_only_when_its_node_is_not_ready():
     assert attempts.lost_workers(snapshot, [unready]) == []
     (lost,) = attempts.lost_workers(snapshot, [unready], frozenset({"node-2"}))
     assert lost.describe() == "j-worker-0 (node node-2 NotReady)"
+
+
+def test_a_suspend_is_not_a_restart():
+    """RESTARTS counts restarts after failures; the attempt after a suspend is none of them."""
+    status = attempts.begin({}, 1, "t1")
+    assert status["restartCount"] == 0
+    status = attempts.begin(status, 2, "t2", restart=False)  # suspended while it ran
+    assert status["attempt"] == 2 and status["restartCount"] == 0
+    status = attempts.begin(status, 3, "t3")  # then an application failure
+    assert status["attempt"] == 3 and status["restartCount"] == 1

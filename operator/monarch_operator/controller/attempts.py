@@ -164,11 +164,18 @@ def current(status: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def begin(status: dict[str, Any], number: int, now: str) -> dict[str, Any]:
-    """A copy of ``status`` with attempt ``number`` started at ``now`` (its gate begins)."""
+def begin(status: dict[str, Any], number: int, now: str, restart: bool = True) -> dict[str, Any]:
+    """A copy of ``status`` with attempt ``number`` started at ``now`` (its gate begins).
+
+    ``restart``: whether this attempt is a restart after a failure, counted in
+    ``status.restartCount`` (the RESTARTS column). The first attempt and the attempt that
+    follows a suspend are not restarts: users read RESTARTS as "something went wrong".
+    """
     new_status = dict(status)
     new_status["attempt"] = number
-    new_status["restartCount"] = number - 1
+    new_status["restartCount"] = (int(status.get("restartCount") or 0) + 1
+                                  if restart and number > 1 else
+                                  int(status.get("restartCount") or 0))
     records = [dict(record) for record in status.get("attempts") or []]
     records.append({"number": number, "startTime": now})
     new_status["attempts"] = records[-MAX_ATTEMPTS_KEPT:]

@@ -434,7 +434,7 @@ def _suspend(state: Pass) -> None:
         state.status = attempts.update_current(
             state.status, endTime=state.now_text, reason=st.REASON_SUSPENDED,
             message="spec.suspend set while it ran", **{"class": policy.SUSPENDED})
-        state.status = attempts.begin(state.status, attempt + 1, state.now_text)
+        state.status = attempts.begin(state.status, attempt + 1, state.now_text, restart=False)
     pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name})
     ready = [pod for pod in pods if observe.pod_is_ready(pod)
              and pod["metadata"].get("labels", {}).get(constants.LABEL_ROLE)

@@ -11,6 +11,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -110,7 +111,8 @@ class LocalCluster:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def up(self, progress: Progress = print) -> None:
-        """Build binaries if needed, start every component and wait until nodes are Ready.
+        """Build binaries if needed, start every component of an empty cluster (etcd data of
+        an earlier run is removed) and wait until nodes are Ready.
 
         Raises:
             RuntimeError: a component exited or did not become healthy in time; its log is named.
@@ -121,6 +123,10 @@ class LocalCluster:
         started = time.monotonic()
         bin_dir = ensure_binaries()
         self.down(quiet=True)
+        # A new cluster every time: the certificates, ports and node agent are new, so objects
+        # kept from an earlier run (nodes advertising its kubelet port, its pods, tokens signed
+        # by its keys) would only mislead. Logs and pod files stay until then, for reading.
+        shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
         for sub in ("pki", "logs", "etcd"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
         certs.write_pki(self.state_dir / "pki")
