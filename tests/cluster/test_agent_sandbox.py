@@ -73,3 +73,21 @@ def test_mounts_and_working_dir_inside_the_container_only(tmp_path):
     assert wait_exit(container) == 0
     assert (tmp_path / "main.log").read_text() == f"{working}\nhello"
     assert not (target / "greeting").exists(), "the machine's view is unchanged"
+
+
+def test_a_mount_over_a_sources_parent_does_not_hide_the_later_sources(tmp_path):
+    """As in the chart's operator pod: an emptyDir at /tmp comes before the ServiceAccount
+    token's volume, whose directory on the machine lies under /tmp. Every source is bound before
+    any mount, so the token is still there, read-only, and the staging leaves no trace."""
+    empty, token = tmp_path / "empty", tmp_path / "token"
+    empty.mkdir()
+    token.mkdir()
+    (token / "token").write_text("secret")
+    target = tmp_path / "serviceaccount"
+    container = start(tmp_path, ["sh", "-c", f"cat {target}/token; echo; "
+                                 f"touch {target}/x 2>/dev/null || echo read-only; "
+                                 "ls -A /dev | grep -c sandbox; "
+                                 "grep -c /dev/.sandbox /proc/self/mountinfo"],
+                      mounts=[(empty, str(tmp_path)), sandbox.Mount(token, str(target), True)])
+    assert wait_exit(container) == 1  # grep -c counted 0
+    assert (tmp_path / "main.log").read_text() == "secret\nread-only\n0\n0\n"

@@ -71,7 +71,8 @@ private_dev() {
   fi
 }
 # Makes the listed children of a directory the user cannot enter reachable, hiding the rest of
-# it: a tmpfs over the directory, each child bind-mounted back from a saved view of it.
+# it: a tmpfs over the directory, each child bind-mounted back from a saved view of it (in the
+# private /dev: the machine path of the marker may lie under a container mount such as /tmp).
 expose() {
   __sb_dir="$1"; __sb_children="$2"; __sb_saved="$3"
   mkdir -p "$__sb_saved"
@@ -84,26 +85,52 @@ expose() {
   done
   IFS="$__sb_old_ifs"
   umount -R "$__sb_saved" 2>/dev/null || umount -l "$__sb_saved"
+  rmdir "$__sb_saved"
 }
 __sb_marker="$1"; shift
 private_dev "$1"; shift
 hostname "$1"; shift
 __sb_workdir="$1"; shift
 __sb_user="$1"; shift
+# Every source is first bound into a staging directory in the private /dev, before any mount
+# at a container path: a mount over a source's parent (an emptyDir at /tmp over the agent's
+# state directory) would otherwise hide the sources of the mounts after it.
+__sb_stage=/dev/.sandbox-sources
+mkdir "$__sb_stage"
+__sb_n=0
+for __sb_arg; do
+  case "$__sb_arg" in
+    --) break ;;
+    expose:*) continue ;;
+    ro:*) __sb_entry="${__sb_arg#ro:}" ;;
+    *) __sb_entry="$__sb_arg" ;;
+  esac
+  __sb_n=$((__sb_n + 1)); __sb_src="${__sb_entry%%=*}"
+  if [ -d "$__sb_src" ]; then mkdir "$__sb_stage/$__sb_n"; else : > "$__sb_stage/$__sb_n"; fi
+  mount --bind "$__sb_src" "$__sb_stage/$__sb_n"
+done
+__sb_n=0
 while [ "$1" != "--" ]; do
   case "$1" in
     expose:*) __sb_entry="${1#expose:}"; shift
-      expose "${__sb_entry%%=*}" "${__sb_entry#*=}" "$__sb_marker.expose"; continue ;;
+      expose "${__sb_entry%%=*}" "${__sb_entry#*=}" /dev/.sandbox-expose; continue ;;
     ro:*) __sb_read_only=1; __sb_entry="${1#ro:}" ;;
     *) __sb_read_only=""; __sb_entry="$1" ;;
   esac
   shift
-  __sb_src="${__sb_entry%%=*}"; __sb_dst="${__sb_entry#*=}"
+  __sb_n=$((__sb_n + 1)); __sb_src="$__sb_stage/$__sb_n"; __sb_dst="${__sb_entry#*=}"
   if [ -d "$__sb_src" ]; then mkdir -p "$__sb_dst"
   elif [ ! -e "$__sb_dst" ]; then mkdir -p "${__sb_dst%/*}"; : > "$__sb_dst"; fi
   mount --bind "$__sb_src" "$__sb_dst"
   if [ -n "$__sb_read_only" ]; then mount -o remount,bind,ro "$__sb_dst"; fi
 done
+# The staged binds go; the container's own mounts are separate copies and stay.
+for __sb_staged in "$__sb_stage"/*; do
+  [ -e "$__sb_staged" ] || continue
+  umount "$__sb_staged"
+  if [ -d "$__sb_staged" ]; then rmdir "$__sb_staged"; else rm -f "$__sb_staged"; fi
+done
+rmdir "$__sb_stage"
 shift
 read -r _
 exec < /dev/null
@@ -203,7 +230,9 @@ def start(command: list[str], *, hostname: str, mounts: Iterable[Mount | tuple[P
 
     Args:
         hostname: the pod's hostname, set in the new UTS namespace.
-        mounts: bind mounts (or (machine path, container path) pairs), made in order.
+        mounts: bind mounts (or (machine path, container path) pairs), made in order; every
+            source is bound into a staging directory first, so that a mount over a source's
+            parent (e.g. an emptyDir at /tmp) does not hide it.
         workdir: the pod's directory on the machine (the process starts there).
         log_path: the container's stdout and stderr go to the end of this file.
         name: the container's name (names the marker file and the /dev placeholder).
