@@ -1,0 +1,156 @@
+"""The chart's permissions are enough: the end-to-end job succeeds with the operator holding
+only the chart's ServiceAccount token (namespaced mode, a Role in the job's namespace).
+
+The operator runs as a local process whose kubeconfig carries nothing but a token of the
+chart's ServiceAccount, so every API call it makes is authorised by the chart's Role alone; the
+API server's audit log then shows no write refused to that account.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from monarch_operator.localcluster.demo import (
+    launcher_log,
+    start_operator,
+    stop_process,
+    wait_for_phase,
+)
+from monarch_operator.localcluster.cli import pod_log_path
+from tests.chart import CHART, ROOT, helm
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+
+SAMPLE = ROOT / "examples" / "rl_kl" / "monarchjob.yaml"
+RELEASE = "mo"
+
+
+def token_kubeconfig(kubectl, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig for the local API server that authenticates as ``namespace/account`` only
+    (a TokenRequest token, one hour)."""
+    admin = json.loads(kubectl("config", "view", "--raw", "--minify", "-o", "json"))
+    cluster = admin["clusters"][0]["cluster"]
+    token = kubectl("create", "token", account, "-n", namespace, "--duration=1h").strip()
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "chart",
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "chart", "context": {"cluster": "local", "user": account,
+                                                   "namespace": namespace}}],
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def refused_requests(audit_log: Path, start: int, user: str) -> list[str]:
+    """Requests by ``user`` that the API server answered 403, from byte ``start`` of its
+    audit log."""
+    refused = []
+    with open(audit_log, "rb") as log:
+        log.seek(start)
+        for line in log:
+            event = json.loads(line)
+            if (event.get("user", {}).get("username") == user
+                    and event.get("responseStatus", {}).get("code") == 403):
+                ref = event.get("objectRef", {})
+                refused.append(f"{event['verb']} {ref.get('resource')} {ref.get('name')}")
+    return refused
+
+
+def test_sample_job_succeeds_under_the_charts_service_account(
+        kubectl, helm_env, chart_namespace, local_cluster, tmp_path):
+    account = f"{RELEASE}-monarch-operator"
+    helm("install", RELEASE, str(CHART), "-n", chart_namespace,
+         "--set", f"watchNamespaces={{{chart_namespace}}}", env=helm_env)
+    # The chart's Deployment stays, at zero replicas: this test runs the operator itself.
+    kubectl("scale", "deployment", account, "-n", chart_namespace, "--replicas=0")
+    config = token_kubeconfig(kubectl, chart_namespace, account, tmp_path / "kubeconfig")
+    whoami = json.loads(kubectl("auth", "whoami", "-o", "json", f"--kubeconfig={config}"))
+    user = f"system:serviceaccount:{chart_namespace}:{account}"
+    assert whoami["status"]["userInfo"]["username"] == user
+    audit_start = local_cluster.audit_log.stat().st_size
+    operator = start_operator(tmp_path, {"KUBECONFIG": str(config)},
+                              namespaces=(chart_namespace,))
+    try:
+        kubectl("apply", "-n", chart_namespace, "-f", str(SAMPLE))
+        name = yaml.safe_load(SAMPLE.read_text())["metadata"]["name"]
+        job = wait_for_phase(kubectl, chart_namespace, name, ("Succeeded", "Failed"),
+                             timeout=420)
+        log = launcher_log(kubectl, local_cluster.state_dir, chart_namespace, name)
+        assert job["status"]["phase"] == "Succeeded", log[-4000:]
+        assert job["status"]["launcher"]["exitCode"] == 0
+        assert "rl_kl: done" in log
+    finally:
+        stop_process(operator)
+        helm("uninstall", RELEASE, "-n", chart_namespace, env=helm_env, check=False)
+    operator_log = (tmp_path / "logs" / "operator.log").read_text()
+    assert "Forbidden" not in operator_log and " 403" not in operator_log, operator_log[-3000:]
+    assert refused_requests(local_cluster.audit_log, audit_start, user) == []
+
+
+def test_sample_job_succeeds_with_the_operator_as_the_charts_pod(
+        kubectl, helm_env, chart_namespace, local_cluster):
+    """The chart's Deployment runs the operator as a pod (the node agent gives it the
+    ServiceAccount token and the API server's address, as a kubelet does); `helm test` finds
+    it healthy; the rl_kl job reaches Succeeded under it."""
+    account = f"{RELEASE}-monarch-operator"
+    user = f"system:serviceaccount:{chart_namespace}:{account}"
+    audit_start = local_cluster.audit_log.stat().st_size
+    installed = helm("install", RELEASE, str(CHART), "-n", chart_namespace, "--wait",
+                     "--timeout=120s", "--set", f"watchNamespaces={{{chart_namespace}}}",
+                     env=helm_env, check=False)
+    try:
+        assert installed.returncode == 0, (installed.stderr, operator_pod_report(
+            kubectl, local_cluster, chart_namespace))
+        [pod] = kubectl.json("pods", "-n", chart_namespace, "-l",
+                             f"app.kubernetes.io/instance={RELEASE}")["items"]
+        assert pod["spec"]["serviceAccountName"] == account
+        assert pod["status"]["phase"] == "Running", pod["status"]
+        # Without --logs: helm v3.22 deletes a hook-succeeded test pod before reading its logs
+        # (helm/helm#9098). The test pod succeeds only if every operator pod answers healthz.
+        tested = helm("test", RELEASE, "-n", chart_namespace, env=helm_env)
+        assert "Phase:          Succeeded" in tested.stdout, tested.stdout
+        kubectl("apply", "-n", chart_namespace, "-f", str(SAMPLE))
+        name = yaml.safe_load(SAMPLE.read_text())["metadata"]["name"]
+        job = wait_for_phase(kubectl, chart_namespace, name, ("Succeeded", "Failed"),
+                             timeout=420)
+        log = launcher_log(kubectl, local_cluster.state_dir, chart_namespace, name)
+        assert job["status"]["phase"] == "Succeeded", log[-4000:]
+        assert "rl_kl: done" in log
+        # The children were made by the pod's ServiceAccount, and nothing was refused to it.
+        assert refused_requests(local_cluster.audit_log, audit_start, user) == []
+        assert creators(local_cluster.audit_log, audit_start, chart_namespace, "statefulsets") \
+            == {user}
+    finally:
+        helm("uninstall", RELEASE, "-n", chart_namespace, "--wait", env=helm_env, check=False)
+
+
+def operator_pod_report(kubectl, local_cluster, namespace: str) -> str:
+    """The operator pods' status and output, for a failure message."""
+    report = []
+    for pod in kubectl.json("pods", "-n", namespace, "-l",
+                            f"app.kubernetes.io/instance={RELEASE}")["items"]:
+        name = pod["metadata"]["name"]
+        report.append(f"{name}: {json.dumps(pod.get('status'))[:3000]}")
+        path = pod_log_path(local_cluster.state_dir, namespace, name)
+        if path is not None:
+            report.append(path.read_text(errors="replace")[-3000:])
+    return "\n".join(report)
+
+
+def creators(audit_log: Path, start: int, namespace: str, resource: str) -> set[str]:
+    """Users that created ``resource`` objects in ``namespace`` (audit log from ``start``)."""
+    users = set()
+    with open(audit_log, "rb") as log:
+        log.seek(start)
+        for line in log:
+            event = json.loads(line)
+            ref = event.get("objectRef", {})
+            if (event.get("verb") == "create" and ref.get("namespace") == namespace
+                    and ref.get("resource") == resource and not ref.get("subresource")):
+                users.add(event.get("user", {}).get("username"))
+    return users
