@@ -4,33 +4,17 @@ RESTARTS); a MonarchJob whose worker init container always fails names it (field
 
 from __future__ import annotations
 
-import json
 import re
-import time
 
 import pytest
 import yaml
+from tests.cluster.helpers import get_json, wait_until
 
 pytestmark = pytest.mark.cluster
 
 IMAGE = "ghcr.io/monarch-operator/worker:0.1.0"
 # On pods: the crash-loop back-off's first delay (kubelet: 10 s), so that restarts come quickly.
 FAST_BACKOFF = {"localcluster.monarch-operator.dev/crash-loop-backoff-seconds": "1"}
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def get_json(kubectl, *args):
-    out = kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(out) if out else None
 
 
 def container(name: str, script: str, **fields) -> dict:

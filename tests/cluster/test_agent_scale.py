@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from monarch_operator.localcluster.demo import SAMPLE, launcher_log, wait_for_phase
+from tests.cluster.helpers import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -44,16 +44,6 @@ def child_pids(pid: int) -> list[int]:
         if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
             children.append(int(entry))
     return children
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def pod(name: str, script: str) -> dict:

@@ -6,13 +6,13 @@ status (exit codes) is written before the object goes. Order of events, never wa
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 
 import kubernetes
 import pytest
 
 from monarch_operator.localcluster.cli import pod_log_path
+from tests.cluster.helpers import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -28,16 +28,6 @@ def core(local_cluster) -> Iterator[kubernetes.client.CoreV1Api]:
         yield kubernetes.client.CoreV1Api(api)
     finally:
         api.close()
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def start_pod(core, namespace: str, name: str, script: str, **spec) -> dict:

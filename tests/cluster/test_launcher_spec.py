@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.cluster.helpers import get_json
 
 pytestmark = pytest.mark.cluster
 
@@ -28,11 +29,6 @@ def manifest(name: str, **spec) -> str:
 def apply(kubectl, namespace: str, text: str, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["kubectl", "apply", "-n", namespace, *flags, "-f", "-"], input=text,
                           capture_output=True, text=True, env=kubectl.env)
-
-
-def get_json(kubectl, *args):
-    out = kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(out) if out else None
 
 
 REFUSED = [

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from monarch_operator.localcluster import nodestate
 from monarch_operator.localcluster.cli import pod_log_path
+from tests.cluster.helpers import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -35,16 +35,6 @@ def core(local_cluster) -> Iterator[kubernetes.client.CoreV1Api]:
         yield kubernetes.client.CoreV1Api(api)
     finally:
         api.close()
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def read_pod(core, namespace: str, name: str) -> dict | None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
-import time
 
 import pytest
 import yaml
+from tests.cluster.helpers import get_json, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -20,21 +19,6 @@ def job_manifest(name: str, **spec) -> str:
             "spec": {"image": IMAGE, "workers": {"replicas": 2, "gpusPerWorker": 1},
                      "meshes": {"trainer": {"hosts": 1}, "ref": {"hosts": 1}}, **spec}}
     return yaml.safe_dump(body)
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def get_json(kubectl, *args):
-    out = kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(out) if out else None
 
 
 def test_children_owned_hostfile_and_launcher_exit_code(kubectl, namespace):

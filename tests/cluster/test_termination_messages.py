@@ -3,31 +3,15 @@ its terminationMessagePath (or its log's tail), and a failed launcher's line rea
 
 from __future__ import annotations
 
-import json
 import os
-import time
 
 import pytest
 import yaml
+from tests.cluster.helpers import get_json, wait_until
 
 pytestmark = pytest.mark.cluster
 
 IMAGE = "ghcr.io/monarch-operator/worker:0.1.0"
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def get_json(kubectl, *args):
-    out = kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(out) if out else None
 
 
 def pod_manifest(name: str, script: str, **container) -> str:
