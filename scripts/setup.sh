@@ -3,7 +3,8 @@
 # openssh (sshd for worker pods and SSH tests), util-linux (unshare), a virtualenv in .venv with
 # monarch-operator and its pinned dependencies, and the control-plane binaries built from the
 # Go module proxy into ~/.cache/monarch-operator (10-25 min the first time, seconds after), and
-# the pinned helm client the chart's tests use.
+# the pinned helm client the chart's tests use, and the pinned linters and scanners
+# (hadolint, shellcheck, checkov: scripts/scanners.txt) in their own virtualenv there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,4 +44,6 @@ log "control-plane binaries"
 bash operator/monarch_operator/localcluster/build-binaries.sh >/dev/null
 log "helm (the chart's tests)"
 bash operator/monarch_operator/localcluster/build-binaries.sh helm >/dev/null
+log "linters and scanners (tests/scan)"
+bash scripts/install-scanners.sh >/dev/null
 log "ready"
