@@ -164,7 +164,7 @@ def test_ten_light_jobs_in_a_row_all_succeed_with_finished_pods_kept(kubectl, na
         done = wait_for_phase(kubectl, namespace, name, ("Succeeded", "Failed"), timeout=180)
         log = launcher_log(kubectl, local_cluster.state_dir, namespace, name)
         assert done["status"]["phase"] == "Succeeded", (done["status"], log[-2000:])
-        wait_until(lambda: not [p for p in json.loads(kubectl(
+        wait_until(lambda name=name: not [p for p in json.loads(kubectl(
             "get", "pods", "-n", namespace, "-l", f"monarch-operator.dev/job={name}",
             "-o", "json"))["items"] if "-worker-" in p["metadata"]["name"]], 60,
             f"{name}'s workers gone")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -170,3 +171,41 @@ def test_untested_monarch_versions_are_refused_with_the_supported_ones(
         monarch_compat.check_version()
     monkeypatch.setenv("MONARCH_LAUNCH_ANY_MONARCH", "1")
     assert monarch_compat.check_version() == "0.9.1"
+
+
+def test_run_dry_run_prints_the_plan_and_resolves_the_target_without_running_it(
+    tmp_path: Path,
+) -> None:
+    # A script that would leave a file behind if it ran: a dry run must only locate it.
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    launch = [sys.executable, "-m", "monarch_operator.launcher.cli", "run"]
+    hosts = ["--hosts", "node1,node2,node3", "--slots-per-host", "2", "--dry-run"]
+
+    done = subprocess.run(
+        [*launch, *hosts, str(script), "--lr", "0.1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "mesh trainer: hosts=node1,node2 procs/host=2" in done.stdout
+    assert f"target: {script} (script)" in done.stdout
+    assert "dry run: plan only, nothing started" in done.stdout
+    assert not marker.exists()
+
+    done = subprocess.run(
+        [*launch, *hosts, "--json", "no_such_module_xyz:main"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [event["event"] for event in events] == ["plan", "result"]
+    assert events[0]["plan"]["meshes"][1]["hosts"] == ["node3"]
+    assert "no_such_module_xyz: cannot import" in events[1]["reason"]

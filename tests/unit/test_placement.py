@@ -117,7 +117,14 @@ def test_colocated_roles_share_one_mesh() -> None:
             False,
             "plan needs 4 hosts (2 trainer + 2 ref, separate), but 2 are given",
         ),
-        (hosts("a:2"), None, None, False, "trainer hosts must be at least 1, got 0"),
+        (
+            hosts("a:2"),
+            None,
+            None,
+            False,
+            "1 ref hosts leave no host for the trainer: 1 hosts given, separate roles need at "
+            "least 2",
+        ),
         (
             hosts("a:2", "b:2"),
             3,

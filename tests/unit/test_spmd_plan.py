@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from monarch_operator.hostfile import Host
@@ -228,3 +230,19 @@ def test_help_documents_the_nproc_keywords(capsys: pytest.CaptureFixture[str]) -
     assert "N|cpu|gpu|auto" in help_text
     assert "'cpu' is this machine's CPU count, only when every host is this machine" in help_text
     assert "'gpu' and 'auto' are the hosts' slots" in help_text
+
+
+def test_spmd_launcher_without_known_hosts_builds_and_reads_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The README's in-code example passes no known_hosts: this once raised NameError.
+    from monarch_operator.launcher import spmd_launcher
+    from monarch_operator.launcher.programs.spmd import SpmdConfigError
+
+    monkeypatch.delenv("MONARCH_KNOWN_HOSTS", raising=False)
+    launcher = spmd_launcher(hosts="node1,node2", nproc_per_node=1)
+    assert launcher.plan_dict()["world_size"] == 2
+
+    monkeypatch.setenv("MONARCH_KNOWN_HOSTS", str(tmp_path / "missing"))
+    with pytest.raises(SpmdConfigError, match="known_hosts .*missing: no such file"):
+        spmd_launcher(hosts="node1,node2", nproc_per_node=1)

@@ -443,6 +443,9 @@ examples:
   # inside a MonarchJob launcher pod (spec.launcher.program): hosts and roles come from MONARCH_*
   monarch-launch run my_rl.controller:main
 
+  # check the placement and that TARGET resolves, without connecting to anything
+  monarch-launch run --hostfile hosts.txt --trainer-hosts 2 --dry-run my_rl.controller:main
+
 The program's own arguments follow TARGET and are in sys.argv[1:]. Exit status: 0 when the
 program returns; SystemExit's code; a failed rank's code (N when it exited with N, 128+S when
 killed by signal S, 1 when an endpoint raised); 2 for bad flags or TARGET; 1 otherwise.
@@ -463,9 +466,7 @@ def build_run_parser() -> argparse.ArgumentParser:
     add_host_source_flags(parser.add_argument_group("hosts (exactly one source)"))
     _add_placement_flags(parser.add_argument_group("placement"))
     add_session_flags(parser)
-    output = parser.add_argument_group("output")
-    output.add_argument("--json", action="store_true", help="JSON lines on stdout")
-    output.add_argument("--quiet", action="store_true", help="only results and failures")
+    add_output_flags(parser.add_argument_group("output"))
     parser.add_argument("target", metavar="TARGET", help="module:function, module or script.py")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the program's own arguments")
     return parser
@@ -476,16 +477,18 @@ def run_main(argv: Sequence[str]) -> int:
     :mod:`launcher.programs.user`)."""
     from monarch_operator.launcher.hosts.placement import PlacementError
     from monarch_operator.launcher.programs.job import JOB_MODULES, Job
-    from monarch_operator.launcher.programs.user import run_program
+    from monarch_operator.launcher.programs.user import check_target, run_program
 
     args = build_run_parser().parse_args(list(argv))
     reporter = Reporter(json_mode=args.json, quiet=args.quiet)
     launch_args = list(argv[: len(argv) - len(args.args) - 1])
     try:
         # Refuse bad flags and impossible placements before the program starts (exit 2).
-        Job(job_config_from_args(args, os.environ, JOB_MODULES), reporter)
+        job = Job(job_config_from_args(args, os.environ, JOB_MODULES), reporter)
     except (UsageError, PlacementError) as error:
         return reporter.result(2, str(error))
+    if args.dry_run:
+        return check_target(args.target, job, reporter)
     install_sigterm_handler()
     return run_program(args.target, args.args, launch_args, reporter)
 

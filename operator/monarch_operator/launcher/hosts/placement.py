@@ -162,9 +162,14 @@ def plan_placement(
 
 def _plan_separate(hosts: list[Host], trainer_hosts: int | None, ref_hosts: int | None) -> Plan:
     ref_count = 1 if ref_hosts is None else ref_hosts
+    _require_positive(ref_count, "ref hosts", hosts)
+    if trainer_hosts is None and len(hosts) <= ref_count:
+        raise PlacementError(
+            f"{ref_count} ref hosts leave no host for the trainer: {len(hosts)} hosts given, "
+            f"separate roles need at least {ref_count + 1}; lower --ref-hosts or use --colocate"
+        )
     trainer_count = len(hosts) - ref_count if trainer_hosts is None else trainer_hosts
     _require_positive(trainer_count, "trainer hosts", hosts)
-    _require_positive(ref_count, "ref hosts", hosts)
     needed = trainer_count + ref_count
     if needed > len(hosts):
         raise PlacementError(

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from monarch_operator import constants
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.hosts.placement import is_loopback_name

@@ -30,10 +30,13 @@ import runpy
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.report import Reporter
+
+if TYPE_CHECKING:
+    from monarch_operator.launcher.programs.job import Job
 
 # Environment variable carrying monarch-launch's flags to Job.from_env() in the user's program.
 LAUNCH_ARGS_ENV = "MONARCH_LAUNCH_ARGS"
@@ -83,6 +86,40 @@ def load_target(target: str) -> tuple[str, Callable[..., Any] | None]:
     return "function", function
 
 
+def check_target(target: str, job: Job, reporter: Reporter) -> int:
+    """``monarch-launch run --dry-run``: print the job's placement plan and resolve TARGET the
+    way :func:`run_program` would (a ``module:function`` target's module is imported to find the
+    function; a module or script is only located, never run); connect to nothing.
+
+    Args:
+        target: ``module:function``, ``module`` or a script path.
+        job: the job built from the flags (not entered).
+        reporter: where the plan and the result go.
+
+    Returns:
+        0 when TARGET resolves, 2 (:data:`launcher.exitcodes.USAGE`) with the reason when not.
+    """
+    from monarch_operator.launcher.hosts.placement import format_plan, plan_to_dict
+
+    _add_cwd_to_path()
+    reporter.plan(
+        [f"hosts: {job.config.source}", *format_plan(job.plan)], plan_to_dict(job.plan), True
+    )
+    try:
+        kind, _function = load_target(target)
+    except TargetError as error:
+        return reporter.result(exitcodes.USAGE, str(error))
+    if not reporter.json_mode:
+        print(f"target: {target} ({kind})", file=reporter.out, flush=True)
+    return reporter.result(exitcodes.SUCCESS, None, dry_run=True, target=target, kind=kind)
+
+
+def _add_cwd_to_path() -> None:
+    """Importing the user's module can need the cwd (``python -m`` does the same)."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def run_program(
     target: str,
     program_args: Sequence[str],
@@ -100,9 +137,7 @@ def run_program(
     from monarch_operator.launcher.programs.job import Job
     from monarch_operator.launcher.session.lifecycle import FaultRecorder, report_failure
 
-    # Importing the user's module can need the cwd (python -m does the same).
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    _add_cwd_to_path()
     try:
         kind, function = load_target(target)
     except TargetError as error:
