@@ -27,8 +27,10 @@ from tests.chart import CHART, CI_VALUES, ROOT, helm
 SAMPLE_JOB = ROOT / "crds" / "samples" / "demo.yaml"
 # The operator's child manifests need keys; real ones are random, these stand in (the scanners
 # check the Secret's shape, never the key material).
-STAND_IN_KEYS = JobKeys(b"-----BEGIN OPENSSH PRIVATE KEY-----\nclient\n", b"ssh-ed25519 AAAA client\n",
-                        b"-----BEGIN OPENSSH PRIVATE KEY-----\nhost\n", b"ssh-ed25519 BBBB host\n")
+STAND_IN_KEYS = JobKeys(b"-----BEGIN OPENSSH PRIVATE KEY-----\nclient\n",
+                        b"ssh-ed25519 AAAA client\n",
+                        b"-----BEGIN OPENSSH PRIVATE KEY-----\nhost\n",
+                        b"ssh-ed25519 BBBB host\n")
 
 
 def operator_children(job_body: dict[str, Any], namespace: str = "team-a",

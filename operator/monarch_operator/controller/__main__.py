@@ -13,7 +13,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run the operator until interrupted.
 
     Flags: ``--namespace NS`` (repeatable; default: all namespaces), ``--verbose``,
-    ``--liveness URL`` (kopf health endpoint, e.g. ``http://0.0.0.0:8080/healthz``).
+    ``--liveness URL`` (kopf health endpoint, e.g. ``http://0.0.0.0:8080/healthz``),
+    ``--metrics HOST:PORT`` (Prometheus ``/metrics``, see :mod:`.metrics`; default: off).
+    Exits with status 2 and a message naming the flag when the metrics address is malformed or
+    cannot be bound.
     """
     parser = argparse.ArgumentParser(
         prog="monarch-operator",
@@ -25,12 +28,24 @@ def main(argv: list[str] | None = None) -> None:
                         "'team-*' and exclusions such as '!ci-*' work too); default: all")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.add_argument("--liveness", default=None, help="kopf liveness endpoint URL")
+    parser.add_argument("--metrics", default=None, metavar="HOST:PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics; default: off")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from monarch_operator.controller import handlers  # noqa: F401  (registers the handlers)
+    from monarch_operator.controller import (
+        handlers,  # noqa: F401  (registers the handlers)
+        metrics,
+    )
+
+    if args.metrics:
+        try:
+            host, port = metrics.serve(args.metrics)
+        except (ValueError, OSError) as error:
+            parser.error(f"--metrics {args.metrics}: {error}")
+        logging.getLogger("monarch_operator").info("metrics at http://%s:%d/metrics", host, port)
 
     settings = kopf.OperatorSettings()
     # Watching listed namespaces needs no cluster-scoped permission (the chart's Roles): kopf's

@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s, passes, wakeups
+from monarch_operator.controller import k8s, metrics, passes, wakeups
 from monarch_operator.controller.settings import Settings
 
 SETTINGS = Settings.from_env()
@@ -70,6 +70,7 @@ async def on_job_event(type: str | None, namespace: str, name: str, **_: Any) ->
     key = (namespace, name)
     if type == "DELETED":
         WAKEUPS.forget(key)
+        metrics.JOB_PHASES.set(key, None)
         return
     WAKEUPS.wake(key)
 

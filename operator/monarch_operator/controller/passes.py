@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.controller import deadlines, k8s, reconcile
+from monarch_operator.controller import deadlines, k8s, metrics, reconcile
 from monarch_operator.controller import status as st
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import InvalidSpecError, JobSpec
@@ -32,11 +33,13 @@ BLOCKED_RETRY_MAX_SECONDS = 300.0
 @dataclass
 class PassReport:
     """What the caller needs after a pass: the job (to post events on), the events, and the
-    seconds until the next pass without a watch event (``None``: none)."""
+    seconds until the next pass without a watch event (``None``: none), and the job's phase
+    after the pass (``None``: the job is gone, or the pass failed before it knew)."""
 
     body: dict[str, Any] | None
     events: list[reconcile.Event] = field(default_factory=list)
     next_pass_seconds: float | None = None
+    phase: str | None = None
 
 
 class PassRunner:
@@ -50,19 +53,25 @@ class PassRunner:
     def run(self, namespace: str, name: str) -> PassReport:
         """One pass of ``namespace/name``; never raises (errors are logged and retried)."""
         key = (namespace, name)
+        started = time.monotonic()
         try:
             report = self._run(namespace, name)
         except ApiException as error:
+            metrics.record_pass(metrics.RESULT_API_ERROR, time.monotonic() - started,
+                                error.status)
             report = PassReport(None, next_pass_seconds=self._backoff(key))
             logger.warning("%s/%s: API error %s %s (next try in %.0fs): %s", namespace, name,
                            error.status, error.reason, report.next_pass_seconds,
                            k8s.api_error_message(error))
             return report
         except Exception:
+            metrics.record_pass(metrics.RESULT_ERROR, time.monotonic() - started)
             report = PassReport(None, next_pass_seconds=self._backoff(key))
             logger.exception("%s/%s: reconcile failed (next try in %.0fs)", namespace, name,
                              report.next_pass_seconds)
             return report
+        metrics.record_pass(metrics.RESULT_OK, time.monotonic() - started)
+        metrics.JOB_PHASES.set(key, report.phase)
         self._failures.pop(key, None)
         return report
 
@@ -77,14 +86,15 @@ class PassRunner:
         try:
             outcome = reconcile.reconcile(body, self.settings, now)
         except InvalidSpecError as error:
-            return PassReport(body, _fail_invalid(body, str(error), now))
+            return PassReport(body, _fail_invalid(body, str(error), now), phase=st.PHASE_FAILED)
         for event in outcome.events:
             logger.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
         job = JobSpec.from_body(body)
         delays = [delay for delay in (
             deadlines.seconds_until_next_deadline(job, outcome.status, now),
             self._retry_delay((namespace, name), outcome.retry_after)) if delay is not None]
-        return PassReport(body, outcome.events, min(delays) if delays else None)
+        return PassReport(body, outcome.events, min(delays) if delays else None,
+                          phase=None if outcome.deleted else outcome.status.get("phase"))
 
     def _retry_delay(self, key: tuple[str, str], first: float | None) -> float | None:
         if first is None:
