@@ -24,7 +24,9 @@ OPERATOR_NAMESPACES = (f"!{CHART_NAMESPACE_PREFIX}*",)
 
 @pytest.fixture(scope="session")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(tmp_path_factory.mktemp("localcluster"), nodes=3, gpus_per_node=8)
+    # stop_with_owner: a test run killed by SIGKILL leaves no cluster running behind it.
+    cluster = LocalCluster(tmp_path_factory.mktemp("localcluster"), nodes=3, gpus_per_node=8,
+                           stop_with_owner=True)
     cluster.up(progress=lambda message: print(f"[localcluster] {message}", flush=True))
     try:
         yield cluster
@@ -54,7 +56,7 @@ class OperatorProcess:
         self.stop()
         self.extra_env = dict(extra_env)
         self.process = start_operator(self.cluster.state_dir, {**self.cluster.env(), **extra_env},
-                                      namespaces=OPERATOR_NAMESPACES)
+                                      namespaces=OPERATOR_NAMESPACES, stop_with_owner=True)
 
     def stop(self) -> int | None:
         """SIGTERM (then SIGKILL); returns the exit status, None if it was not running."""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from monarch_operator.localcluster import certs, nodestate
 from monarch_operator.localcluster.binaries import ensure_binaries
+from monarch_operator.localcluster.orphans import stop_with_parent
 
 # Pod IPs (kwok --cidr), inside 127.0.0.0/8. MONARCH_LOCALCLUSTER_POD_CIDR moves them, so that two
 # local clusters on one machine (parallel test runs) never hand out the same pod IP.
@@ -89,10 +90,14 @@ class LocalCluster:
             turn it off; without it other pods never run, and once deleted stay Terminating.
         audit_users: user names (client certificate CNs) whose every request, reads and leases
             included, the audit log records too (``audit_policy``); e.g. benchmarked operators.
+        stop_with_owner: every component gets SIGTERM when the process that called ``up``
+            dies, even by SIGKILL (:mod:`localcluster.orphans`); the test fixtures set it so a
+            killed test run leaves no cluster behind. ``monarch-localcluster up`` does not.
     """
 
     def __init__(self, state_dir: Path, nodes: int = 3, gpus_per_node: int = 8,
-                 node_agent: bool = True, audit_users: tuple[str, ...] = ()) -> None:
+                 node_agent: bool = True, audit_users: tuple[str, ...] = (),
+                 stop_with_owner: bool = False) -> None:
         if not ipaddress.ip_network(POD_CIDR).subnet_of(ipaddress.ip_network("127.0.0.0/8")):
             raise ValueError(f"MONARCH_LOCALCLUSTER_POD_CIDR={POD_CIDR!r} must lie inside "
                              "127.0.0.0/8: the local cluster never uses other addresses")
@@ -101,6 +106,8 @@ class LocalCluster:
         self.gpus_per_node = gpus_per_node
         self.node_agent = node_agent
         self.audit_users = tuple(audit_users)
+        # Components get SIGTERM when this process dies (orphans.stop_with_parent): for tests.
+        self.stop_with_owner = stop_with_owner
         self.kubeconfig = self.state_dir / "kubeconfig"
         self.logs = self.state_dir / "logs"
         # Write requests seen by the API server, one JSON audit event per line (AUDIT_POLICY).
@@ -386,10 +393,18 @@ class LocalCluster:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (the child keeps it)
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                   cwd=self.state_dir, env=_component_env())
+                                   cwd=self.state_dir, env=_component_env(),
+                                   preexec_fn=self._stop_with_owner_hook(name))
         log.close()
         self._processes[process.pid] = process
         return process.pid
+
+    def _stop_with_owner_hook(self, name: str) -> Callable[[], None] | None:
+        """The ``preexec_fn`` tying component ``name`` to this process (``stop_with_owner``):
+        SIGTERM for the node agent, which stops its pods; SIGKILL for the Go binaries."""
+        if not self.stop_with_owner:
+            return None
+        return stop_with_parent(signal.SIGTERM if name == "agent" else signal.SIGKILL)
 
     def _write_kubeconfig(self, apiserver_port: int, path: Path | None = None,
                           cert: Path | None = None, key: Path | None = None) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from monarch_operator.localcluster.cli import DEFAULT_STATE_DIR, pod_log_path
 from monarch_operator.localcluster.cluster import LocalCluster
+from monarch_operator.localcluster.orphans import stop_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CRDS_DIR = REPO_ROOT / "crds"
@@ -53,11 +54,13 @@ def install_crds(kubectl: Kubectl) -> None:
 OPERATOR_PID_FILE = "operator.pid"
 
 
-def start_operator(state_dir: Path, env: dict[str, str],
-                   namespaces: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+def start_operator(state_dir: Path, env: dict[str, str], namespaces: tuple[str, ...] = (),
+                   stop_with_owner: bool = False) -> subprocess.Popen[bytes]:
     """Run ``monarch-operator`` with output to ``<state_dir>/logs/operator.log``.
 
     ``namespaces`` become its ``--namespace`` flags (kopf patterns; none: every namespace).
+    With ``stop_with_owner`` it gets SIGTERM when the calling process dies (tests; see
+    :mod:`localcluster.orphans`).
     Its pid goes to ``<state_dir>/operator.pid`` so that ``monarch-localcluster down`` stops it
     too (``scripts/demo.sh --keep`` leaves it running with the cluster).
     """
@@ -69,7 +72,7 @@ def start_operator(state_dir: Path, env: dict[str, str],
              *(f"--namespace={namespace}" for namespace in namespaces)],
             env={**os.environ, **env},
             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=stop_with_parent() if stop_with_owner else None)
     (state_dir / OPERATOR_PID_FILE).write_text(f"{process.pid}\n")
     return process
 
