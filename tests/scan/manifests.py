@@ -1,8 +1,8 @@
 """What the scanners read: the chart rendered with each values file, and the children the
 operator's pure builders make for the sample MonarchJob (no cluster, no API server).
 
-``python -m tests.scan.manifests DIR`` writes them as YAML files into DIR (``chart-<values>.yaml``
-and ``children.yaml``), for ``scripts/scan.sh`` and for a checkov run by hand.
+``python -m tests.scan.manifests DIR`` writes them as YAML files (``DIR/chart/<values>.yaml``,
+``DIR/children/children.yaml``), for ``scripts/scan.sh`` and for a checkov run by hand.
 """
 
 from __future__ import annotations
@@ -60,24 +60,27 @@ def render_chart(values_file: Path) -> str:
                 "-f", str(values_file)).stdout
 
 
-def write_manifests(directory: Path) -> list[Path]:
-    """Write the chart (one file per ``ci/`` values file) and the sample job's children into
-    ``directory``; returns the files written."""
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
+def write_manifests(directory: Path) -> dict[str, list[Path]]:
+    """Write the chart, one file per ``ci/`` values file, into ``directory/chart/``, and the
+    sample job's children into ``directory/children/children.yaml``; returns the files written
+    under ``"chart"`` and ``"children"``."""
+    written: dict[str, list[Path]] = {"chart": [], "children": []}
+    (directory / "chart").mkdir(parents=True, exist_ok=True)
+    (directory / "children").mkdir(parents=True, exist_ok=True)
     for values_file in CI_VALUES:
-        path = directory / f"chart-{values_file.stem}.yaml"
+        path = directory / "chart" / f"{values_file.stem}.yaml"
         path.write_text(render_chart(values_file))
-        written.append(path)
+        written["chart"].append(path)
     children = operator_children(yaml.safe_load(SAMPLE_JOB.read_text()))
-    path = directory / "children.yaml"
+    path = directory / "children" / "children.yaml"
     path.write_text(yaml.safe_dump_all(children, sort_keys=False))
-    written.append(path)
+    written["children"].append(path)
     return written
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m tests.scan.manifests DIR")
-    for written_path in write_manifests(Path(sys.argv[1])):
-        print(written_path)
+    for paths in write_manifests(Path(sys.argv[1])).values():
+        for written_path in paths:
+            print(written_path)
