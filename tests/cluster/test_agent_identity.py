@@ -267,3 +267,42 @@ def test_run_as_non_root_refuses_root_with_the_kubelets_reason(kubectl, namespac
     assert dict(zip(header.split(), row.split(), strict=False))["STATUS"] == \
         "CreateContainerConfigError"
     assert found["status"]["phase"] == "Pending"
+
+
+PRIVILEGES_SCRIPT = """
+grep -E '^(Uid|NoNewPrivs|Cap[A-Za-z]+):' /proc/self/status > /scratch/main-status
+exec sleep 300
+"""
+RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def status_fields(text: str) -> dict[str, str]:
+    return {key: value.strip() for key, _, value in
+            (line.partition(":") for line in text.splitlines()) if value}
+
+
+def test_restricted_security_context_holds_in_the_container_and_in_exec(kubectl, namespace):
+    """In a namespace enforcing Pod Security "restricted", a pod that passes it runs with what
+    it asked for: uid 1000, NoNewPrivs 1 (allowPrivilegeEscalation: false) and no capabilities
+    (drop ALL), in its main process and in a `kubectl exec` command alike."""
+    kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    apply(kubectl, namespace, pod(
+        "restricted", ["sh", "-c", PRIVILEGES_SCRIPT],
+        spec={"securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
+                                  "seccompProfile": {"type": "RuntimeDefault"}},
+              "volumes": [{"name": "scratch", "emptyDir": {}}]},
+        securityContext=RESTRICTED, volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}]))
+
+    def main_status():
+        out = kubectl("exec", "-n", namespace, "restricted", "--", "cat", "/scratch/main-status",
+                      check=False)
+        return status_fields(out) if "NoNewPrivs" in out else None
+
+    main = wait_until(main_status, 60, "the restricted pod's main process status")
+    in_exec = status_fields(kubectl("exec", "-n", namespace, "restricted", "--",
+                                    "cat", "/proc/self/status"))
+    for seen in (main, in_exec):
+        assert seen["Uid"].split()[:2] == ["1000", "1000"], seen
+        assert seen["NoNewPrivs"] == "1", seen
+        assert {seen[key] for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")} == {
+            "0000000000000000"}, seen

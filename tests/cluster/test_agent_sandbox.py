@@ -1,16 +1,20 @@
 """The node agent's container sandbox on this machine (root, unshare; no control plane): it
-starts whatever descriptors the agent holds, says when the sandbox itself failed, and stopping a
-container ends all of its processes and lets go of its namespace."""
+starts whatever descriptors the agent holds, says when the sandbox itself failed, stopping a
+container ends all of its processes and lets go of its namespace, and no_new_privs and the
+capability bounding set (allowPrivilegeEscalation, capabilities) hold in the process."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from monarch_operator.localcluster import sandbox
+from monarch_operator.localcluster import identity, sandbox
 
 pytestmark = pytest.mark.cluster
 
@@ -91,3 +95,70 @@ def test_a_mount_over_a_sources_parent_does_not_hide_the_later_sources(tmp_path)
                       mounts=[(empty, str(tmp_path)), sandbox.Mount(token, str(target), True)])
     assert wait_exit(container) == 1  # grep -c counted 0
     assert (tmp_path / "main.log").read_text() == "secret\nread-only\n0\n0\n"
+
+
+def status_fields(text: str) -> dict[str, str]:
+    """``Name: value`` lines of ``/proc/<pid>/status`` as a dict."""
+    return {key: value.strip() for key, _, value in
+            (line.partition(":") for line in text.splitlines()) if value}
+
+
+@pytest.fixture
+def setuid_id() -> Iterator[Path]:
+    """A setuid-root copy of ``id`` in a directory every user can enter."""
+    directory = Path(tempfile.mkdtemp(prefix="sandbox-setuid-"))
+    directory.chmod(0o755)
+    tool = directory / "id"
+    shutil.copy2(shutil.which("id") or "/usr/bin/id", tool)
+    os.chown(tool, 0, 0)
+    tool.chmod(0o4755)
+    try:
+        yield tool
+    finally:
+        shutil.rmtree(directory)
+
+
+@pytest.mark.parametrize("restricted", [True, False], ids=["restricted", "unrestricted"])
+def test_no_new_privs_and_dropped_capabilities_hold_in_the_process(tmp_path, setuid_id,
+                                                                   restricted):
+    """allowPrivilegeEscalation: false and capabilities.drop [ALL], as the agent passes them
+    to a non-root container: NoNewPrivs 1 and no capabilities in any set, and a setuid-root
+    binary no longer raises the process to root (without them it does)."""
+    context = ({"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+               if restricted else {})
+    container = start(tmp_path, ["sh", "-c", f"cat /proc/self/status; echo euid=$({setuid_id} -u)"],
+                      user=(65534, 65534, ()), working_dir="/",
+                      privileges=identity.privilege_options({"securityContext": context}))
+    assert wait_exit(container) == 0, (tmp_path / "main.log").read_text()
+    seen = status_fields((tmp_path / "main.log").read_text().replace("euid=", "euid:"))
+    assert seen["Uid"].split()[:2] == ["65534", "65534"]
+    if restricted:
+        assert seen["NoNewPrivs"] == "1"
+        assert {seen[key] for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")} == {
+            "0000000000000000"}
+        assert seen["euid"] == "65534"
+    else:
+        assert seen["NoNewPrivs"] == "0"
+        assert int(seen["CapBnd"], 16) != 0
+        assert seen["euid"] == "0"
+
+
+def test_a_root_container_without_capabilities_cannot_chown(tmp_path):
+    """Root with capabilities.drop [ALL] keeps uid 0 but loses CAP_CHOWN: chown fails; with
+    only NET_RAW dropped it still works."""
+    owned = tmp_path / "owned"
+    owned.write_text("x")
+    results = {}
+    for name, drop in (("all", ["ALL"]), ("raw", ["NET_RAW"])):
+        container = start(tmp_path, ["sh", "-c", "grep -E '^(Uid|CapEff)' /proc/self/status; "
+                                     f"chown 65534 {owned}"],
+                          name=name, privileges=identity.privilege_options(
+                              {"securityContext": {"capabilities": {"drop": drop}}}))
+        results[name] = wait_exit(container)
+        log = (tmp_path / f"{name}.log").read_text()
+        assert status_fields(log)["Uid"].split()[0] == "0"
+        if name == "all":
+            assert status_fields(log)["CapEff"] == "0000000000000000", log
+            assert "Operation not permitted" in log
+    assert results["all"] != 0 and results["raw"] == 0
+    assert owned.stat().st_uid == 65534

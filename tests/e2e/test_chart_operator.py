@@ -96,9 +96,13 @@ def test_sample_job_succeeds_with_the_operator_as_the_charts_pod(
         kubectl, helm_env, chart_namespace, local_cluster):
     """The chart's Deployment runs the operator as a pod (the node agent gives it the
     ServiceAccount token and the API server's address, as a kubelet does); `helm test` finds
-    it healthy; the rl_kl job reaches Succeeded under it."""
+    it healthy; the rl_kl job reaches Succeeded under it. The namespace enforces the Pod
+    Security "restricted" level, so the operator, `helm test` and job pods all pass it."""
     account = f"{RELEASE}-monarch-operator"
     user = f"system:serviceaccount:{chart_namespace}:{account}"
+    kubectl("label", "namespace", chart_namespace,
+            *(f"pod-security.kubernetes.io/{mode}=restricted"
+              for mode in ("enforce", "warn", "audit")))
     audit_start = local_cluster.audit_log.stat().st_size
     installed = helm("install", RELEASE, str(CHART), "-n", chart_namespace, "--wait",
                      "--timeout=120s", "--set", f"watchNamespaces={{{chart_namespace}}}",

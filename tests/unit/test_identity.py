@@ -143,3 +143,31 @@ def test_unknown_uid_gets_a_passwd_entry_and_its_own_home(tmp_path):
     passwd, read_only = setup.mounts["/etc/passwd"]
     assert read_only
     assert passwd.read_text().endswith("uid4242:x:4242:7:container user:/home/uid4242:/bin/sh\n")
+
+
+RESTRICTED_CAPS = ["--inh-caps=-all", "--ambient-caps=-all"]
+
+
+@pytest.mark.parametrize(("context", "expected"), [
+    # nothing asked: the agent's own privileges, no setpriv options
+    ({}, []),
+    ({"allowPrivilegeEscalation": True, "capabilities": {}}, []),
+    # Pod Security "restricted": no_new_privs, an empty bounding set
+    ({"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+     ["--nnp", "--bounding-set=-all", *RESTRICTED_CAPS]),
+    # the one capability "restricted" lets a pod add back, either spelling
+    ({"capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE", "CAP_CHOWN"]}},
+     ["--bounding-set=-all,+net_bind_service,+chown", *RESTRICTED_CAPS]),
+    # single drops leave the bounding set one by one; an added capability cannot go beyond it
+    ({"capabilities": {"drop": ["NET_RAW", "CAP_SYS_ADMIN"], "add": ["SYS_TIME"]}},
+     ["--bounding-set=-net_raw,-sys_admin", *RESTRICTED_CAPS]),
+    # dropping and adding ALL keeps everything
+    ({"capabilities": {"drop": ["ALL"], "add": ["ALL"]}}, []),
+])
+def test_privilege_options_for_no_new_privs_and_capabilities(context, expected):
+    assert identity.privilege_options({"name": "main", "securityContext": context}) == expected
+
+
+def test_privilege_options_are_container_level_only():
+    # allowPrivilegeEscalation and capabilities do not exist in the pod's securityContext.
+    assert identity.privilege_options({"name": "main"}) == []

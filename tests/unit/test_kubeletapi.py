@@ -62,3 +62,21 @@ def test_identity_of_a_process():
     assert set(identity.groups) == set(os.getgroups())
     assert identity.env.get("PATH") == os.environ.get("PATH")
 
+
+
+def test_exec_takes_the_containers_no_new_privs_and_bounding_set():
+    # As a runtime's exec runs with the container's process spec (noNewPrivileges, caps).
+    identity = Identity(uid=1000, gid=1000, groups=(), env={}, no_new_privs=True,
+                        bounding_set=(1 << 10) | 1)
+    argv = exec_argv(42, identity, ["id"], tty=False)
+    setpriv = argv.index(next(arg for arg in argv if arg.endswith("setpriv")))
+    assert argv[setpriv + 1:setpriv + 5] == [
+        "--nnp", "--bounding-set=-all,+cap_0,+cap_10", "--inh-caps=-all", "--ambient-caps=-all"]
+    empty = exec_argv(42, Identity(uid=1000, gid=1000, groups=(), env={}, bounding_set=0),
+                      ["id"], tty=False)
+    assert "--bounding-set=-all" in empty and "--nnp" not in empty
+
+
+def test_identity_of_a_process_with_the_agents_own_privileges():
+    identity = Identity.of(os.getpid())
+    assert identity.no_new_privs is False and identity.bounding_set is None

@@ -338,7 +338,8 @@ class Agent:
             process = sandbox.start(
                 command, hostname=pod["spec"].get("hostname") or pod["metadata"]["name"],
                 mounts=mounts, env=env, workdir=workdir, log_path=log_path, name=record.name,
-                working_dir=spec.get("workingDir") or "", user=user.user, expose=user.expose)
+                working_dir=spec.get("workingDir") or "", user=user.user, expose=user.expose,
+                privileges=identity.privilege_options(spec))
         except sandbox.SandboxError as error:
             self._start_failed(run, record, now, f"the container's sandbox failed: {error}")
             return

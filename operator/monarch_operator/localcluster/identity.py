@@ -14,7 +14,10 @@ Pure functions over pod dicts (plus the machine's user database, which plays the
   as ``CreateContainerConfigError``;
 - ``set_volume_ownership()``: ``fsGroup`` on a volume's files (``pkg/volume/volume_linux.go``
   ``changeFilePermission``: group ``fsGroup``, mode OR 0440 for read-only API-data volumes or
-  0660 for writable ones, directories also setgid and 0110).
+  0660 for writable ones, directories also setgid and 0110);
+- ``privilege_options()``: ``allowPrivilegeEscalation: false`` (the runtime's
+  ``noNewPrivileges``) and ``capabilities`` (the bounding set) as ``setpriv`` options. The
+  seccomp profile is not applied: the node agent has no seccomp filter of its own.
 """
 
 from __future__ import annotations
@@ -167,6 +170,45 @@ def set_volume_ownership(directory: Path, group: int | None, read_only: bool) ->
         os.chown(path, -1, group)
         mode = path.stat().st_mode & 0o7777
         path.chmod(mode | mask | (0o2000 | EXEC_MASK if path.is_dir() else 0))
+
+
+def privilege_options(container: dict[str, Any]) -> list[str]:
+    """``setpriv`` options for the container's ``allowPrivilegeEscalation`` and
+    ``capabilities`` (both container-level only in the Kubernetes API).
+
+    ``allowPrivilegeEscalation: false`` gives ``--nnp``: the process and its children run with
+    ``no_new_privs``, so setuid binaries and file capabilities grant nothing (the kubelet sets
+    the OCI ``noNewPrivileges`` only when the field is false, ``kuberuntime``
+    ``security_context.go``). ``capabilities.drop`` shrinks the bounding set: with ``ALL``
+    only ``add``'s capabilities stay in it, otherwise the dropped ones leave it; the
+    inheritable and ambient sets are cleared with it (a runtime gives neither). Names are
+    Kubernetes' (``NET_BIND_SERVICE`` or ``CAP_NET_BIND_SERVICE``). ``add`` cannot give more
+    than the agent has, and with no ``drop`` the agent's own bounding set stays (a runtime
+    would start from its default set of 14 capabilities).
+
+    Returns:
+        options such as ``["--nnp", "--bounding-set=-all,+net_bind_service", "--inh-caps=-all",
+        "--ambient-caps=-all"]``; empty when neither field asks for anything.
+    """
+    context = container.get("securityContext") or {}
+    options = ["--nnp"] if context.get("allowPrivilegeEscalation") is False else []
+    capabilities = context.get("capabilities") or {}
+    dropped = [_capability(name) for name in capabilities.get("drop") or []]
+    added = [_capability(name) for name in capabilities.get("add") or []]
+    if "all" in dropped and "all" not in added:
+        bounding = ["-all", *(f"+{name}" for name in added)]
+    else:
+        bounding = [f"-{name}" for name in dropped if name != "all"]
+    if bounding:
+        options += [f"--bounding-set={','.join(bounding)}", "--inh-caps=-all",
+                    "--ambient-caps=-all"]
+    return options
+
+
+def _capability(name: str) -> str:
+    """A Kubernetes capability name as setpriv spells it: ``CAP_SYS_ADMIN`` -> ``sys_admin``."""
+    lowered = str(name).lower()
+    return lowered.removeprefix("cap_")
 
 
 def passwd_line(uid: int, gid: int) -> str:

@@ -4,11 +4,12 @@ WebSocket channel protocol.
 The command joins the container as a runtime's exec would: ``nsenter`` enters the mount and UTS
 namespaces of the container's main process (the command sees the pod's ``/etc/hosts``, volumes,
 private ``/dev`` and hostname) and takes its working directory; ``setpriv`` takes that process's
-user, group and supplementary groups; the environment is the one that process started with
-(``/proc/<pid>/environ``, the container's env). Being in the container's mount namespace, the
-command ends with the container (the agent stops every process of that namespace). With a
-terminal, the pty comes from the container's own devpts (``/dev/pts`` inside it), as a
-runtime's exec console does, so the command's ``tty`` names it.
+user, group and supplementary groups, its ``no_new_privs`` flag and its capability bounding set
+(a runtime's exec runs with the container's process spec); the environment is the one that
+process started with (``/proc/<pid>/environ``, the container's env). Being in the
+container's mount namespace, the command ends with the container (the agent stops every process
+of that namespace). With a terminal, the pty comes from the container's own devpts
+(``/dev/pts`` inside it), as a runtime's exec console does, so the command's ``tty`` names it.
 
 The channel protocol (``k8s.io/apimachinery/pkg/util/remotecommand``, subprotocols
 ``v5.channel.k8s.io`` and ``v4.channel.k8s.io``): every binary message starts with its channel,
@@ -45,12 +46,16 @@ DRAIN_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class Identity:
-    """Who a container's main process is: user, group, supplementary groups, environment."""
+    """Who a container's main process is: user, group, supplementary groups, environment, and
+    its privileges: ``no_new_privs`` and the capability bounding set (a bit mask, ``None``: the
+    same as the agent's own, left alone)."""
 
     uid: int
     gid: int
     groups: tuple[int, ...]
     env: dict[str, str]
+    no_new_privs: bool = False
+    bounding_set: int | None = None
 
     @classmethod
     def of(cls, pid: int) -> Identity:
@@ -63,10 +68,33 @@ class Identity:
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         environ = Path(f"/proc/{pid}/environ").read_bytes()
         pairs = [entry.split(b"=", 1) for entry in environ.split(b"\0") if b"=" in entry]
+        bounding_set = int(fields["CapBnd"], 16)
         return cls(uid=int(fields["Uid"].split()[1]), gid=int(fields["Gid"].split()[1]),
                    groups=tuple(int(group) for group in fields.get("Groups", "").split()),
                    env={key.decode(errors="replace"): value.decode(errors="replace")
-                        for key, value in pairs})
+                        for key, value in pairs},
+                   no_new_privs=fields.get("NoNewPrivs", "0").strip() == "1",
+                   bounding_set=None if bounding_set == _own_bounding_set() else bounding_set)
+
+
+def _own_bounding_set() -> int:
+    """The agent's own capability bounding set (``CapBnd`` of ``/proc/self/status``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapBnd:"):
+            return int(line.split(":", 1)[1], 16)
+    raise OSError("no CapBnd in /proc/self/status")
+
+
+def privilege_options(identity: Identity) -> list[str]:
+    """setpriv options that give a command the container's ``no_new_privs`` and bounding set
+    (capabilities by number, ``cap_N``, as setpriv accepts them)."""
+    options = ["--nnp"] if identity.no_new_privs else []
+    if identity.bounding_set is not None:
+        kept = [f"+cap_{bit}" for bit in range(identity.bounding_set.bit_length())
+                if identity.bounding_set >> bit & 1]
+        options += [f"--bounding-set={','.join(['-all', *kept])}", "--inh-caps=-all",
+                    "--ambient-caps=-all"]
+    return options
 
 
 def exec_argv(pid: int, identity: Identity, command: list[str], tty: bool) -> list[str]:
@@ -76,8 +104,8 @@ def exec_argv(pid: int, identity: Identity, command: list[str], tty: bool) -> li
     groups = (f"--groups={','.join(str(group) for group in identity.groups)}" if identity.groups
               else "--clear-groups")
     argv = [_tool("nsenter"), f"--target={pid}", "--mount", "--uts", "--wd", "--",
-            _tool("setpriv"), f"--reuid={identity.uid}", f"--regid={identity.gid}", groups,
-            "--", *command]
+            _tool("setpriv"), *privilege_options(identity), f"--reuid={identity.uid}",
+            f"--regid={identity.gid}", groups, "--", *command]
     return [_tool("setsid"), "--ctty", "--wait", *argv] if tty else argv
 
 

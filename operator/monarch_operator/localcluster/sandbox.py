@@ -27,9 +27,11 @@ from pathlib import Path
 
 # Runs inside the new namespaces. Arguments: marker file (relative to the working directory),
 # an empty directory for the machine's /dev meanwhile, hostname, working directory ("" = stay),
-# the user to run as ("UID:GID:G1,G2", "" = stay root), then SOURCE=TARGET mounts (prefix
+# the user to run as ("UID:GID:G1,G2", "" = stay root), setpriv's privilege options separated
+# by spaces ("--nnp --bounding-set=-all ...", "" = none), then SOURCE=TARGET mounts (prefix
 # "ro:" for a read-only one) and "expose:DIR=CHILD/CHILD" entries, "--", the command.
-# The mounts need root, so the command gets its user only at the exec (setpriv, util-linux).
+# The mounts need root, so the command gets its user and privileges only at the exec
+# (setpriv, util-linux).
 # The script's own variables start with "__sb_": a variable that came in the environment is
 # exported, so assigning to a name the pod's env also sets would change what the command gets. Its standard input carries the agent's "go": the
 # agent says go once it holds the namespace, so that a command that exits at once cannot take
@@ -92,6 +94,7 @@ private_dev "$1"; shift
 hostname "$1"; shift
 __sb_workdir="$1"; shift
 __sb_user="$1"; shift
+__sb_privileges="$1"; shift
 # Every source is first bound into a staging directory in the private /dev, before any mount
 # at a container path: a mount over a source's parent (an emptyDir at /tmp over the agent's
 # state directory) would otherwise hide the sources of the mounts after it.
@@ -139,17 +142,19 @@ case "$1" in
   *) command -v "$1" > /dev/null ;;
 esac || { echo "exec: \"$1\": executable file not found in \$PATH" >&2; exit 127; }
 if [ -n "$__sb_workdir" ]; then mkdir -p "$__sb_workdir"; fi
-if [ -n "$__sb_user" ]; then
-  command -v setpriv > /dev/null || { echo "setpriv (util-linux) is needed to run as $__sb_user" >&2; exit 127; }
+if [ -n "$__sb_user$__sb_privileges" ]; then
+  command -v setpriv > /dev/null || { echo "setpriv (util-linux) is needed to run as $__sb_user $__sb_privileges" >&2; exit 127; }
 fi
 : > "$__sb_marker"
 if [ -n "$__sb_workdir" ]; then cd "$__sb_workdir"; fi
-if [ -z "$__sb_user" ]; then exec "$@"; fi
+if [ -z "$__sb_user$__sb_privileges" ]; then exec "$@"; fi
+# The privilege options are single words without glob characters: split them on spaces.
+if [ -z "$__sb_user" ]; then exec setpriv $__sb_privileges -- "$@"; fi
 __sb_uid="${__sb_user%%:*}"; __sb_rest="${__sb_user#*:}"; __sb_gid="${__sb_rest%%:*}"; __sb_groups="${__sb_rest#*:}"
 if [ -n "$__sb_groups" ]; then
-  exec setpriv --reuid="$__sb_uid" --regid="$__sb_gid" --groups="$__sb_groups" -- "$@"
+  exec setpriv $__sb_privileges --reuid="$__sb_uid" --regid="$__sb_gid" --groups="$__sb_groups" -- "$@"
 fi
-exec setpriv --reuid="$__sb_uid" --regid="$__sb_gid" --clear-groups -- "$@"
+exec setpriv $__sb_privileges --reuid="$__sb_uid" --regid="$__sb_gid" --clear-groups -- "$@"
 """
 
 NAMESPACE_TIMEOUT_SECONDS = 5.0
@@ -225,7 +230,8 @@ class Mount:
 def start(command: list[str], *, hostname: str, mounts: Iterable[Mount | tuple[Path, str]],
           env: dict[str, str], workdir: Path, log_path: Path, name: str,
           working_dir: str = "", user: tuple[int, int, Iterable[int]] | None = None,
-          expose: dict[str, list[str]] | None = None) -> ContainerProcess:
+          expose: dict[str, list[str]] | None = None,
+          privileges: Iterable[str] = ()) -> ContainerProcess:
     """Start ``command`` in a new mount and UTS namespace; returns once the agent tracks it.
 
     Args:
@@ -242,6 +248,9 @@ def start(command: list[str], *, hostname: str, mounts: Iterable[Mount | tuple[P
         expose: directory -> children (single path components) to make reachable inside a
             directory the user could not enter (e.g. ``{"/root": [".pyenv"]}``), hiding the
             rest of it; done after the mounts.
+        privileges: setpriv options applied at the exec, after the mounts (e.g. ``--nnp``,
+            ``--bounding-set=-all``; ``identity.privilege_options()``); single words without
+            spaces or glob characters.
 
     Raises:
         SandboxError: the namespace did not come up; the message carries the sandbox's output.
@@ -255,13 +264,16 @@ def start(command: list[str], *, hostname: str, mounts: Iterable[Mount | tuple[P
     mount_args += [f"expose:{directory}={'/'.join(children)}"
                    for directory, children in (expose or {}).items()]
     user_arg = "" if user is None else f"{user[0]}:{user[1]}:{','.join(map(str, user[2]))}"
+    privilege_arg = " ".join(privileges)
+    if any(char in privilege_arg for char in "*?[\t\n"):
+        raise SandboxError(f"privilege options must be plain words: {privilege_arg!r}")
     go_read, go_write = os.pipe()
     try:
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(
                 ["unshare", "--mount", "--uts", "--propagation", "private", "--",
                  "sh", "-c", SANDBOX_SCRIPT, "pod-sandbox", marker.name, str(real_dev),
-                 hostname, working_dir, user_arg, *mount_args, "--", *command],
+                 hostname, working_dir, user_arg, privilege_arg, *mount_args, "--", *command],
                 env=env, cwd=workdir, stdin=go_read, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True)
     finally:

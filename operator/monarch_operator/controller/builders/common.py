@@ -1,4 +1,5 @@
-"""Shared by the builders: labels, the controller owner reference, quantity normalising."""
+"""Shared by the builders: labels, the controller owner reference, the pods' security
+contexts, quantity normalising."""
 
 from __future__ import annotations
 
@@ -29,6 +30,33 @@ def pod_metadata(job: JobSpec, labels: dict[str, str]) -> dict[str, Any]:
     if job.pod_annotations:
         metadata["annotations"] = dict(job.pod_annotations)
     return metadata
+
+
+def pod_security_context(user_id: int) -> dict[str, Any]:
+    """The pod-level ``securityContext`` of worker and launcher pods: Pod Security "restricted".
+
+    Non-root ``user_id`` (the image's ``monarch`` user) for every container, its group, and
+    ``fsGroup`` so that the Secret and ConfigMap files are readable by that group (a kubelet
+    mounts them ``root:<fsGroup>``, mode OR 0440); seccomp ``RuntimeDefault``, the container
+    runtime's default filter (Pod Security Standards, kubernetes.io/docs/concepts/security/
+    pod-security-standards/). A template may change any field; the API server's Pod Security
+    admission then judges the result.
+    """
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": user_id,
+        "runAsGroup": user_id,
+        "fsGroup": user_id,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """The container-level ``securityContext`` of the operator's own containers (worker,
+    launcher): no privilege escalation (``no_new_privs``) and no capabilities, as the
+    "restricted" level requires; both fields exist only per container in the Kubernetes API.
+    A non-root sshd needs neither: it only logs in its own user."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def owner_reference(job: JobSpec) -> dict[str, Any]:

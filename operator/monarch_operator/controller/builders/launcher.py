@@ -13,8 +13,10 @@ from typing import Any
 from monarch_operator import constants, names
 from monarch_operator.controller.builders.common import (
     child_metadata,
+    container_security_context,
     job_labels,
     pod_metadata,
+    pod_security_context,
     quantities_as_strings,
 )
 from monarch_operator.controller.builders.statefulset import merge_pod_template
@@ -113,6 +115,7 @@ def build_launcher_job(job: JobSpec, settings: Settings, attempt: int = 1) -> di
         "name": LAUNCHER_CONTAINER,
         "image": job.launcher_image,
         "command": launcher_command(job),
+        "securityContext": container_security_context(),
         "env": launcher_env(job, attempt),
         "volumeMounts": [
             {"name": "hostfile", "mountPath": constants.HOSTFILE_DIR, "readOnly": True},
@@ -128,12 +131,7 @@ def build_launcher_job(job: JobSpec, settings: Settings, attempt: int = 1) -> di
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": settings.worker_user_id,
-            "runAsGroup": settings.worker_user_id,
-            "fsGroup": settings.worker_user_id,
-        },
+        "securityContext": pod_security_context(settings.worker_user_id),
         "containers": [container],
         "volumes": [
             {"name": "hostfile", "configMap": {"name": names.hostfile_configmap(job.name)}},

@@ -12,8 +12,10 @@ from typing import Any
 from monarch_operator import constants, names
 from monarch_operator.controller.builders.common import (
     child_metadata,
+    container_security_context,
     job_labels,
     pod_metadata,
+    pod_security_context,
     quantities_as_strings,
 )
 from monarch_operator.controller.settings import Settings
@@ -65,18 +67,14 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
         # No kubelet-style <SERVICE>_HOST variables pointing at ClusterIPs.
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": settings.worker_user_id,
-            "runAsGroup": settings.worker_user_id,
-            "fsGroup": settings.worker_user_id,
-        },
+        "securityContext": pod_security_context(settings.worker_user_id),
         "dnsConfig": {"searches": [service_domain]},
         "containers": [
             {
                 "name": WORKER_CONTAINER,
                 "image": job.image,
                 "command": [WORKER_ENTRYPOINT],
+                "securityContext": container_security_context(),
                 "env": [
                     {"name": "SSH_PORT", "value": str(constants.SSH_PORT)},
                     {
