@@ -5,6 +5,8 @@
 # everything sshd needs is created here, in a directory this user can write.
 # Host key: $SSH_HOST_KEY when given (a MonarchJob's worker gets the job's key from its Secret,
 # and the launcher pins that key in its known_hosts); otherwise one is generated here.
+# sshd logs to the container's stderr without the two lines each readiness probe causes
+# (SSHD_LOG_PROBES=1 keeps them).
 set -eu
 
 SSH_PORT="${SSH_PORT:-2222}"
@@ -60,7 +62,8 @@ fi
 env -0 | python3 -I -c '
 import json, os, sys
 skip = {"HOME", "PWD", "OLDPWD", "SHLVL", "HOSTNAME", "_", "TERM",
-        "SSHD", "SSH_LISTEN_ADDRESS", "SSH_PORT", "SSH_AUTHORIZED_KEYS", "SSH_HOST_KEY"}
+        "SSHD", "SSH_LISTEN_ADDRESS", "SSH_PORT", "SSH_AUTHORIZED_KEYS", "SSH_HOST_KEY",
+        "SSHD_LOG_PROBES"}
 environment = {}
 for entry in sys.stdin.buffer.read().split(b"\0"):
     name, sep, value = entry.decode("utf-8", "surrogateescape").partition("=")
@@ -100,4 +103,19 @@ CONFIG
 
 echo "monarch-worker: sshd listening on $SSH_LISTEN_ADDRESS:$SSH_PORT as $(id -un)" >&2
 umask "$CONTAINER_UMASK"
-exec "$SSHD" -D -e -f "$SSHD_STATE_DIR/sshd_config"
+if [ "${SSHD_LOG_PROBES:-0}" = 1 ]; then
+  exec "$SSHD" -D -e -f "$SSHD_STATE_DIR/sshd_config"
+fi
+# The readiness probe opens and closes a TCP connection every periodSeconds; sshd logs two lines
+# for each (1800 an hour), burying the lines that matter. Drop exactly those: a connection closed
+# before the ssh handshake began. A client that fails to log in is still logged ("Connection
+# closed by authenticating user ..."), as is everything else. SSHD_LOG_PROBES=1 keeps them all.
+# sshd stays the container's main process (exec); the filter is its child and ends with it.
+log_pipe="$SSHD_STATE_DIR/sshd.log.pipe"
+rm -f "$log_pipe"
+mkfifo -m 600 "$log_pipe"
+cr=$(printf '\r')  # sshd -e ends its lines with CR LF
+grep --line-buffered -v -E \
+  "^(kex_exchange_identification: Connection closed by remote host|Connection closed by [0-9a-fA-F.:]+ port [0-9]+)$cr?\$" \
+  <"$log_pipe" >&2 &
+exec "$SSHD" -D -e -f "$SSHD_STATE_DIR/sshd_config" 2>"$log_pipe"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import os
 import pwd
+import re
 import shutil
 import socket
 import stat
@@ -175,9 +176,31 @@ def test_non_root_sshd_presents_the_jobs_pinned_host_key(login_user, world_dir, 
         assert refused.returncode == 255, refused.stdout
         assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in refused.stderr
         assert "Host key verification failed." in refused.stderr
+
+        # Readiness probes (a TCP connect and close, as wait_listening did) leave no lines;
+        # the login above is still logged.
+        for _ in range(3):
+            socket.create_connection((ADDRESS, port), timeout=5).close()
+        wait_until_logged(log, "Received signal", process)
+        text = log.read_text()
+        assert "Accepted publickey for monarch" in text, text
+        assert "kex_exchange_identification" not in text, text
+        assert not re.search(r"^Connection closed by \S+ port \d+\r?$", text, re.M), text
+        # The client that refused the host key (after the handshake began) is still logged.
+        assert "[preauth]" in text, text
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def wait_until_logged(log: Path, line: str, process: subprocess.Popen[bytes]) -> None:
+    """Stop the entrypoint (SIGTERM) and wait until sshd's ``line`` reaches ``log`` through the
+    entrypoint's log filter, so that everything sshd wrote before is in the file."""
+    process.terminate()
+    process.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while line not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def test_a_missing_host_key_stops_the_worker_with_the_path(login_user, world_dir):
