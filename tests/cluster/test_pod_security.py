@@ -19,6 +19,7 @@ from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
 from monarch_operator.localcluster.demo import SAMPLE
 from tests.chart import by_kind, render
+from tests.cluster.helpers import get_json, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -118,3 +119,32 @@ def test_the_charts_operator_and_test_pods_pass_the_restricted_level(kubectl, na
         admitted = dry_run_pod(kubectl, namespace, name, template)
         assert admitted.returncode == 0, (name, admitted.stderr)
         assert "Warning" not in admitted.stderr, (name, admitted.stderr)
+
+
+def test_a_job_whose_workers_break_the_level_says_so_and_waits(kubectl, namespace):
+    """The operator's own view: a MonarchJob in a restricted namespace whose worker template
+    allows privilege escalation gets no worker pods, and its WorkersReady condition names the
+    Pod Security refusal (the StatefulSet controller's FailedCreate). It waits rather than
+    fails: relabelling the namespace lets the pods be created."""
+    restrict(kubectl, namespace)
+    body = yaml.safe_load(SAMPLE.read_text())
+    body["spec"]["workers"]["template"] = {"spec": {"containers": [
+        {"name": "worker", "securityContext": {"allowPrivilegeEscalation": True}}]}}
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(body))
+    name = body["metadata"]["name"]
+
+    def refusal() -> str | None:
+        job = get_json(kubectl, "monarchjob", name, "-n", namespace) or {}
+        for condition in (job.get("status") or {}).get("conditions") or []:
+            message = condition.get("message") or ""
+            if condition.get("type") == "WorkersReady" and "PodSecurity" in message:
+                return message
+        return None
+
+    message = wait_until(refusal, 90, "WorkersReady naming the Pod Security refusal")
+    assert "not created: FailedCreate" in message, message
+    assert 'violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false' \
+        in message, message
+    assert kubectl.json("pods", "-n", namespace)["items"] == []
+    assert get_json(kubectl, "monarchjob", name, "-n", namespace)["status"]["phase"] \
+        not in ("Failed", "Succeeded")
