@@ -1,0 +1,85 @@
+"""The operator's Prometheus endpoint on the local control plane: real passes of a real job are
+counted, the job shows in its phase, and leaves the count when deleted.
+
+Runs a second operator with ``--metrics`` that watches only a ``chart-*`` namespace, which the
+shared test operator leaves alone (two operators must not act on one job)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from monarch_operator.localcluster.orphans import stop_with_parent
+from tests.chart import ROOT
+from tests.cluster.helpers import get_json, wait_until
+
+pytestmark = pytest.mark.cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def _jobs_by_phase(samples) -> dict[str, float]:
+    return {dict(labels)["phase"]: value for (name, labels), value in samples.items()
+            if name == "monarch_operator_jobs" and value}
+
+
+def test_real_passes_are_counted_and_the_job_is_shown_in_its_phase(
+        local_cluster, kubectl, operator_process, chart_namespace, tmp_path):
+    url = f"http://127.0.0.1:{_free_port()}/metrics"
+    address = url.split("//")[1].removesuffix("/metrics")
+    log_path = tmp_path / "operator.log"
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "monarch_operator.controller",
+             f"--namespace={chart_namespace}", f"--metrics={address}"],
+            env={**os.environ, **local_cluster.env()}, stdout=log_file,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=stop_with_parent())
+    try:
+        wait_until(lambda: _scrape(url), 60, "the metrics endpoint")
+        job = yaml.safe_load((ROOT / "crds" / "samples" / "demo.yaml").read_text())
+        # More GPUs than any node has: the workers stay Unschedulable, nothing runs.
+        job["spec"]["workers"] = {"replicas": 2, "gpusPerWorker": 16}
+        job["spec"]["meshes"] = {"trainer": {"hosts": 1}, "ref": {"hosts": 1}}
+        kubectl("apply", "-n", chart_namespace, "-f", "-", stdin=yaml.safe_dump(job))
+
+        def shown_in_its_phase():
+            phase = (get_json(kubectl, "monarchjob", "demo", "-n", chart_namespace)
+                     or {}).get("status", {}).get("phase")
+            samples = _scrape(url)
+            return phase and _jobs_by_phase(samples) == {phase: 1.0} and samples
+
+        samples = wait_until(shown_in_its_phase, 60, "the job counted in its phase")
+        assert samples[("monarch_operator_reconcile_total", (("result", "ok"),))] >= 1
+        assert samples[("monarch_operator_reconcile_duration_seconds_count", ())] >= 1
+
+        kubectl("delete", "monarchjob", "demo", "-n", chart_namespace, "--wait=true")
+        wait_until(lambda: _jobs_by_phase(_scrape(url)) == {}, 60, "the deleted job to leave")
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    assert process.returncode in (0, -15), log_path.read_text()[-3000:]
