@@ -87,8 +87,9 @@ log "helm install (the chart installs the CRD from its crds/)"
 "$helm" test monarch-operator -n monarch-system
 
 kubectl create namespace "$NAMESPACE"
-# Warn (not refuse) on anything short of Pod Security "restricted": the warnings show in this log.
-kubectl label namespace "$NAMESPACE" pod-security.kubernetes.io/warn=restricted >/dev/null
+# The job's pods must pass Pod Security "restricted" (the API server refuses them otherwise).
+kubectl label namespace "$NAMESPACE" pod-security.kubernetes.io/enforce=restricted \
+  pod-security.kubernetes.io/warn=restricted >/dev/null
 kubectl apply -n "$NAMESPACE" -f crds/samples/demo.yaml
 
 log "waiting up to ${TIMEOUT}s for monarchjob/$JOB to finish"

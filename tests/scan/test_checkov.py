@@ -49,8 +49,7 @@ def failures(report: dict) -> list[str]:
             f"{check['check_name']}" for check in report["results"]["failed_checks"]]
 
 
-# "children" joins once the worker and launcher pods carry the restricted securityContexts.
-@pytest.mark.parametrize("scan", ["chart"])
+@pytest.mark.parametrize("scan", ["chart", "children"])
 def test_checkov_finds_nothing_but_the_justified_exceptions(manifests, scan):
     report = checkov(manifests, manifests / "out" / scan, "--config-file", str(CONFIGS[scan]))
     assert report["summary"]["parsing_errors"] == 0
