@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every linter and scanner the tests run (tests/scan), by hand, with their own output:
 # hadolint on the Dockerfiles, ShellCheck on the shell scripts, checkov on the chart rendered
-# with each ci/ values file (.checkov.yaml) and on the children the operator makes for the
-# sample job (.checkov-children.yaml). Installs the pinned tools first (scripts/scanners.txt).
+# with each ci/ values file (.checkov.yaml), on the children the operator makes for the
+# sample job (.checkov-children.yaml) and on the Dockerfiles (.checkov-images.yaml).
+# Installs the pinned tools first (scripts/scanners.txt).
 #   scripts/scan.sh [OUTDIR]   OUTDIR keeps the rendered manifests (default: a temporary dir)
 # Exit status 1 when any of them found something.
 set -euo pipefail
@@ -26,4 +27,7 @@ echo "== checkov $("$tools/checkov" --version) (manifests in $out)"
   || status=1
 (cd "$out" && "$tools/checkov" --config-file "$root/.checkov-children.yaml" -d children \
   --compact --quiet) || status=1
+(cd "$out" && "$tools/checkov" --config-file "$root/.checkov-images.yaml" --compact --quiet \
+  -f "$root/images/operator/Dockerfile" -f "$root/images/worker/Dockerfile" \
+  -f "$root/examples/Dockerfile") || status=1
 exit "$status"
