@@ -2,7 +2,8 @@
 level (labels enforce, warn and audit): the API server refuses a privileged pod there, and
 admits every worker and launcher pod of the job, which then Succeeds with sshd, the Monarch
 workers and the launcher running non-root, with no_new_privs and no capabilities (the node
-agent applies both; seccomp RuntimeDefault is not emulated locally, see the README)."""
+agent applies both, as a look at the workers' sshd shows; seccomp RuntimeDefault is not
+emulated locally, see the README)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def test_sample_job_succeeds_in_a_restricted_namespace(kubectl, namespace, local
         refused.stderr
     assert kubectl("get", "pod", "privileged", "-n", namespace, check=False) == ""
 
-    kubectl("apply", "-n", namespace, "-f", str(SAMPLE))
+    sample = yaml.safe_load(SAMPLE.read_text())
+    sample["spec"]["cleanupPolicy"] = "KeepAll"  # the workers stay, for the look inside below
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(sample))
     job = wait_for_phase(kubectl, namespace, "demo", ("Succeeded", "Failed"), timeout=420)
     log = launcher_log(kubectl, local_cluster.state_dir, namespace, "demo")
     assert job["status"]["phase"] == "Succeeded", log[-4000:]
@@ -80,3 +83,19 @@ def test_sample_job_succeeds_in_a_restricted_namespace(kubectl, namespace, local
         assert admission["code"] == "201", admission
         assert admission.get(f"{PSA}/enforce-policy") == "restricted:latest", admission
         assert f"{PSA}/audit-violations" not in admission, admission
+
+    # Inside a worker: sshd (the main process; its pid file is in the entrypoint's state
+    # directory) runs as uid 1000 with no_new_privs and no capabilities, as the node agent
+    # applied them from the pod's securityContext.
+    # (By the user's passwd home: sshd's setproctitle overwrites the environment that exec
+    # copies, so HOME is not there.)
+    sshd_status = kubectl(
+        "exec", "-n", namespace, "demo-worker-0", "-c", "worker", "--", "sh", "-c",
+        'home="$(getent passwd "$(id -u)" | cut -d: -f6)"; '
+        'cat "/proc/$(cat "$home/.sshd/sshd.pid")/status"')
+    seen = {key: value.strip() for key, _, value in
+            (line.partition(":") for line in sshd_status.splitlines()) if value}
+    assert seen["Name"] == "sshd", seen
+    assert seen["Uid"].split()[:2] == ["1000", "1000"], seen
+    assert seen["NoNewPrivs"] == "1", seen
+    assert seen["CapBnd"] == seen["CapEff"] == "0000000000000000", seen
