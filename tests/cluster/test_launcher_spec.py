@@ -74,7 +74,32 @@ REFUSED = [
      ["spec.launcher.env: Forbidden", "must not set the operator's own launcher variables"]),
     ("bad-quantity", {"launcher": {"resources": {"limits": {"cpu": "2 cores"}}}},
      ["spec.launcher.resources.limits.cpu", "should match"]),
+    # Found by the generated specs: the builders need a template's metadata, spec, labels and
+    # annotations to be objects (a string crashed every pass); the schema says so now.
+    ("template-spec-string", {"workers": {"replicas": 2, "template": {"spec": "x"}}},
+     ["spec.workers.template.spec: Invalid value", "must be of type object"]),
+    ("template-metadata-string", {"launcher": {"template": {"metadata": "x"}}},
+     ["spec.launcher.template.metadata: Invalid value", "must be of type object"]),
+    ("template-label-int", {"launcher": {"template": {"metadata": {"labels": {"a": 5}}}}},
+     ["spec.launcher.template.metadata.labels.a: Invalid value", "must be of type string"]),
 ]
+
+
+def test_fractional_quantity_refused_on_one_line_naming_the_field(kubectl, namespace):
+    """``cpu: 0.5`` (a JSON number with a fraction) in launcher.resources: a CRD keeps
+    quantities as integer-or-string, so it is refused, with one error naming the field (it gave
+    five, three of them about anyOf and ``<nil>``); ``"0.5"`` is admitted."""
+    refused = apply(kubectl, namespace, manifest("half", launcher={
+        "resources": {"limits": {"cpu": 0.5}}}))
+    assert refused.returncode != 0
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("* ")
+              and "some validation rules were not checked" not in line] or [refused.stderr]
+    assert len(errors) == 1, refused.stderr
+    assert "spec.launcher.resources.limits.cpu: Invalid value" in errors[0]
+    assert "must be of type integer,string" in errors[0]
+    admitted = apply(kubectl, namespace, manifest("half", launcher={
+        "resources": {"limits": {"cpu": "0.5"}, "requests": {"cpu": 1}}}), "--dry-run=server")
+    assert admitted.returncode == 0, admitted.stderr
 
 
 def test_new_rules_refuse_naming_field_and_rule(kubectl, namespace):

@@ -86,6 +86,9 @@ def test_invalid_specs_refused_at_admission_naming_the_rule(kubectl, namespace):
                                 env=kubectl.env)
         assert result.returncode != 0
         assert fragment in result.stderr, result.stderr
+        # The CEL rules sit on metadata.name itself: the refusal names the field, never <nil>.
+        assert f'metadata.name: Invalid value: "{name}"' in result.stderr, result.stderr
+        assert "<nil>" not in result.stderr, result.stderr
         assert get_json(kubectl, "monarchjob", name, "-n", namespace) is None
     result = subprocess.run(["kubectl", "apply", "-n", namespace, "-f", "-"],
                             input=job_manifest("toomany", meshes={"trainer": {"hosts": 2},

@@ -145,3 +145,35 @@ def test_custom_launcher_command_is_used_as_given():
 def test_spec_without_image_is_refused(bad):
     with pytest.raises(ValueError, match="spec.image"):
         make_job(**bad)
+
+
+# Found by the generated specs (issue 9 item 9): the builders merge a user's template into the
+# pod's metadata and spec and then add labels and fix quantities there, so a template whose
+# metadata, spec, labels or annotations is not an object crashed every pass with a traceback
+# (AttributeError/TypeError) and left the job without status. The CRD refuses these now; an
+# object admitted under an older CRD fails as InvalidSpec naming the field.
+@pytest.mark.parametrize("field", ["workers", "launcher"])
+@pytest.mark.parametrize("template, named", [
+    ({"metadata": "x"}, "template.metadata must be an object, not string"),
+    ({"spec": "x"}, "template.spec must be an object, not string"),
+    ({"spec": None}, "template.spec must be an object, not null"),
+    ({"spec": []}, "template.spec must be an object, not array"),
+    ({"metadata": {"labels": None}}, "template.metadata.labels must map names to strings"),
+    ({"metadata": {"labels": "a=b"}}, "template.metadata.labels must map names to strings"),
+    ({"metadata": {"annotations": {"a": 1}}}, "template.metadata.annotations must map"),
+    ("x", "template must be an object (a pod template), not string"),
+])
+def test_template_of_the_wrong_shape_is_invalid_naming_the_field(field, template, named):
+    extra = {"replicas": 12, "gpusPerWorker": 4} if field == "workers" else {}
+    with pytest.raises(ValueError, match=f"spec.{field}." + named.replace("(", r"\(")
+                       .replace(")", r"\)")):
+        make_job(**{field: {**extra, "template": template}})
+
+
+def test_template_with_empty_metadata_and_spec_builds():
+    job = make_job(workers={"replicas": 12, "gpusPerWorker": 4, "template": {
+        "metadata": {"labels": {"team": "a"}}, "spec": {"nodeSelector": {"pool": "gpu"}}}},
+        launcher={"template": {"metadata": {}, "spec": {}}})
+    assert build_worker_statefulset(job, SETTINGS)["spec"]["template"]["metadata"]["labels"][
+        "team"] == "a"
+    assert build_launcher_job(job, SETTINGS)["spec"]["template"]["spec"]["restartPolicy"] == "Never"

@@ -74,3 +74,25 @@ def test_ttl_counts_from_completion():
     assert deadlines.seconds_until_next_deadline(job(ttlSecondsAfterFinished=60), done, now) == (
         55 + deadlines.DEADLINE_SLACK_SECONDS)
     assert deadlines.seconds_until_next_deadline(job(), done, now) is None
+
+
+def test_deadlines_up_to_int64_max_count_as_none_instead_of_overflowing():
+    """Found by the generated specs (issue 9 item 9): activeDeadlineSeconds and
+    ttlSecondsAfterFinished of 2^63-1 are valid (int64) but overflow datetime arithmetic; such
+    a deadline is never reached and must not fail every pass."""
+    huge = 2**63 - 1
+    running = with_condition({"startTime": START}, st.RUNNING)
+    assert deadlines.seconds_until_next_deadline(job(activeDeadlineSeconds=huge), running,
+                                                 T0) is None
+    finished = {**with_condition({"startTime": START}, st.FAILED), "completionTime": START}
+    for ttl in (huge, 10**12, deadlines.MAX_DEADLINE_SECONDS + 1):
+        assert deadlines.seconds_until_next_deadline(job(ttlSecondsAfterFinished=ttl), finished,
+                                                     T0) is None
+    # The startup timeout still counts next to a huge active deadline.
+    waiting = {"startTime": START}
+    assert deadlines.seconds_until_next_deadline(
+        job(activeDeadlineSeconds=huge, startupTimeoutSeconds=60), waiting,
+        T0) == 60 + deadlines.DEADLINE_SLACK_SECONDS
+    assert deadlines.seconds_until_next_deadline(
+        job(ttlSecondsAfterFinished=deadlines.MAX_DEADLINE_SECONDS), finished,
+        T0) == deadlines.MAX_DEADLINE_SECONDS + deadlines.DEADLINE_SLACK_SECONDS

@@ -35,9 +35,11 @@ def test_invalid_job_names_are_refused_with_the_rule(job_name, fragment):
 
 def test_crd_cel_rules_use_the_same_limit_and_pattern():
     crd = yaml.safe_load(CRD.read_text())
-    rules = [r["rule"] for r in
-             crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]]
-    assert f"size(self.metadata.name) <= {names.MAX_JOB_NAME_LENGTH}" in rules
+    # On metadata.name itself, so that a refusal names the field (not "<nil>").
+    name = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"][
+        "properties"]["name"]
+    rules = [r["rule"] for r in name["x-kubernetes-validations"]]
+    assert f"size(self) <= {names.MAX_JOB_NAME_LENGTH}" in rules
     assert any(names.JOB_NAME_PATTERN in rule for rule in rules)
 
 

@@ -15,6 +15,11 @@ from monarch_operator.controller.spec import JobSpec
 
 # Timestamps in status have whole seconds and the checks compare with ">": wake a little after.
 DEADLINE_SLACK_SECONDS = 1.0
+# A deadline further ahead than this (ten years) is never reached by a running operator. The
+# schema allows spec.activeDeadlineSeconds and ttlSecondsAfterFinished up to 2^63-1 (int64,
+# as the Kubernetes Job's activeDeadlineSeconds), far past what datetime can add (year 9999):
+# such a deadline counts as none instead of failing every pass with OverflowError.
+MAX_DEADLINE_SECONDS = 10 * 365 * 24 * 3600
 
 
 def parse_time(text: str) -> dt.datetime:
@@ -40,23 +45,29 @@ def seconds_until_next_deadline(job: JobSpec, status: dict[str, Any],
         ``None`` when no deadline applies (e.g. a running job without deadlines); ``0`` or more
         otherwise, including ``DEADLINE_SLACK_SECONDS`` past the deadline itself.
     """
-    deadlines: list[dt.datetime] = []
+    deadlines: list[dt.datetime | None] = []
     # Each attempt's gate has its own startup timeout (restarts, resume after suspend).
     record = attempts.current(status) or {}
     start_text = record.get("startTime") or status.get("startTime")
     if not st.is_finished(status) and not st.is_true(status, st.SUSPENDED) and start_text:
         started = parse_time(start_text)
         if not st.is_true(status, st.RUNNING):
-            deadlines.append(started + dt.timedelta(seconds=job.startup_timeout_seconds))
+            deadlines.append(_after(started, job.startup_timeout_seconds))
     job_start = status.get("startTime")
     if not st.is_finished(status) and job_start and job.active_deadline_seconds is not None:
-        deadlines.append(parse_time(job_start)
-                         + dt.timedelta(seconds=job.active_deadline_seconds))
+        deadlines.append(_after(parse_time(job_start), job.active_deadline_seconds))
     completion_text = status.get("completionTime")
     if st.is_finished(status) and completion_text and job.ttl_seconds_after_finished is not None:
-        deadlines.append(parse_time(completion_text)
-                         + dt.timedelta(seconds=job.ttl_seconds_after_finished))
-    if not deadlines:
+        deadlines.append(_after(parse_time(completion_text), job.ttl_seconds_after_finished))
+    ahead = [deadline for deadline in deadlines if deadline is not None]
+    if not ahead:
         return None
-    remaining = (min(deadlines) - now).total_seconds() + DEADLINE_SLACK_SECONDS
+    remaining = (min(ahead) - now).total_seconds() + DEADLINE_SLACK_SECONDS
     return max(remaining, 0.0)
+
+
+def _after(start: dt.datetime, seconds: int) -> dt.datetime | None:
+    """``start`` plus ``seconds``, or None when that is beyond :data:`MAX_DEADLINE_SECONDS`."""
+    if seconds > MAX_DEADLINE_SECONDS:
+        return None
+    return start + dt.timedelta(seconds=seconds)

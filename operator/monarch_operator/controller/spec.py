@@ -130,12 +130,12 @@ class JobSpec:
             steps=int(launcher.get("steps", DEFAULT_STEPS)),
             launcher_image=launcher.get("image") or image,
             launcher_command=launcher.get("command"),
-            worker_template=workers.get("template") or {},
+            worker_template=pod_template(workers.get("template"), "spec.workers.template"),
             launcher_program=launcher.get("program") or None,
             launcher_args=[str(arg) for arg in launcher.get("args") or []],
             launcher_env=list(launcher.get("env") or []),
             launcher_resources=launcher.get("resources") or {},
-            launcher_template=launcher.get("template") or {},
+            launcher_template=pod_template(launcher.get("template"), "spec.launcher.template"),
             trainer_gpus=_optional_int(trainer.get("gpus")),
             ref_gpus=_optional_int(ref.get("gpus")),
             spmd=_spmd(spec.get("spmd")),
@@ -187,6 +187,52 @@ def check_launcher_rules(spec: dict[str, Any]) -> None:
                 f"spec.launcher.env: {item.get('name')} is set by the operator from the spec "
                 "and cannot be given in launcher.env"
             )
+
+
+def pod_template(template: Any, path: str) -> dict[str, Any]:
+    """A user's pod template (``spec.workers.template``, ``spec.launcher.template``), checked
+    for the shape the builders merge it into: an object whose ``metadata`` and ``spec``, when
+    given, are objects, and whose ``metadata.labels`` and ``metadata.annotations`` map names to
+    strings. What lies deeper is left to the API server (a refusal fails the job naming the
+    field). The CRD schema refuses these at admission; this check covers objects admitted under
+    an older CRD (Helm never upgrades ``crds/``).
+
+    Returns:
+        The template (``{}`` for none).
+
+    Raises:
+        InvalidSpecError: naming the field (``path`` and below) and what it must be.
+    """
+    if template is None:
+        return {}
+    if not isinstance(template, dict):
+        raise InvalidSpecError(f"{path} must be an object (a pod template), "
+                               f"not {_json_type(template)}")
+    for key in ("metadata", "spec"):
+        if key in template and not isinstance(template[key], dict):
+            raise InvalidSpecError(f"{path}.{key} must be an object, "
+                                   f"not {_json_type(template[key])}")
+    metadata = template.get("metadata") or {}
+    for key in ("labels", "annotations"):
+        entries = metadata.get(key)
+        if key in metadata and not (isinstance(entries, dict) and all(
+                isinstance(value, str) for value in entries.values())):
+            raise InvalidSpecError(f"{path}.metadata.{key} must map names to strings, "
+                                   f"not {_json_type(entries)}")
+    return template
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type of a decoded value, as a schema error names it (``string``, ``null``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "an object with a non-string value"
 
 
 # Metadata of the job that is about the MonarchJob object itself, not about its pods: kubectl's

@@ -36,6 +36,8 @@ class Request:
         namespace: empty for cluster-scoped resources.
         name: empty for lists and for creates where the server has not named the object.
         code: the HTTP status code of the response (0 when none was recorded).
+        user_agent: the client's ``User-Agent`` (the operator's is ``monarch-operator/<v>``,
+            kopf's ``kopf/<v>``), "" when none was recorded.
     """
 
     time: dt.datetime
@@ -45,6 +47,7 @@ class Request:
     namespace: str
     name: str
     code: int
+    user_agent: str = ""
 
     @property
     def is_write(self) -> bool:
@@ -83,6 +86,7 @@ def parse_line(line: str) -> Request | None:
         namespace=ref.get("namespace", ""),
         name=ref.get("name", ""),
         code=int((event.get("responseStatus") or {}).get("code", 0)),
+        user_agent=str(event.get("userAgent", "")),
     )
 
 
