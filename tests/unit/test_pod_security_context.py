@@ -97,3 +97,27 @@ def test_containers_added_by_a_template_are_left_as_written():
     pod = worker_pod(job)
     assert "securityContext" not in pod["initContainers"][0]
     assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "abc", "1.5", "", "2147483648"])
+def test_the_worker_uid_setting_must_be_non_root(monkeypatch, value):
+    monkeypatch.setenv("MONARCH_OPERATOR_WORKER_UID", value)
+    with pytest.raises(ValueError, match=(
+            f"MONARCH_OPERATOR_WORKER_UID={value!r}: must be a non-root uid, 1-2147483647")):
+        Settings.from_env()
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 1000), ("1", 1), ("65532", 65532)])
+def test_the_worker_uid_setting(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv("MONARCH_OPERATOR_WORKER_UID", raising=False)
+    else:
+        monkeypatch.setenv("MONARCH_OPERATOR_WORKER_UID", value)
+    settings = Settings.from_env()
+    assert settings.worker_user_id == expected
+    job = make_job()
+    assert worker_pod_for(job, settings)["securityContext"]["runAsUser"] == expected
+
+
+def worker_pod_for(job, settings):
+    return build_worker_statefulset(job, settings)["spec"]["template"]["spec"]

@@ -30,14 +30,31 @@ class Settings:
         defaults above.
 
         Raises:
-            ValueError: a value that is not a number where one is expected, or a
-                ``MONARCH_OPERATOR_NETWORK_POLICY`` other than ``true``/``false``.
+            ValueError: a ``MONARCH_OPERATOR_WORKER_UID`` that is not a non-root uid
+                (1-2147483647), or a ``MONARCH_OPERATOR_NETWORK_POLICY`` other than
+                ``true``/``false``; the message names the variable and the rule.
         """
         return cls(
             cluster_domain=os.environ.get("MONARCH_OPERATOR_CLUSTER_DOMAIN", cls.cluster_domain),
-            worker_user_id=int(os.environ.get("MONARCH_OPERATOR_WORKER_UID", cls.worker_user_id)),
+            worker_user_id=_non_root_uid("MONARCH_OPERATOR_WORKER_UID", cls.worker_user_id),
             network_policy=_boolean("MONARCH_OPERATOR_NETWORK_POLICY", cls.network_policy),
         )
+
+
+# The largest runAsUser the Kubernetes API accepts (a 32-bit signed int).
+MAX_UID = 2147483647
+
+
+def _non_root_uid(variable: str, default: int) -> int:
+    """The uid in ``variable``: the pods say ``runAsNonRoot`` and must pass Pod Security
+    "restricted", so 0 is refused here rather than by every kubelet."""
+    value = os.environ.get(variable)
+    if value is None:
+        return default
+    if not value.strip().isdigit() or not 1 <= int(value) <= MAX_UID:
+        raise ValueError(f"{variable}={value!r}: must be a non-root uid, 1-{MAX_UID} (the "
+                         "worker and launcher pods run with runAsNonRoot)")
+    return int(value)
 
 
 def _boolean(variable: str, default: bool) -> bool:
