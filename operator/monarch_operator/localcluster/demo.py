@@ -142,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
               f"(log: {cluster.state_dir / 'logs' / 'operator.log'})", flush=True)
         operator = start_operator(cluster.state_dir, env)
         kubectl("create", "namespace", args.namespace, check=False)
+        # As a security-minded cluster would: the API server refuses any pod of the namespace
+        # that does not pass Pod Security "restricted" (the job's pods do).
+        kubectl("label", "namespace", args.namespace, "--overwrite",
+                *(f"pod-security.kubernetes.io/{mode}=restricted"
+                  for mode in ("enforce", "warn", "audit")))
+        print(f"[demo] namespace {args.namespace} enforces Pod Security \"restricted\"",
+              flush=True)
         kubectl("delete", "monarchjob", "demo", "-n", args.namespace, "--ignore-not-found",
                 "--wait=true")
         print(kubectl("apply", "-n", args.namespace, "-f", str(SAMPLE)).strip(), flush=True)
