@@ -1,11 +1,17 @@
-"""Small helpers shared by the cluster tests: waiting for a condition, reading an object."""
+"""Helpers shared by the cluster tests: waiting for a condition, reading an object, a sample
+MonarchJob and its status, watching its worker pods, reading pods through the typed client."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+import kubernetes
+import yaml
 
 T = TypeVar("T")
 
@@ -33,3 +39,144 @@ def get_json(kubectl: Callable[..., str], *args: str) -> Any:
     """``kubectl get ARGS -o json`` as a dict, or None when the object does not exist."""
     out = kubectl("get", *args, "-o", "json", check=False)
     return json.loads(out) if out else None
+
+
+IMAGE = "ghcr.io/monarch-operator/worker:0.1.0"
+LABEL_JOB = "monarch-operator.dev/job"
+
+
+def job_manifest(name: str, **spec: Any) -> str:
+    """A MonarchJob of 2 one-GPU workers (trainer 1 host, ref 1 host) as YAML; ``spec`` keys
+    are set over those defaults."""
+    body = {"apiVersion": "monarch-operator.dev/v1alpha1", "kind": "MonarchJob",
+            "metadata": {"name": name},
+            "spec": {"image": IMAGE, "workers": {"replicas": 2, "gpusPerWorker": 1},
+                     "meshes": {"trainer": {"hosts": 1}, "ref": {"hosts": 1}}, **spec}}
+    return yaml.safe_dump(body)
+
+
+def apply_manifest(kubectl: Callable[..., str], namespace: str, manifest: str) -> None:
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest)
+
+
+def job_status(kubectl: Callable[..., str], namespace: str, name: str) -> dict[str, Any]:
+    """The MonarchJob's status ({} while it has none or the job is gone)."""
+    return (get_json(kubectl, "monarchjob", name, "-n", namespace) or {}).get("status") or {}
+
+
+def wait_phase(kubectl: Callable[..., str], namespace: str, name: str, phase: str,
+               timeout: float = 120) -> dict[str, Any]:
+    """Wait until the job's ``status.phase`` is ``phase``; returns its status."""
+    return wait_until(lambda: (status := job_status(kubectl, namespace, name))
+                      .get("phase") == phase and status, timeout, f"{name} {phase}")
+
+
+def condition(status: dict[str, Any], condition_type: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == condition_type)
+
+
+def job_pods(kubectl: Callable[..., str], namespace: str, name: str) -> list[dict[str, Any]]:
+    """Every pod of the job (workers and launchers)."""
+    return list(get_json(kubectl, "pods", "-n", namespace, "-l", f"{LABEL_JOB}={name}")["items"])
+
+
+def running_attempt(kubectl: Callable[..., str], namespace: str, name: str,
+                    attempt: int) -> dict[str, Any]:
+    """Wait until ``attempt``'s launcher pod runs; returns the job's status."""
+    def running() -> dict[str, Any] | None:
+        status = job_status(kubectl, namespace, name)
+        if status.get("phase") != "Running" or status.get("attempt") != attempt:
+            return None
+        pods = get_json(kubectl, "pods", "-n", namespace, "-l",
+                        f"{LABEL_JOB}={name},monarch-operator.dev/attempt={attempt}")
+        phases = [pod["status"].get("phase") for pod in pods["items"]]
+        return status if "Running" in phases else None
+    return wait_until(running, 120, f"{name} attempt {attempt} running")
+
+
+class PodWatch:
+    """Every worker pod uid the API server announces while the watch runs (kubectl --watch).
+
+    ``with PodWatch(kubectl, namespace, job) as watch: ...``, then ``watch.pods_seen()``.
+    """
+
+    def __init__(self, kubectl: Any, namespace: str, job: str) -> None:
+        self.uids: dict[str, set[str]] = {}
+        self._process = subprocess.Popen(
+            ["kubectl", "get", "pods", "-n", namespace, "--watch", "--output-watch-events",
+             "-l", f"{LABEL_JOB}={job},monarch-operator.dev/role=worker", "-o", "json"],
+            stdout=subprocess.PIPE, text=True, env=kubectl.env)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def __enter__(self) -> PodWatch:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _read(self) -> None:
+        decoder, buffer = json.JSONDecoder(), ""
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            buffer += line
+            try:
+                event, _ = decoder.raw_decode(buffer.strip())
+            except ValueError:
+                continue
+            buffer = ""
+            metadata = event["object"]["metadata"]
+            self.uids.setdefault(metadata["name"], set()).add(metadata["uid"])
+
+    def stop(self) -> dict[str, set[str]]:
+        """End the watch; returns the uids seen per worker pod name."""
+        if self._process.poll() is None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
+            self._reader.join(timeout=10)
+        assert self._process.stdout is not None
+        self._process.stdout.close()
+        return self.uids
+
+    def pods_seen(self) -> dict[str, int]:
+        """How many distinct pods (uids) each worker name had: 1 means never recreated."""
+        return {name: len(uids) for name, uids in sorted(self.uids.items())}
+
+
+def read_pod(core: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    """The pod as a dict through a ``kubernetes.client.CoreV1Api``, None when it is gone."""
+    try:
+        pod: dict[str, Any] = core.api_client.sanitize_for_serialization(
+            core.read_namespaced_pod(name, namespace))
+    except kubernetes.client.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return pod
+
+
+def pod_condition(pod: dict[str, Any] | None, kind: str = "Ready") -> str:
+    """The status ("True", "False", "Unknown") of the pod's condition ``kind``, "" if none."""
+    return next((c["status"] for c in ((pod or {}).get("status") or {}).get("conditions") or []
+                 if c["type"] == kind), "")
+
+
+def start_pod(core: Any, namespace: str, name: str, script: str, ready: bool = False,
+              **spec: Any) -> dict[str, Any]:
+    """Create a pod with one container ``main`` running ``sh -c script`` (``restartPolicy:
+    Never``; ``spec`` keys, and ``container={...}`` for the container, set over that) and wait
+    until its container runs, or with ``ready`` until the pod is Ready; returns the pod."""
+    container = {"name": "main", "image": IMAGE, "command": ["sh", "-c", script],
+                 **spec.pop("container", {})}
+    core.create_namespaced_pod(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "containers": [container], **spec}})
+
+    def started() -> dict[str, Any] | None:
+        pod = read_pod(core, namespace, name)
+        if ready:
+            return pod if pod_condition(pod) == "True" else None
+        statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or [{}]
+        return pod if "running" in (statuses[0].get("state") or {}) else None
+
+    return wait_until(started, 60, f"pod {name} {'Ready' if ready else 'running'}")

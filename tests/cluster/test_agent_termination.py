@@ -6,45 +6,17 @@ status (exit codes) is written before the object goes. Order of events, never wa
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import kubernetes
 import pytest
 
 from monarch_operator.localcluster.cli import pod_log_path
-from tests.cluster.helpers import wait_until
+from tests.cluster.helpers import start_pod, wait_until
 
 pytestmark = pytest.mark.cluster
 
-IMAGE = "ghcr.io/monarch-operator/worker:0.1.0"
 # Prints "started", then loops; the TERM trap is the test's.
 LOOP = 'echo started; sleep 1000 & wait $!; while :; do sleep 0.2; done'
-
-
-@pytest.fixture(scope="module")
-def core(local_cluster) -> Iterator[kubernetes.client.CoreV1Api]:
-    api = kubernetes.config.new_client_from_config(str(local_cluster.kubeconfig))
-    try:
-        yield kubernetes.client.CoreV1Api(api)
-    finally:
-        api.close()
-
-
-def start_pod(core, namespace: str, name: str, script: str, **spec) -> dict:
-    """Create a pod running ``sh -c script`` and wait until its container runs."""
-    container = {"name": "main", "image": IMAGE, "command": ["sh", "-c", script],
-                 **spec.pop("container", {})}
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never", "containers": [container], **spec}}
-    core.create_namespaced_pod(namespace, body)
-
-    def running():
-        pod = core.api_client.sanitize_for_serialization(
-            core.read_namespaced_pod(name, namespace))
-        statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
-        return pod if "running" in (statuses[0].get("state") or {}) else None
-
-    return wait_until(running, 60, f"pod {name} running")
 
 
 def events_until_gone(core, namespace: str, name: str, resource_version: str,

@@ -9,57 +9,26 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import kubernetes
 import pytest
 
 from monarch_operator.localcluster import nodestate
 from monarch_operator.localcluster.cli import pod_log_path
-from tests.cluster.helpers import wait_until
+from tests.cluster.helpers import pod_condition, read_pod, start_pod, wait_until
 
 pytestmark = pytest.mark.cluster
 
-IMAGE = "ghcr.io/monarch-operator/worker:0.1.0"
 LOST_NODE = "kwok-gpu-2"
 OTHER_NODE = "kwok-gpu-0"
 # Prints its pid ("$$$$": "$$" after the kubelet's $(VAR) expansion), then a line per 0.2 s.
 TICKER = 'echo "pid $$$$"; while :; do echo tick; sleep 0.2; done'
 
 
-@pytest.fixture(scope="module")
-def core(local_cluster) -> Iterator[kubernetes.client.CoreV1Api]:
-    api = kubernetes.config.new_client_from_config(str(local_cluster.kubeconfig))
-    try:
-        yield kubernetes.client.CoreV1Api(api)
-    finally:
-        api.close()
-
-
-def read_pod(core, namespace: str, name: str) -> dict | None:
-    try:
-        return core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace))
-    except kubernetes.client.ApiException as error:
-        if error.status == 404:
-            return None
-        raise
-
-
-def pod_condition(pod: dict, kind: str = "Ready") -> str:
-    return next((c["status"] for c in (pod.get("status") or {}).get("conditions") or []
-                 if c["type"] == kind), "")
-
-
 def start_ticker(core, namespace: str, name: str, node: str) -> dict:
     """A pod on ``node`` that runs ``TICKER``; returned once it is Ready."""
-    core.create_namespaced_pod(namespace, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {"nodeName": node, "restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
-                 "containers": [{"name": "main", "image": IMAGE,
-                                 "command": ["sh", "-c", TICKER]}]}})
-    return wait_until(lambda: (pod := read_pod(core, namespace, name))
-                      and pod_condition(pod) == "True" and pod, 60, f"pod {name} Ready")
+    return start_pod(core, namespace, name, TICKER, ready=True, nodeName=node,
+                     terminationGracePeriodSeconds=5)
 
 
 def main_pid(local_cluster, namespace: str, name: str) -> int:

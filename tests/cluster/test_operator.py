@@ -5,20 +5,10 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-import yaml
-from tests.cluster.helpers import get_json, wait_until
+
+from tests.cluster.helpers import get_json, job_manifest, wait_until
 
 pytestmark = pytest.mark.cluster
-
-IMAGE = "ghcr.io/monarch-operator/worker:0.1.0"
-
-
-def job_manifest(name: str, **spec) -> str:
-    body = {"apiVersion": "monarch-operator.dev/v1alpha1", "kind": "MonarchJob",
-            "metadata": {"name": name},
-            "spec": {"image": IMAGE, "workers": {"replicas": 2, "gpusPerWorker": 1},
-                     "meshes": {"trainer": {"hosts": 1}, "ref": {"hosts": 1}}, **spec}}
-    return yaml.safe_dump(body)
 
 
 def test_children_owned_hostfile_and_launcher_exit_code(kubectl, namespace):

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.cluster.test_operator import get_json, job_manifest, wait_until
+from tests.cluster.helpers import get_json, job_manifest, wait_until
 from tests.cluster.test_operator_watches import children, phase
 
 pytestmark = pytest.mark.cluster

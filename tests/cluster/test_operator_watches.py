@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.cluster.test_operator import get_json, job_manifest, wait_until
+from tests.cluster.helpers import get_json, job_manifest, wait_until
 
 pytestmark = pytest.mark.cluster
 

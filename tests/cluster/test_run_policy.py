@@ -8,13 +8,22 @@ differently per attempt; real Monarch programs restart the same way (tests/e2e).
 
 from __future__ import annotations
 
-import json
 import subprocess
-import threading
 
 import pytest
 
-from tests.cluster.test_operator import get_json, job_manifest, wait_until
+from tests.cluster.helpers import (
+    PodWatch,
+    condition,
+    get_json,
+    job_manifest,
+    job_pods,
+    job_status,
+    running_attempt,
+    wait_phase,
+    wait_until,
+)
+from tests.cluster.helpers import apply_manifest as apply
 
 pytestmark = pytest.mark.cluster
 
@@ -26,88 +35,14 @@ FAIL_FIRST = ('echo "attempt $MONARCH_ATTEMPT"; if [ "$MONARCH_ATTEMPT" = 1 ]; t
 HANG_FIRST = 'if [ "$MONARCH_ATTEMPT" = 1 ]; then exec sleep 600; fi; echo "attempt $MONARCH_ATTEMPT"'
 
 
-class PodWatch:
-    """Every worker pod uid the API server announces while the watch runs (kubectl --watch)."""
-
-    def __init__(self, kubectl, namespace: str, job: str) -> None:
-        self.uids: dict[str, set[str]] = {}
-        self._process = subprocess.Popen(
-            ["kubectl", "get", "pods", "-n", namespace, "--watch", "--output-watch-events",
-             "-l", f"monarch-operator.dev/job={job},monarch-operator.dev/role=worker",
-             "-o", "json"],
-            stdout=subprocess.PIPE, text=True, env=kubectl.env)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        decoder, buffer = json.JSONDecoder(), ""
-        assert self._process.stdout is not None
-        for line in self._process.stdout:
-            buffer += line
-            try:
-                event, _ = decoder.raw_decode(buffer.strip())
-            except ValueError:
-                continue
-            buffer = ""
-            metadata = event["object"]["metadata"]
-            self.uids.setdefault(metadata["name"], set()).add(metadata["uid"])
-
-    def stop(self) -> dict[str, set[str]]:
-        self._process.terminate()
-        self._process.wait(timeout=10)
-        self._reader.join(timeout=10)
-        assert self._process.stdout is not None
-        self._process.stdout.close()
-        return self.uids
-
-
-def apply(kubectl, namespace: str, manifest: str) -> None:
-    kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest)
-
-
-def job_status(kubectl, namespace: str, name: str) -> dict:
-    return (get_json(kubectl, "monarchjob", name, "-n", namespace) or {}).get("status") or {}
-
-
-def wait_phase(kubectl, namespace: str, name: str, phase: str, timeout: float = 120) -> dict:
-    return wait_until(lambda: (status := job_status(kubectl, namespace, name))
-                      .get("phase") == phase and status, timeout, f"{name} {phase}")
-
-
-def condition(status: dict, condition_type: str) -> dict:
-    return next(c for c in status["conditions"] if c["type"] == condition_type)
-
-
-def running_attempt(kubectl, namespace: str, name: str, attempt: int) -> dict:
-    """Wait until ``attempt``'s launcher pod runs; returns the job's status."""
-    def running():
-        status = job_status(kubectl, namespace, name)
-        if status.get("phase") != "Running" or status.get("attempt") != attempt:
-            return None
-        pods = get_json(kubectl, "pods", "-n", namespace, "-l",
-                        f"monarch-operator.dev/job={name},monarch-operator.dev/attempt={attempt}")
-        phases = [pod["status"].get("phase") for pod in pods["items"]]
-        return status if "Running" in phases else None
-    return wait_until(running, 120, f"{name} attempt {attempt} running")
-
-
-def job_pods(kubectl, namespace: str, name: str) -> list[dict]:
-    return get_json(kubectl, "pods", "-n", namespace, "-l",
-                    f"monarch-operator.dev/job={name}")["items"]
-
-
 def test_application_failure_restarts_on_the_same_worker_pods(kubectl, namespace):
-    watch = PodWatch(kubectl, namespace, "app")
-    try:
+    with PodWatch(kubectl, namespace, "app") as watch:
         apply(kubectl, namespace, job_manifest(
             "app", launcher={"command": ["sh", "-c", FAIL_FIRST]}, runPolicy={"backoffLimit": 2}))
         status = wait_phase(kubectl, namespace, "app", "Succeeded")
-    finally:
-        uids = watch.stop()
 
     # Same worker pods for both attempts: one uid per worker ever announced.
-    assert sorted(uids) == ["app-worker-0", "app-worker-1"]
-    assert all(len(seen) == 1 for seen in uids.values()), uids
+    assert watch.pods_seen() == {"app-worker-0": 1, "app-worker-1": 1}
     first, second = status["attempts"]
     assert first["number"] == 1 and first["class"] == "Application"
     assert first["exitCode"] == 3 and first["reason"] == "LauncherFailed"
@@ -249,14 +184,11 @@ def test_c10b_suspend_running_job_change_launcher_image_resume(kubectl, namespac
     assert job_status(kubectl, namespace, "c10b")["readyWorkers"] == "0/2"
     kubectl("patch", "monarchjob", "c10b", "-n", namespace, "--type=merge", "-p",
             '{"spec": {"suspend": false, "launcher": {"image": "example.com/launcher:v2"}}}')
-    try:
+    with watch:
         status = wait_phase(kubectl, namespace, "c10b", "Succeeded")
-    finally:
-        uids = watch.stop()
 
     # New worker pods after the resume: two uids per worker, the launcher only on the new ones.
-    assert sorted(uids) == ["c10b-worker-0", "c10b-worker-1"]
-    assert all(len(seen) == 2 for seen in uids.values()), uids
+    assert watch.pods_seen() == {"c10b-worker-0": 2, "c10b-worker-1": 2}
     first, second = status["attempts"]
     assert first["class"] == "Suspended" and second["class"] == "Succeeded"
     assert status.get("failureCounts", {}) == {}, "a suspension spends no budget"

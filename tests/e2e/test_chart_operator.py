@@ -46,6 +46,18 @@ def token_kubeconfig(kubectl, namespace: str, account: str, path: Path) -> Path:
     return path
 
 
+def run_sample_job(kubectl, namespace: str, state_dir: Path) -> tuple[dict, str]:
+    """Apply the rl_kl sample, wait until it ends; returns the job and its launcher's output,
+    after checking that it Succeeded and the program ran to its end."""
+    kubectl("apply", "-n", namespace, "-f", str(SAMPLE))
+    name = yaml.safe_load(SAMPLE.read_text())["metadata"]["name"]
+    job = wait_for_phase(kubectl, namespace, name, ("Succeeded", "Failed"), timeout=420)
+    log = launcher_log(kubectl, state_dir, namespace, name)
+    assert job["status"]["phase"] == "Succeeded", log[-4000:]
+    assert "rl_kl: done" in log
+    return job, log
+
+
 def refused_requests(audit_log: Path, start: int, user: str) -> list[str]:
     """Requests by ``user`` that the API server answered 403, from byte ``start`` of its
     audit log."""
@@ -76,14 +88,8 @@ def test_sample_job_succeeds_under_the_charts_service_account(
     operator = start_operator(tmp_path, {"KUBECONFIG": str(config)},
                               namespaces=(chart_namespace,))
     try:
-        kubectl("apply", "-n", chart_namespace, "-f", str(SAMPLE))
-        name = yaml.safe_load(SAMPLE.read_text())["metadata"]["name"]
-        job = wait_for_phase(kubectl, chart_namespace, name, ("Succeeded", "Failed"),
-                             timeout=420)
-        log = launcher_log(kubectl, local_cluster.state_dir, chart_namespace, name)
-        assert job["status"]["phase"] == "Succeeded", log[-4000:]
+        job, _ = run_sample_job(kubectl, chart_namespace, local_cluster.state_dir)
         assert job["status"]["launcher"]["exitCode"] == 0
-        assert "rl_kl: done" in log
     finally:
         stop_process(operator)
         helm("uninstall", RELEASE, "-n", chart_namespace, env=helm_env, check=False)
@@ -118,13 +124,7 @@ def test_sample_job_succeeds_with_the_operator_as_the_charts_pod(
         # (helm/helm#9098). The test pod succeeds only if every operator pod answers healthz.
         tested = helm("test", RELEASE, "-n", chart_namespace, env=helm_env)
         assert "Phase:          Succeeded" in tested.stdout, tested.stdout
-        kubectl("apply", "-n", chart_namespace, "-f", str(SAMPLE))
-        name = yaml.safe_load(SAMPLE.read_text())["metadata"]["name"]
-        job = wait_for_phase(kubectl, chart_namespace, name, ("Succeeded", "Failed"),
-                             timeout=420)
-        log = launcher_log(kubectl, local_cluster.state_dir, chart_namespace, name)
-        assert job["status"]["phase"] == "Succeeded", log[-4000:]
-        assert "rl_kl: done" in log
+        run_sample_job(kubectl, chart_namespace, local_cluster.state_dir)
         # The children were made by the pod's ServiceAccount, and nothing was refused to it.
         assert refused_requests(local_cluster.audit_log, audit_start, user) == []
         assert creators(local_cluster.audit_log, audit_start, chart_namespace, "statefulsets") \

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from monarch_operator.localcluster.demo import wait_for_phase
-from tests.cluster.test_run_policy import PodWatch
+from tests.cluster.helpers import PodWatch
 from tests.e2e.test_user_programs import STEP, TIMEOUT_S, sample
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
@@ -27,13 +27,10 @@ def test_a_raise_in_the_first_attempt_restarts_on_the_same_pods_and_succeeds(kub
     body = sample("rl_kl/monarchjob.yaml", "retry")
     body["spec"]["launcher"] = {"command": ["sh", "-c", PROGRAM]}
     body["spec"]["runPolicy"] = {"backoffLimit": 1}
-    watch = PodWatch(kubectl, namespace, "retry")
-    try:
+    with PodWatch(kubectl, namespace, "retry") as watch:
         kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(body))
         job = wait_for_phase(kubectl, namespace, "retry", ("Succeeded", "Failed"),
                              timeout=2 * TIMEOUT_S)
-    finally:
-        uids = watch.stop()
 
     status = job["status"]
     log = kubectl("logs", "job/retry-launcher-2", "-n", namespace, check=False)
@@ -44,7 +41,6 @@ def test_a_raise_in_the_first_attempt_restarts_on_the_same_pods_and_succeeds(kub
     assert first["host"].startswith("retry-worker-1."), first
     assert "raised ValueError: bad batch at step 2" in first["message"], first
     assert second["class"] == "Succeeded"
-    assert sorted(uids) == ["retry-worker-0", "retry-worker-1", "retry-worker-2"]
-    assert all(len(seen) == 1 for seen in uids.values()), uids
+    assert watch.pods_seen() == {"retry-worker-0": 1, "retry-worker-1": 1, "retry-worker-2": 1}
     assert [int(m["step"]) for m in STEP.finditer(log)] == [1, 2, 3], log[-4000:]
     assert re.search(r"^rl_kl: done", log, re.MULTILINE), log[-4000:]
