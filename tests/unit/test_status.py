@@ -26,6 +26,30 @@ def test_phase_is_derived_from_conditions():
     assert st.summarize_phase(failed) == "Failed" and st.is_finished(failed)
 
 
+def test_message_comes_from_the_condition_that_decided_the_phase():
+    assert st.summarize_message({}) == ""
+    waiting = st.set_condition({}, st.WORKERS_READY, False, st.REASON_WAITING_FOR_WORKERS,
+                               "0/1 workers ready; waiting for w-0 (Unschedulable: ...)", 1, "t")
+    assert st.summarize_message(waiting).startswith("0/1 workers ready; waiting for w-0")
+    ready = st.set_condition(waiting, st.WORKERS_READY, True, "R", "1 of 1", 1, "t")
+    running = st.set_condition(ready, st.RUNNING, True, "L", "launcher up", 1, "t")
+    assert st.summarize_message(running) == "launcher up"
+    # Restarting: the restart's own words, then the gate's wait once it names a worker.
+    restarting = st.set_condition(st.set_condition(
+        running, st.WORKERS_READY, False, st.REASON_RESTARTING, "re-checking", 1, "t"),
+        st.RUNNING, False, st.REASON_RESTARTING, "attempt 1 failed (...); starting attempt 2", 1,
+        "t")
+    assert st.summarize_phase(restarting) == st.PHASE_RESTARTING
+    assert st.summarize_message(restarting) == "attempt 1 failed (...); starting attempt 2"
+    gate = st.set_condition(restarting, st.WORKERS_READY, False, st.REASON_WAITING_FOR_WORKERS,
+                            "1/2 workers ready; waiting for w-1 (not created)", 1, "t")
+    assert st.summarize_message(gate) == "1/2 workers ready; waiting for w-1 (not created)"
+    failed = st.set_condition(gate, st.FAILED, True, "F", "x\n" * 300, 1, "t")
+    message = st.summarize_message(failed)
+    assert len(message) == st.SUMMARY_MESSAGE_LIMIT and message.endswith("...")
+    assert "\n" not in message
+
+
 def test_transitions_are_status_or_reason_changes_not_messages():
     before = st.set_condition({}, st.WORKERS_READY, False, st.REASON_WAITING_FOR_WORKERS,
                               "1/2 workers ready", 1, "2026-01-01T00:00:00Z")

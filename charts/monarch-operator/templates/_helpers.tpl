@@ -83,7 +83,7 @@ compares these rules with the API calls in operator/monarch_operator/controller/
   verbs: [get, create, delete]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch]
+  verbs: [list, watch, delete]
 - apiGroups: [""]
   resources: [pods/log]
   verbs: [get]

@@ -33,10 +33,20 @@ _FAILING_RANK = re.compile(
 
 @dataclass(frozen=True)
 class LostWorker:
-    """A worker pod the running attempt lost, and how (``deleted``, ``evicted: ...``)."""
+    """A worker pod the running attempt lost, and how (``deleted``, ``evicted: ...``).
+
+    ``node_lost``: its node is not Ready and it is not either; nobody else deletes such a pod
+    soon (taint-based eviction waits 300 s), so the operator does, to have it recreated.
+    """
 
     name: str
     cause: str
+    node_lost: bool = False
+
+    @property
+    def in_place(self) -> bool:
+        """Whether only a container of the pod ended or restarted (the pod itself stays)."""
+        return self.cause.startswith("container ")
 
     def describe(self) -> str:
         """E.g. ``demo-worker-3 (deleted)``."""
@@ -80,8 +90,8 @@ def lost_workers(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]],
         cause = _loss_cause(entry, pod)
         node = ((pod or {}).get("spec") or {}).get("nodeName")
         if not cause and node in unready_nodes and not _ready(pod):
-            cause = f"node {node} NotReady"
-        if cause:
+            lost.append(LostWorker(entry["name"], f"node {node} NotReady", node_lost=True))
+        elif cause:
             lost.append(LostWorker(entry["name"], cause))
     return lost
 

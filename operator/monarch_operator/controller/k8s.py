@@ -165,6 +165,20 @@ def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
         raise
 
 
+def delete_pod(namespace: str, name: str, force: bool = False) -> bool:
+    """Delete a pod with its own grace period, or with ``force`` at once (grace period 0, as
+    ``kubectl delete pod --force --grace-period=0``: the object goes without waiting for its
+    kubelet; only finalizers still hold it). Returns False if it was already gone (404)."""
+    try:
+        kubernetes.client.CoreV1Api(_client()).delete_namespaced_pod(
+            name, namespace, grace_period_seconds=0 if force else None)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
 def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
     """Pods in ``namespace`` carrying every label of ``labels``."""
     selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))

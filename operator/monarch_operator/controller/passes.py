@@ -92,7 +92,8 @@ class PassRunner:
         job = JobSpec.from_body(body)
         delays = [delay for delay in (
             deadlines.seconds_until_next_deadline(job, outcome.status, now),
-            self._retry_delay((namespace, name), outcome.retry_after)) if delay is not None]
+            self._retry_delay((namespace, name), outcome.retry_after), outcome.wake_after)
+            if delay is not None]
         return PassReport(body, outcome.events, min(delays) if delays else None,
                           phase=None if outcome.deleted else outcome.status.get("phase"))
 
@@ -117,6 +118,7 @@ def _fail_invalid(body: dict[str, Any], message: str, now: dt.datetime) -> list[
     new_status = st.set_condition(status, st.FAILED, True, st.REASON_INVALID_SPEC, message,
                                   generation, now.strftime("%Y-%m-%dT%H:%M:%SZ"))
     new_status["phase"] = st.summarize_phase(new_status)
+    new_status["message"] = st.summarize_message(new_status)
     new_status["observedGeneration"] = generation
     if new_status == status:
         return []

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attempts, deadlines, k8s, observe, policy
+from monarch_operator.controller import attempts, deadlines, k8s, observe, policy, stuckpods
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER, build_launcher_job
@@ -53,13 +53,16 @@ class Outcome:
     """What one pass did: events to post, the status it left, and when to look again.
 
     ``retry_after`` (seconds) is set when the pass could not finish its checklist (a child name
-    taken by a foreign object) and should run again even if no watch event comes.
+    taken by a foreign object) and should run again even if no watch event comes; ``wake_after``
+    (seconds) when it waits for something no watch event will announce (a pod stuck
+    terminating becomes due for force deletion).
     """
 
     events: list[Event]
     status: dict[str, Any]
     retry_after: float | None = None
     deleted: bool = False  # the pass deleted the job itself (ttlSecondsAfterFinished)
+    wake_after: float | None = None
 
 
 @dataclass
@@ -70,6 +73,13 @@ class Pass:
     status: dict[str, Any]
     now: dt.datetime
     events: list[Event] = field(default_factory=list)
+    wake_after: float | None = None  # see Outcome
+
+    def wake_in(self, seconds: float | None) -> None:
+        """Ask for a pass ``seconds`` from now (the earliest asked for wins); None: nothing."""
+        if seconds is not None:
+            self.wake_after = seconds if self.wake_after is None else min(self.wake_after,
+                                                                           seconds)
 
     @property
     def now_text(self) -> str:
@@ -127,7 +137,7 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> Out
         _clean_up(state)
         _count_ready_workers(state)
     _write_status(state, previous)
-    return Outcome(state.events, state.status, retry_after)
+    return Outcome(state.events, state.status, retry_after, wake_after=state.wake_after)
 
 
 def _check_active_deadline(state: Pass) -> None:
@@ -190,7 +200,7 @@ def _ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
     if settings.network_policy:  # before any pod exists, so no pod is ever open to others
         k8s.ensure(build_network_policy(job), job.uid)
     worker_set, _ = k8s.ensure(build_worker_statefulset(job, settings), job.uid)
-    pods = _worker_pods(job, worker_set)
+    pods = _worker_pods(state, worker_set)
     ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)
     state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
     if len(ready) == job.replicas:
@@ -239,11 +249,14 @@ def _fail(state: Pass, reason: str, message: str) -> None:
         state.condition(st.RUNNING, False, reason, message)
 
 
-def _worker_pods(job: JobSpec, worker_set: dict[str, Any]) -> list[dict[str, Any]]:
+def _worker_pods(state: Pass, worker_set: dict[str, Any]) -> list[dict[str, Any]]:
     """Worker pods controlled by ``worker_set``: after a suspend or a recreated StatefulSet, the
-    old one's pods may linger until garbage collection and must not pass the gate."""
-    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
-                                         constants.LABEL_ROLE: constants.ROLE_WORKER})
+    old one's pods may linger until garbage collection and must not pass the gate. Any worker
+    pod stuck terminating (its node lost) is force-deleted in time: the StatefulSet recreates a
+    pod only once its namesake is gone."""
+    job = state.job
+    pods = _let_go_of_stuck(state, k8s.list_pods(job.namespace, {
+        constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_WORKER}))
     set_uid = worker_set.get("metadata", {}).get("uid")
     return [pod for pod in pods if k8s.controller_uid(pod) in (set_uid, None)]
 
@@ -266,7 +279,7 @@ def _start_or_follow_launcher(state: Pass, settings: Settings,
         return _end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                             f"launcher Job {launcher_name} was deleted while it ran")
     if launcher is None:
-        if not st.is_true(state.status, st.WORKERS_READY) or _earlier_launcher_alive(state):
+        if not st.is_true(state.status, st.WORKERS_READY) or _waiting_for_earlier_launcher(state):
             return None
         launcher = _launch(state, settings, worker_pods, launcher_name)
     state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
@@ -275,19 +288,19 @@ def _start_or_follow_launcher(state: Pass, settings: Settings,
                                          constants.LABEL_ROLE: constants.ROLE_LAUNCHER,
                                          constants.LABEL_ATTEMPT: str(attempt)})
     outcome = observe.launcher_outcome(launcher, pods)
+    if outcome.finished and outcome.succeeded:  # final, whatever happened to a worker since
+        _succeed(state, outcome)
+        return None
     snapshot = state.status.get("attemptWorkers") or []
     unready_nodes = frozenset(node for node in attempts.nodes_to_check(snapshot, worker_pods)
                               if not k8s.node_is_ready(node))
     lost = attempts.lost_workers(snapshot, worker_pods, unready_nodes)
     if lost:
-        restarted = all(worker.cause == "container restarted" for worker in lost)
+        restarted = all(worker.in_place for worker in lost)
         reason = st.REASON_WORKER_RESTARTED if restarted else st.REASON_WORKER_EVICTED
         message = f"worker {_short([worker.describe() for worker in lost])} lost mid-run"
         return _end_attempt(state, policy.INFRASTRUCTURE, reason, message, outcome, lost, pods)
     if not outcome.finished:
-        return None
-    if outcome.succeeded:
-        _succeed(state, outcome)
         return None
     if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
         return _end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
@@ -301,17 +314,67 @@ def _start_or_follow_launcher(state: Pass, settings: Settings,
     return _end_attempt(state, judged.failure_class, reason, message, outcome, None, pods)
 
 
-def _earlier_launcher_alive(state: Pass) -> bool:
-    """Whether a launcher pod of an earlier attempt still runs (e.g. stopping after its Job was
-    deleted): its Monarch workers may still hold the workers' port, so the next attempt waits
-    for it to end (its pod's deletion wakes the job)."""
+def _waiting_for_earlier_launcher(state: Pass) -> bool:
+    """Whether the next attempt still waits for a launcher pod of an earlier attempt to end
+    (stopping after its Job was deleted): its Monarch workers may still hold the workers' port.
+
+    Its pod's deletion wakes the job. A pod that can never end (its node lost, a finalizer
+    nobody removes) is waited for only until :mod:`.stuckpods` says, then force-deleted with a
+    Warning event, and the attempt goes on; a pod left without its Job (orphaned) is deleted.
+    """
     job = state.job
     attempt = str(state.status["attempt"])
-    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
-                                         constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
-    return any(pod["metadata"].get("labels", {}).get(constants.LABEL_ATTEMPT) != attempt
-               and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-               for pod in pods)
+    pods = [pod for pod in k8s.list_pods(job.namespace, {
+                constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
+            if pod["metadata"].get("labels", {}).get(constants.LABEL_ATTEMPT) != attempt
+            and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    for pod in pods:
+        if not pod["metadata"].get("deletionTimestamp") and k8s.controller_uid(pod) is None:
+            k8s.delete_pod(job.namespace, pod["metadata"]["name"])  # no Job, no GC to end it
+    waiting = [pod for pod in _let_go_of_stuck(state, pods)
+               if not stuckpods.is_force_deleted(pod)]
+    if waiting:
+        metadata = waiting[0]["metadata"]
+        deadline = stuckpods.deletion_deadline(waiting[0])
+        until = ("" if deadline is None else ", force-deleted "
+                 f"{int(stuckpods.FORCE_DELETE_AFTER_SECONDS)}s after its grace period ends "
+                 f"({deadline.strftime('%H:%M:%SZ')}) if it has not")
+        earlier = metadata.get("labels", {}).get(constants.LABEL_ATTEMPT)
+        # Same reason as before (Restarting, or JobSuspended after a resume): only the words.
+        reason = (st.get_condition(state.status, st.RUNNING) or {}).get("reason")
+        state.condition(st.RUNNING, False, str(reason or st.REASON_RESTARTING),
+                        f"attempt {attempt} waits for launcher pod {metadata['name']} of "
+                        f"attempt {earlier} to end{until}")
+    return bool(waiting)
+
+
+def _let_go_of_stuck(state: Pass, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Force-delete those of ``pods`` stuck terminating long past their grace period
+    (:mod:`.stuckpods`: node lost, finalizers), each with a Warning event and in the current
+    attempt's ``forceDeletedPods``; ask for a pass when the next one becomes due.
+
+    Returns ``pods`` without the ones force-deleted here.
+    """
+    job = state.job
+    kept = []
+    for pod in pods:
+        if not stuckpods.is_overdue(pod, state.now):
+            kept.append(pod)
+            continue
+        name = pod["metadata"]["name"]
+        node = (pod.get("spec") or {}).get("nodeName")
+        described = stuckpods.describe_stuck(pod, state.now,
+                                             k8s.node_is_ready(node) if node else None)
+        if not k8s.delete_pod(job.namespace, name, force=True):
+            continue  # gone meanwhile (404): nothing was stuck
+        state.events.append(Event("Warning", st.REASON_POD_FORCE_DELETED,
+                                  f"pod {described}: force-deleted (nothing else would end it); "
+                                  "the job goes on without it"))
+        record = attempts.current(state.status) or {}
+        state.status = attempts.update_current(
+            state.status, forceDeletedPods=[*record.get("forceDeletedPods", []), name])
+    state.wake_in(stuckpods.seconds_until_overdue(kept, state.now))
+    return kept
 
 
 def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
@@ -361,6 +424,9 @@ def _end_attempt(state: Pass, failure_class: str, reason: str, message: str,
         # the old mesh and a failed job holds no pods. (An ended launcher's pod is kept for its
         # logs until the next attempt replaces it.)
         _delete_if_present("batch/v1", "Job", job.namespace, launcher_name)
+        for worker in lost or []:
+            if worker.node_lost:  # to be recreated elsewhere (force-deleted if it cannot end)
+                k8s.delete_pod(job.namespace, worker.name)
     if not decision.restart:
         state.status["completionTime"] = state.now_text
         # The launcher's own line stays the whole message when no restart was asked for.
@@ -435,7 +501,8 @@ def _suspend(state: Pass) -> None:
             state.status, endTime=state.now_text, reason=st.REASON_SUSPENDED,
             message="spec.suspend set while it ran", **{"class": policy.SUSPENDED})
         state.status = attempts.begin(state.status, attempt + 1, state.now_text, restart=False)
-    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name})
+    pods = _let_go_of_stuck(state, k8s.list_pods(job.namespace,
+                                                 {constants.LABEL_JOB: job.name}))
     ready = [pod for pod in pods if observe.pod_is_ready(pod)
              and pod["metadata"].get("labels", {}).get(constants.LABEL_ROLE)
              == constants.ROLE_WORKER]
@@ -490,8 +557,8 @@ def _clean_up(state: Pass) -> None:
 def _count_ready_workers(state: Pass) -> None:
     """READY says how many workers are Ready now, also after the job finished."""
     job = state.job
-    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
-                                         constants.LABEL_ROLE: constants.ROLE_WORKER})
+    pods = _let_go_of_stuck(state, k8s.list_pods(job.namespace, {
+        constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_WORKER}))
     ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)
     state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
 
@@ -512,6 +579,7 @@ def _write_status(state: Pass, previous: dict[str, Any]) -> None:
             state.events.append(Event(transition.type, transition.reason, transition.message))
             posted.add(transition.reason)
     state.status["phase"] = st.summarize_phase(state.status)
+    state.status["message"] = st.summarize_message(state.status)
     state.status["observedGeneration"] = state.job.generation
     if state.status != previous:
         k8s.patch_job_status(state.job.namespace, state.job.name, state.status)

@@ -42,6 +42,9 @@ REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"  # spec.activeDeadlineSeconds pass
 REASON_TEMPLATE_REFUSED = "TemplateRefused"  # the API server refused a child built from spec
 REASON_WORKER_CANNOT_START = "WorkerCannotStart"  # e.g. invalid image, init crash loop
 REASON_TTL_EXPIRED = "TTLExpired"  # the job was deleted by spec.ttlSecondsAfterFinished
+# A pod of the job stuck terminating past its grace period (node lost, a finalizer) was
+# force-deleted so that the job goes on (controller/stuckpods.py).
+REASON_POD_FORCE_DELETED = "PodForceDeleted"
 # Reasons of a condition that need someone's attention: their Events are Warnings.
 WARNING_REASONS = frozenset({REASON_CHILD_NOT_OWNED, REASON_RESTARTING})
 
@@ -135,6 +138,31 @@ def summarize_phase(status: dict[str, Any]) -> str:
     if get_condition(status, WORKERS_READY) is not None:
         return PHASE_STARTING
     return PHASE_PENDING
+
+
+# status.message (the MESSAGE column of `kubectl get -o wide`) keeps at most this many
+# characters; the whole text stays in the condition it comes from.
+SUMMARY_MESSAGE_LIMIT = 200
+
+
+def summarize_message(status: dict[str, Any]) -> str:
+    """Why the job is in its phase, in one line: the message of the condition that decided
+    :func:`summarize_phase` (while workers are not all Ready, ``WorkersReady``'s, which names
+    each waiting worker and why), cut to :data:`SUMMARY_MESSAGE_LIMIT` characters; "" when no
+    condition says anything yet. Derived like the phase, never stored on its own."""
+    phase = summarize_phase(status)
+    by_phase = {PHASE_FAILED: FAILED, PHASE_SUCCEEDED: SUCCEEDED, PHASE_SUSPENDED: SUSPENDED,
+                PHASE_RUNNING: RUNNING, PHASE_STARTING: WORKERS_READY}
+    source = by_phase.get(phase)
+    if phase == PHASE_RESTARTING:  # the gate's wait says more than the restart once it runs
+        workers = get_condition(status, WORKERS_READY) or {}
+        waiting = workers.get("status") == "False" and workers.get("reason") != REASON_RESTARTING
+        source = WORKERS_READY if waiting else RUNNING
+    message = " ".join(str((get_condition(status, source) or {}).get("message") or "").split()
+                       ) if source else ""
+    if len(message) > SUMMARY_MESSAGE_LIMIT:
+        message = message[:SUMMARY_MESSAGE_LIMIT - 3] + "..."
+    return message
 
 
 @dataclass(frozen=True)

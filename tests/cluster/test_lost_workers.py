@@ -1,0 +1,181 @@
+"""Infrastructure failures the operator gets past on its own, on the real local control plane:
+a worker container restarted in place (field case C8), a worker's node lost mid-run (its pod
+recreated elsewhere, with and without budget), and a launcher pod of a failed attempt stuck on a
+lost node (force-deleted once its grace period is long over, so the next attempt runs).
+
+Nodes go down with ``LocalCluster.node_lost`` (kwok stops heartbeating them: NotReady after
+about 20 s). Placement is pinned with node affinity so that the lost node holds exactly what a
+test means to lose. Launchers are shell commands that hang in attempt 1 and succeed after.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from monarch_operator.localcluster import nodestate
+from tests.cluster.helpers import (
+    PodWatch,
+    apply_manifest,
+    condition,
+    get_json,
+    job_manifest,
+    job_pods,
+    job_status,
+    running_attempt,
+    wait_phase,
+    wait_until,
+)
+
+pytestmark = pytest.mark.cluster
+
+# Runs until stopped in attempt 1, succeeds at once afterwards.
+HANG_FIRST = ('if [ "$MONARCH_ATTEMPT" = 1 ]; then exec sleep 600; fi; '
+              'echo "attempt $MONARCH_ATTEMPT"')
+LAUNCHER_NODE = "kwok-gpu-0"
+# Short grace periods: a pod on a lost node is force-deleted this + FORCE_DELETE_AFTER_SECONDS
+# after its deletion, which keeps the tests short (the default is 30 s).
+GRACE = {"terminationGracePeriodSeconds": 5}
+# Long enough for a node to be noticed lost (~20 s), its pod's grace period, the force
+# deletion and a new pod becoming Ready, on a loaded machine.
+LOSS_TIMEOUT = 240
+
+
+def on_nodes(operator: str, nodes: list[str]) -> dict:
+    """A pod template ``spec`` with required node affinity on the node names (matchFields)."""
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": operator, "values": nodes}]}]}}}, **GRACE}
+
+
+def events(kubectl, namespace: str, name: str, reason: str) -> list[str]:
+    """Messages of the job's Events with ``reason``."""
+    listed = json.loads(kubectl("get", "events", "-n", namespace, "-o", "json",
+                                "--field-selector", f"involvedObject.name={name},reason={reason}"))
+    return [event.get("message", "") for event in listed["items"]]
+
+
+def pod_node(kubectl, namespace: str, name: str) -> str:
+    return get_json(kubectl, "pod", name, "-n", namespace)["spec"]["nodeName"]
+
+
+def test_a_worker_container_restarted_in_place_is_an_infrastructure_failure(kubectl, namespace):
+    """C8 in place: sshd (the worker container's main process) dies and the kubelet restarts
+    the container; the pod stays (same uid), the attempt ends as WorkerRestarted on the
+    infrastructure budget, and the next attempt runs on the same pods."""
+    with PodWatch(kubectl, namespace, "inplace") as watch:
+        apply_manifest(kubectl, namespace, job_manifest(
+            "inplace", launcher={"command": ["sh", "-c", HANG_FIRST]}))
+        running_attempt(kubectl, namespace, "inplace", 1)
+        # sshd's pid file is in the container user's home ($HOME is not in sshd's environ,
+        # which is what kubectl exec starts with).
+        kubectl("exec", "inplace-worker-1", "-n", namespace, "--", "sh", "-c",
+                'home="$(getent passwd "$(id -u)" | cut -d: -f6)"; '
+                'kill "$(cat "$home/.sshd/sshd.pid")"')
+        status = wait_phase(kubectl, namespace, "inplace", "Succeeded", timeout=LOSS_TIMEOUT)
+
+    first, second = status["attempts"]
+    assert (first["class"], first["reason"]) == ("Infrastructure", "WorkerRestarted"), first
+    assert first["lostWorkers"] == ["inplace-worker-1"]
+    assert "inplace-worker-1 (container " in first["message"], first["message"]
+    assert second["class"] == "Succeeded"
+    assert status["failureCounts"] == {"infrastructure": 1}, "backoffLimit 0 was not spent"
+    assert watch.pods_seen() == {"inplace-worker-0": 1, "inplace-worker-1": 1}, "pods kept"
+    pod = get_json(kubectl, "pod", "inplace-worker-1", "-n", namespace)
+    assert pod is None or pod["status"]["containerStatuses"][0]["restartCount"] >= 1
+
+
+def test_a_workers_node_lost_mid_run_restarts_on_a_new_pod(kubectl, namespace, local_cluster):
+    """The node of a worker goes silent mid-run: once the node is NotReady the attempt ends
+    (Infrastructure, the application budget untouched), the operator deletes the lost pod and,
+    since its node never confirms, force-deletes it after its grace period; the StatefulSet
+    recreates it on a healthy node and the next attempt succeeds, all while the node is down."""
+    apply_manifest(kubectl, namespace, job_manifest(
+        "nodeloss", launcher={"command": ["sh", "-c", HANG_FIRST],
+                              "template": {"spec": on_nodes("In", [LAUNCHER_NODE])}},
+        workers={"replicas": 2, "gpusPerWorker": 1,
+                 "template": {"spec": on_nodes("NotIn", [LAUNCHER_NODE])}}))
+    running = running_attempt(kubectl, namespace, "nodeloss", 1)
+    before = {entry["name"]: entry["uid"] for entry in running["attemptWorkers"]}
+    lost_node = pod_node(kubectl, namespace, "nodeloss-worker-1")
+
+    with local_cluster.node_lost(lost_node, nodestate.CRASH):
+        status = wait_phase(kubectl, namespace, "nodeloss", "Succeeded", timeout=LOSS_TIMEOUT)
+        recreated = get_json(kubectl, "pod", "nodeloss-worker-1", "-n", namespace)
+
+    first, second = status["attempts"]
+    assert (first["class"], first["reason"]) == ("Infrastructure", "WorkerEvicted"), first
+    assert "nodeloss-worker-1" in first["lostWorkers"]
+    assert f"nodeloss-worker-1 (node {lost_node} NotReady)" in first["message"], first
+    assert second["class"] == "Succeeded"
+    assert "nodeloss-worker-1" in second["forceDeletedPods"], second
+    assert status["failureCounts"] == {"infrastructure": 1}, "backoffLimit 0 was not spent"
+    assert recreated["metadata"]["uid"] != before["nodeloss-worker-1"]
+    assert recreated["spec"]["nodeName"] not in (lost_node, LAUNCHER_NODE)
+    forced = events(kubectl, namespace, "nodeloss", "PodForceDeleted")
+    assert any(f"nodeloss-worker-1 on node {lost_node} (NotReady)" in message
+               for message in forced), forced
+
+
+def test_a_workers_node_lost_without_budget_fails_naming_it_and_every_pod_goes(
+        kubectl, namespace, local_cluster):
+    apply_manifest(kubectl, namespace, job_manifest(
+        "nodenobudget", runPolicy={"infrastructureBackoffLimit": 0, "backoffLimit": 5},
+        launcher={"command": ["sh", "-c", HANG_FIRST],
+                  "template": {"spec": on_nodes("In", [LAUNCHER_NODE])}},
+        workers={"replicas": 2, "gpusPerWorker": 1,
+                 "template": {"spec": on_nodes("NotIn", [LAUNCHER_NODE])}}))
+    running_attempt(kubectl, namespace, "nodenobudget", 1)
+    lost_node = pod_node(kubectl, namespace, "nodenobudget-worker-0")
+
+    with local_cluster.node_lost(lost_node, nodestate.CRASH):
+        status = wait_phase(kubectl, namespace, "nodenobudget", "Failed", timeout=LOSS_TIMEOUT)
+        # The pod on the lost node can only go by force deletion: the job lets go of it too.
+        wait_until(lambda: not job_pods(kubectl, namespace, "nodenobudget"), LOSS_TIMEOUT,
+                   "every pod of the failed job gone while its node is down")
+
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "WorkerEvicted"
+    assert f"nodenobudget-worker-0 (node {lost_node} NotReady)" in failed["message"], failed
+    assert "infrastructureBackoffLimit" in failed["message"], failed["message"]
+    assert status["attempts"][-1]["class"] == "Infrastructure"
+    assert status.get("restartCount") == 0 and status.get("failureCounts", {}) == {}
+    forced = events(kubectl, namespace, "nodenobudget", "PodForceDeleted")
+    assert any("nodenobudget-worker-0" in message for message in forced), forced
+
+
+def test_an_earlier_launcher_stuck_on_a_lost_node_does_not_block_the_next_attempt(
+        kubectl, namespace, local_cluster):
+    """The launcher's node is partitioned (its processes keep running, unseen), then a worker
+    is deleted: the attempt ends and its launcher Job is deleted, but the launcher pod stays
+    Terminating for as long as its node is away. The next attempt waits for it through its
+    grace period, then force-deletes it (Warning PodForceDeleted, recorded in the attempt)
+    and starts its own launcher, while the node is still down."""
+    apply_manifest(kubectl, namespace, job_manifest(
+        "stuck", launcher={"command": ["sh", "-c", HANG_FIRST],
+                           "template": {"spec": on_nodes("In", ["kwok-gpu-2"])}},
+        workers={"replicas": 2, "gpusPerWorker": 1,
+                 "template": {"spec": on_nodes("NotIn", ["kwok-gpu-2"])}}))
+    running_attempt(kubectl, namespace, "stuck", 1)
+    [old_launcher] = [pod["metadata"]["name"] for pod in job_pods(kubectl, namespace, "stuck")
+                      if pod["metadata"]["labels"]["monarch-operator.dev/role"] == "launcher"]
+
+    with local_cluster.node_lost("kwok-gpu-2", nodestate.PARTITION):
+        kubectl("delete", "pod", "stuck-worker-1", "-n", namespace, "--wait=false")
+        launched = wait_until(
+            lambda: (status := job_status(kubectl, namespace, "stuck")).get("attempt") == 2
+            and status["attempts"][-1].get("launchTime") and status, LOSS_TIMEOUT,
+            "attempt 2's launcher started while the earlier one's node is down")
+        assert get_json(kubectl, "pod", old_launcher, "-n", namespace) is None
+        assert get_json(kubectl, "job", "stuck-launcher-2", "-n", namespace) is not None
+    # Attempt 2's launcher is pinned to the node too: it runs once the node is back.
+    status = wait_phase(kubectl, namespace, "stuck", "Succeeded", timeout=LOSS_TIMEOUT)
+
+    first, second = launched["attempts"]
+    assert (first["class"], first["reason"]) == ("Infrastructure", "WorkerEvicted"), first
+    assert second["forceDeletedPods"] == [old_launcher], second
+    forced = events(kubectl, namespace, "stuck", "PodForceDeleted")
+    assert any(f"{old_launcher} on node kwok-gpu-2 (NotReady)" in message
+               for message in forced), forced
+    assert [a["class"] for a in status["attempts"]] == ["Infrastructure", "Succeeded"]
