@@ -165,6 +165,15 @@ def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
         raise
 
 
+def delete_if_present(api_version: str, kind: str, namespace: str, name: str) -> bool:
+    """Delete unless absent or already being deleted: a pass on a finished job sends no request
+    (a DELETE answered 404 is still a write in the audit log, field case C5)."""
+    observed = read(api_version, kind, namespace, name)
+    if observed is None or observed.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    return delete(api_version, kind, namespace, name)
+
+
 def delete_pod(namespace: str, name: str, force: bool = False) -> bool:
     """Delete a pod with its own grace period, or with ``force`` at once (grace period 0, as
     ``kubectl delete pod --force --grace-period=0``: the object goes without waiting for its

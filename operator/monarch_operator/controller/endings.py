@@ -1,0 +1,111 @@
+"""How an attempt ends: Succeeded, or failed with a class, recorded in ``status.attempts[]``;
+then the run policy restarts the job (a new attempt) or fails it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch_operator import names
+from monarch_operator.controller import attempts, k8s, observe, policy
+from monarch_operator.controller import status as st
+from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
+from monarch_operator.controller.passstate import Event, Pass
+
+
+def fail(state: Pass, reason: str, message: str) -> None:
+    """The job Failed for ``reason`` at once, whatever restart budget is left (class Fatal:
+    nothing a restart could cure); the attempt records it, a Warning event follows."""
+    end_attempt(state, policy.FATAL, reason, message)
+    if st.is_true(state.status, st.RUNNING):
+        state.condition(st.RUNNING, False, reason, message)
+
+
+def succeed(state: Pass, outcome: observe.LauncherOutcome) -> None:
+    """The launcher exited 0: the attempt and the job Succeeded (final)."""
+    state.status["launcher"] = {"exitCode": outcome.exit_code or 0,
+                                "reason": observe.launcher_reason(outcome)}
+    state.status["completionTime"] = state.now_text
+    state.status.pop("attemptWorkers", None)
+    state.status = attempts.update_current(state.status, endTime=state.now_text,
+                                           **{"class": "Succeeded"}, exitCode=0)
+    state.condition(st.RUNNING, False, st.REASON_LAUNCHER_SUCCEEDED, "launcher finished")
+    state.condition(st.SUCCEEDED, True, st.REASON_LAUNCHER_SUCCEEDED, "launcher exited 0")
+    state.events.append(Event("Normal", st.REASON_LAUNCHER_SUCCEEDED, "job succeeded"))
+
+
+def end_attempt(state: Pass, failure_class: str, reason: str, message: str,
+                outcome: observe.LauncherOutcome | None = None,
+                lost: list[attempts.LostWorker] | None = None,
+                launcher_pods: list[dict[str, Any]] | None = None) -> str | None:
+    """Record how the current attempt failed, then restart (a new attempt) or fail the job as
+    ``spec.runPolicy`` says. Returns ``failure_class`` when the job restarts, else None."""
+    job = state.job
+    attempt = int(state.status["attempt"])
+    _record_failure(state, failure_class, reason, message, outcome, lost, launcher_pods)
+    spent = dict(state.status.get("failureCounts") or {})
+    decision = policy.decide(job.run_policy, failure_class, spent)
+    launcher_name = names.launcher_job(job.name, attempt)
+    if failure_class == policy.INFRASTRUCTURE:
+        # The launcher may still run: stop it, so that a recreated worker is never folded into
+        # the old mesh and a failed job holds no pods. (An ended launcher's pod is kept for its
+        # logs until the next attempt replaces it.)
+        k8s.delete_if_present("batch/v1", "Job", job.namespace, launcher_name)
+        for worker in lost or []:
+            if worker.node_lost:  # to be recreated elsewhere (force-deleted if it cannot end)
+                k8s.delete_pod(job.namespace, worker.name)
+    if not decision.restart:
+        state.status["completionTime"] = state.now_text
+        # The launcher's own line stays the whole message when no restart was asked for.
+        single = (failure_class in (policy.STARTUP, policy.FATAL) or (
+            failure_class == policy.APPLICATION and job.run_policy.backoff_limit == 0))
+        text = message if single else f"{message}; attempt {attempt}, {decision.budget}"
+        if failure_class in (policy.APPLICATION, policy.INFRASTRUCTURE):
+            state.condition(st.RUNNING, False, reason, "attempt failed; no restart left")
+        state.condition(st.FAILED, True, reason, text)
+        state.events.append(Event("Warning", reason, text))
+        return None
+    key = "application" if failure_class == policy.APPLICATION else "infrastructure"
+    state.status["failureCounts"] = {**spent, key: spent.get(key, 0) + 1}
+    if failure_class == policy.INFRASTRUCTURE:
+        # Rebuilt from the new pods once the gate passes again.
+        k8s.delete_if_present("v1", "ConfigMap", job.namespace, names.hostfile_configmap(job.name))
+        state.condition(st.WORKERS_READY, False, st.REASON_RESTARTING,
+                        f"re-checking every worker before attempt {attempt + 1}")
+    state.status = attempts.begin(state.status, attempt + 1, state.now_text)
+    text = (f"attempt {attempt} failed ({failure_class}: {message}); starting attempt "
+            f"{attempt + 1}, {decision.budget}")
+    state.condition(st.RUNNING, False, st.REASON_RESTARTING, text)
+    state.events.append(Event("Warning", st.REASON_RESTARTING, text))
+    return failure_class
+
+
+def _record_failure(state: Pass, failure_class: str, reason: str, message: str,
+                    outcome: observe.LauncherOutcome | None,
+                    lost: list[attempts.LostWorker] | None,
+                    launcher_pods: list[dict[str, Any]] | None) -> None:
+    """End the current attempt's record: class, reason, exit code, failing rank, output tail
+    (the launcher's log where the kubelet serves it, else its termination message)."""
+    fields: dict[str, Any] = {"endTime": state.now_text, "class": failure_class,
+                              "reason": reason, "message": attempts.shorten(message)}
+    if outcome is not None and outcome.finished:
+        if outcome.exit_code is not None:
+            fields["exitCode"] = outcome.exit_code
+            state.status["launcher"] = {"exitCode": outcome.exit_code,
+                                        "reason": observe.launcher_reason(outcome)}
+        fields.update(attempts.failing_rank(outcome.message))
+        fields["outputTail"] = attempts.output_tail(
+            _launcher_output(launcher_pods or []) or outcome.message) or None
+    if lost:
+        fields["lostWorkers"] = [worker.name for worker in lost]
+    state.status.pop("attemptWorkers", None)
+    state.status = attempts.update_current(state.status, **fields)
+
+
+def _launcher_output(pods: list[dict[str, Any]]) -> str:
+    """The tail of the attempt's launcher container log, "" when none can be read."""
+    for pod in pods:
+        text = k8s.pod_log_tail(pod["metadata"].get("namespace", ""), pod["metadata"]["name"],
+                                LAUNCHER_CONTAINER, attempts.OUTPUT_TAIL_LINES)
+        if text:
+            return text
+    return ""

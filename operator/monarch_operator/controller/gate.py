@@ -1,0 +1,87 @@
+"""The gate of an attempt: the job's key Secret, Service, NetworkPolicy and worker
+StatefulSet, then every worker Ready, or why not (the scheduler's and kubelet's reasons), failing
+fast on what cannot heal and at the startup timeout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch_operator import constants, names
+from monarch_operator.controller import attempts, deadlines, endings, k8s, observe, policy, release
+from monarch_operator.controller import status as st
+from monarch_operator.controller.builders.networkpolicy import build_network_policy
+from monarch_operator.controller.builders.secret import build_ssh_secret
+from monarch_operator.controller.builders.service import build_worker_service
+from monarch_operator.controller.builders.statefulset import build_worker_statefulset
+from monarch_operator.controller.passstate import Pass, short
+from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.sshkeys import generate_job_keys
+
+
+def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
+    """Secret, Service, StatefulSet; the gate (every worker Ready) or the startup timeout.
+
+    Returns the worker pods of the current StatefulSet (pods of a deleted one are left out).
+    """
+    job = state.job
+    secret = k8s.read("v1", "Secret", job.namespace, names.ssh_secret(job.name))
+    if secret is None:
+        keys = generate_job_keys(job.namespace, job.name)
+        k8s.ensure(build_ssh_secret(job, settings, keys), job.uid)
+    else:  # exists: keep its key bytes (retries must not rotate keys), but check the owner
+        k8s.check_owner(secret, job.uid)
+    k8s.ensure(build_worker_service(job), job.uid)
+    if settings.network_policy:  # before any pod exists, so no pod is ever open to others
+        k8s.ensure(build_network_policy(job), job.uid)
+    worker_set, _ = k8s.ensure(build_worker_statefulset(job, settings), job.uid)
+    pods = _worker_pods(state, worker_set)
+    ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)
+    state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
+    if len(ready) == job.replicas:
+        state.condition(st.WORKERS_READY, True, st.REASON_ALL_WORKERS_READY,
+                        f"{job.replicas} of {job.replicas} workers accept SSH")
+        return pods
+    not_ready = [names.worker_pod(job.name, i) for i in range(job.replicas) if i not in ready]
+    if st.is_true(state.status, st.RUNNING):
+        return pods  # launched: a lost worker is judged with the attempt (lost_workers)
+    by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    reasons = {name: observe.why_not_ready(by_name.get(name)) for name in not_ready}
+    if any(name not in by_name for name in not_ready):
+        failure = observe.create_failure(k8s.list_events(
+            job.namespace, "StatefulSet", worker_set["metadata"]["name"],
+            worker_set["metadata"]["uid"]))
+        if failure and observe.is_invalid_object_message(failure):
+            endings.fail(state, st.REASON_TEMPLATE_REFUSED, "spec.workers.template: the "
+                         f"StatefulSet cannot create worker pods: {failure}")
+            return pods
+        if failure:
+            reasons.update({name: f"not created: FailedCreate: {failure}"
+                            for name in not_ready if name not in by_name})
+    for name in not_ready:
+        problem = observe.unrecoverable_problem(by_name[name]) if name in by_name else None
+        if problem:  # waiting out spec.startupTimeoutSeconds would not help
+            endings.fail(state, st.REASON_WORKER_CANNOT_START,
+                         f"{name} ({problem}) can never become Ready")
+            return pods
+    described = [f"{name} ({reasons[name]})" for name in not_ready]
+    state.condition(st.WORKERS_READY, False, st.REASON_WAITING_FOR_WORKERS,
+                    f"{len(ready)}/{job.replicas} workers ready; waiting for {short(described)}")
+    record = attempts.current(state.status) or {}
+    started = deadlines.parse_time(record.get("startTime") or state.status["startTime"])
+    if (state.now - started).total_seconds() > job.startup_timeout_seconds:
+        message = (f"workers not ready after {job.startup_timeout_seconds}s "
+                   f"(spec.startupTimeoutSeconds): {short(described)}")
+        endings.end_attempt(state, policy.STARTUP, st.REASON_STARTUP_TIMEOUT, message)
+    return pods
+
+
+def _worker_pods(state: Pass, worker_set: dict[str, Any]) -> list[dict[str, Any]]:
+    """Worker pods controlled by ``worker_set``: after a suspend or a recreated StatefulSet, the
+    old one's pods may linger until garbage collection and must not pass the gate. Any worker
+    pod stuck terminating (its node lost) is force-deleted in time: the StatefulSet recreates a
+    pod only once its namesake is gone."""
+    job = state.job
+    pods = release.let_go_of_stuck(state, k8s.list_pods(job.namespace, {
+               constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_WORKER}))
+    set_uid = worker_set.get("metadata", {}).get("uid")
+    return [pod for pod in pods if k8s.controller_uid(pod) in (set_uid, None)]

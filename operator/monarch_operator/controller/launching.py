@@ -1,0 +1,120 @@
+"""The current attempt's launcher: started once the gate passed (after any earlier launcher
+pod ended), then followed to its outcome or to a lost worker, which :mod:`.endings` judges."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch_operator import constants, names
+from monarch_operator.controller import attempts, endings, k8s, observe, policy, release, stuckpods
+from monarch_operator.controller import status as st
+from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
+from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.passstate import Event, Pass, short
+from monarch_operator.controller.settings import Settings
+
+
+def start_or_follow_launcher(state: Pass, settings: Settings,
+                             worker_pods: list[dict[str, Any]]) -> str | None:
+    """Start the current attempt's launcher once the gate passed, then follow it.
+
+    Returns the class of the failure that restarted the job in this call, else None.
+    """
+    job = state.job
+    attempt = int(state.status["attempt"])
+    launcher_name = names.launcher_job(job.name, attempt)
+    if attempt > 1:  # the previous attempt's Job (idempotent: 404 is done)
+        k8s.delete_if_present("batch/v1", "Job", job.namespace,
+                              names.launcher_job(job.name, attempt - 1))
+    record = attempts.current(state.status) or {}
+    launcher = k8s.read("batch/v1", "Job", job.namespace, launcher_name)
+    if launcher is None and record.get("launchTime"):
+        return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
+                                   f"launcher Job {launcher_name} was deleted while it ran")
+    if launcher is None:
+        if not st.is_true(state.status, st.WORKERS_READY) or _waiting_for_earlier_launcher(state):
+            return None
+        launcher = _launch(state, settings, worker_pods, launcher_name)
+    state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
+                    f"launcher {launcher_name} running (attempt {attempt})")
+    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
+                                         constants.LABEL_ROLE: constants.ROLE_LAUNCHER,
+                                         constants.LABEL_ATTEMPT: str(attempt)})
+    outcome = observe.launcher_outcome(launcher, pods)
+    if outcome.finished and outcome.succeeded:  # final, whatever happened to a worker since
+        endings.succeed(state, outcome)
+        return None
+    snapshot = state.status.get("attemptWorkers") or []
+    unready_nodes = frozenset(node for node in attempts.nodes_to_check(snapshot, worker_pods)
+                              if not k8s.node_is_ready(node))
+    lost = attempts.lost_workers(snapshot, worker_pods, unready_nodes)
+    if lost:
+        restarted = all(worker.in_place for worker in lost)
+        reason = st.REASON_WORKER_RESTARTED if restarted else st.REASON_WORKER_EVICTED
+        message = f"worker {short([worker.describe() for worker in lost])} lost mid-run"
+        return endings.end_attempt(state, policy.INFRASTRUCTURE, reason, message, outcome, lost,
+                                   pods)
+    if not outcome.finished:
+        return None
+    if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
+        return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
+                                   f"launcher pod lost: {outcome.message}", outcome, None, pods)
+    judged = policy.classify_exit_code(job.run_policy, outcome.exit_code)
+    reason = (st.REASON_FATAL_EXIT_CODE if judged.failure_class == policy.FATAL
+              else st.REASON_LAUNCHER_FAILED)
+    message = observe.launcher_failure_message(outcome)
+    if judged.rule_index is not None:
+        message += f" ({judged.describe(outcome.exit_code)})"
+    return endings.end_attempt(state, judged.failure_class, reason, message, outcome, None, pods)
+
+
+def _waiting_for_earlier_launcher(state: Pass) -> bool:
+    """Whether the next attempt still waits for a launcher pod of an earlier attempt to end
+    (stopping after its Job was deleted): its Monarch workers may still hold the workers' port.
+
+    Its pod's deletion wakes the job. A pod that can never end (its node lost, a finalizer
+    nobody removes) is waited for only until :mod:`.stuckpods` says, then force-deleted with a
+    Warning event, and the attempt goes on; a pod left without its Job (orphaned) is deleted.
+    """
+    job = state.job
+    attempt = str(state.status["attempt"])
+    pods = [pod for pod in k8s.list_pods(job.namespace, {
+                constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
+            if pod["metadata"].get("labels", {}).get(constants.LABEL_ATTEMPT) != attempt
+            and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    for pod in pods:
+        if not pod["metadata"].get("deletionTimestamp") and k8s.controller_uid(pod) is None:
+            k8s.delete_pod(job.namespace, pod["metadata"]["name"])  # no Job, no GC to end it
+    waiting = [pod for pod in release.let_go_of_stuck(state, pods)
+               if not stuckpods.is_force_deleted(pod)]
+    if waiting:
+        metadata = waiting[0]["metadata"]
+        deadline = stuckpods.deletion_deadline(waiting[0])
+        until = ("" if deadline is None else ", force-deleted "
+                 f"{int(stuckpods.FORCE_DELETE_AFTER_SECONDS)}s after its grace period ends "
+                 f"({deadline.strftime('%H:%M:%SZ')}) if it has not")
+        earlier = metadata.get("labels", {}).get(constants.LABEL_ATTEMPT)
+        # Same reason as before (Restarting, or JobSuspended after a resume): only the words.
+        reason = (st.get_condition(state.status, st.RUNNING) or {}).get("reason")
+        state.condition(st.RUNNING, False, str(reason or st.REASON_RESTARTING),
+                        f"attempt {attempt} waits for launcher pod {metadata['name']} of "
+                        f"attempt {earlier} to end{until}")
+    return bool(waiting)
+
+
+def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
+            launcher_name: str) -> dict[str, Any]:
+    """Hostfile (from the Ready workers, never rewritten mid-run), then the launcher Job; the
+    worker pods it starts on are recorded so that losing one is noticed."""
+    job = state.job
+    attempt = int(state.status["attempt"])
+    k8s.ensure(build_hostfile_configmap(job, settings), job.uid)
+    launcher, created = k8s.ensure(build_launcher_job(job, settings, attempt), job.uid)
+    state.status["attemptWorkers"] = attempts.worker_snapshot(job.name, job.replicas, worker_pods)
+    state.status = attempts.update_current(state.status, launchTime=state.now_text,
+                                           launcherJob=launcher_name)
+    if created:
+        state.events.append(Event("Normal", st.REASON_LAUNCHER_STARTED,
+                                  f"all {job.replicas} workers ready; launcher {launcher_name} "
+                                  f"started (attempt {attempt})"))
+    return launcher

@@ -1,0 +1,52 @@
+"""``spec.suspend`` (field case C10): suspending deletes the workers and launcher and keeps the
+job; resuming starts the current attempt's gate again."""
+
+from __future__ import annotations
+
+from monarch_operator import constants, names
+from monarch_operator.controller import attempts, k8s, observe, policy, release
+from monarch_operator.controller import status as st
+from monarch_operator.controller.passstate import Event, Pass
+
+
+def suspend(state: Pass) -> None:
+    """``spec.suspend``: delete the launcher and the workers (GPUs released) and the hostfile
+    (stale once the pods go); keep the key, the Service and every counter. A running attempt
+    ends as ``Suspended`` (no budget spent); resuming starts the next one."""
+    job = state.job
+    attempt = int(state.status["attempt"])
+    record = attempts.current(state.status) or {}
+    k8s.delete_if_present("batch/v1", "Job", job.namespace, names.launcher_job(job.name, attempt))
+    k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace, names.worker_set(job.name))
+    k8s.delete_if_present("v1", "ConfigMap", job.namespace, names.hostfile_configmap(job.name))
+    if record.get("launchTime") and not record.get("endTime"):
+        state.status.pop("attemptWorkers", None)
+        state.status = attempts.update_current(
+            state.status, endTime=state.now_text, reason=st.REASON_SUSPENDED,
+            message="spec.suspend set while it ran", **{"class": policy.SUSPENDED})
+        state.status = attempts.begin(state.status, attempt + 1, state.now_text, restart=False)
+    pods = release.let_go_of_stuck(state, k8s.list_pods(job.namespace,
+                                                        {constants.LABEL_JOB: job.name}))
+    ready = [pod for pod in pods if observe.pod_is_ready(pod)
+             and pod["metadata"].get("labels", {}).get(constants.LABEL_ROLE)
+             == constants.ROLE_WORKER]
+    state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
+    message = ("spec.suspend is true: workers and launcher deleted, GPUs released"
+               if not pods else f"spec.suspend is true: {len(pods)} pod(s) still terminating")
+    if not st.is_true(state.status, st.SUSPENDED):
+        state.events.append(Event("Normal", st.REASON_SUSPENDED, "spec.suspend is true: "
+                                  "deleting workers and launcher"))
+    state.condition(st.SUSPENDED, True, st.REASON_SUSPENDED, message)
+    state.condition(st.RUNNING, False, st.REASON_SUSPENDED, "suspended")
+    state.condition(st.WORKERS_READY, False, st.REASON_SUSPENDED, "suspended")
+
+
+def resume(state: Pass) -> None:
+    """Back from ``spec.suspend``: the current attempt's gate starts now (workers are created
+    again by the next steps, the hostfile and launcher only after every worker is Ready)."""
+    if not st.is_true(state.status, st.SUSPENDED):
+        return
+    state.status = attempts.update_current(state.status, startTime=state.now_text)
+    state.condition(st.SUSPENDED, False, st.REASON_RESUMED,
+                    "spec.suspend is false: workers recreated, launcher starts once all are Ready")
+    state.events.append(Event("Normal", st.REASON_RESUMED, "spec.suspend is false: resuming"))
