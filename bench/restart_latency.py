@@ -20,10 +20,12 @@ Also prints ``kubectl get monarchjobs`` while the jobs restart, fail and are sus
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,33 +119,45 @@ def summary(label: str, seconds: list[float]) -> str:
             f"min={min(seconds):.2f}s max={max(seconds):.2f}s")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="jobs per path (default 3)")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="restart-bench-") as state_dir:
+@contextlib.contextmanager
+def cluster_with_operator(namespace: str, before_operator: Callable[[Kubectl], None] | None = None
+                          ) -> Iterator[Kubectl]:
+    """A fresh local control plane (3 nodes x 8 GPUs) with the CRDs, ``namespace`` and the
+    operator running; ``before_operator(kubectl)`` runs before the operator starts. Yields a
+    kubectl for it; everything is stopped and removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="monarch-bench-") as state_dir:
         cluster = LocalCluster(Path(state_dir), nodes=3, gpus_per_node=8)
         cluster.up(progress=lambda message: print(f"[localcluster] {message}", flush=True))
         operator = None
         try:
             kubectl = Kubectl(cluster.env())
             install_crds(kubectl)
+            kubectl("create", "namespace", namespace)
+            if before_operator is not None:
+                before_operator(kubectl)
             operator = start_operator(cluster.state_dir, cluster.env())
-            kubectl("create", "namespace", NAMESPACE)
-            application, infrastructure = [], []
-            for index in range(args.runs):
-                application.append(application_run(kubectl, index))
-                infrastructure.append(infrastructure_run(kubectl, index))
-                print(f"run {index + 1}: application {application[-1]:.2f}s, "
-                      f"infrastructure {infrastructure[-1]:.2f}s", flush=True)
-            print("failure -> next attempt's launcher running")
-            print(summary("application", application))
-            print(summary("infrastructure", infrastructure))
-            show_states(kubectl)
+            yield kubectl
         finally:
             if operator is not None:
                 stop_process(operator)
             cluster.down(quiet=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="jobs per path (default 3)")
+    args = parser.parse_args(argv)
+    with cluster_with_operator(NAMESPACE) as kubectl:
+        application, infrastructure = [], []
+        for index in range(args.runs):
+            application.append(application_run(kubectl, index))
+            infrastructure.append(infrastructure_run(kubectl, index))
+            print(f"run {index + 1}: application {application[-1]:.2f}s, "
+                  f"infrastructure {infrastructure[-1]:.2f}s", flush=True)
+        print("failure -> next attempt's launcher running")
+        print(summary("application", application))
+        print(summary("infrastructure", infrastructure))
+        show_states(kubectl)
     return 0
 
 

@@ -154,6 +154,13 @@ def main(argv: list[str] | None = None) -> int:
         print(kubectl("apply", "-n", args.namespace, "-f", str(SAMPLE)).strip(), flush=True)
         job = wait_for_phase(kubectl, args.namespace, "demo", FINAL_PHASES, args.timeout,
                              progress=lambda line: print(line, flush=True))
+        # What a user sees from then on: the finished job's workers released (cleanupPolicy
+        # DeleteWorkers), so READY, the workers Ready now, is 0/N.
+        released_by = time.monotonic() + 60
+        while (time.monotonic() < released_by and not str(
+                (kubectl.json("monarchjob", "demo", "-n", args.namespace).get("status") or {})
+                .get("readyWorkers", "")).startswith("0/")):
+            time.sleep(1)
         print("\n$ kubectl get monarchjobs -n", args.namespace)
         print(kubectl("get", "monarchjobs", "-n", args.namespace))
         print("--- launcher output (trainer / ref meshes) ---")
