@@ -95,13 +95,15 @@ def running_attempt(kubectl: Callable[..., str], namespace: str, name: str,
 
 
 class PodWatch:
-    """Every worker pod uid the API server announces while the watch runs (kubectl --watch).
+    """Every worker pod uid the API server announces while the watch runs (kubectl --watch),
+    and the nodes they were bound to.
 
     ``with PodWatch(kubectl, namespace, job) as watch: ...``, then ``watch.pods_seen()``.
     """
 
     def __init__(self, kubectl: Any, namespace: str, job: str) -> None:
         self.uids: dict[str, set[str]] = {}
+        self.nodes: dict[str, set[str]] = {}
         self._process = subprocess.Popen(
             ["kubectl", "get", "pods", "-n", namespace, "--watch", "--output-watch-events",
              "-l", f"{LABEL_JOB}={job},monarch-operator.dev/role=worker", "-o", "json"],
@@ -127,6 +129,9 @@ class PodWatch:
             buffer = ""
             metadata = event["object"]["metadata"]
             self.uids.setdefault(metadata["name"], set()).add(metadata["uid"])
+            node = (event["object"].get("spec") or {}).get("nodeName")
+            if node:
+                self.nodes.setdefault(metadata["name"], set()).add(node)
 
     def stop(self) -> dict[str, set[str]]:
         """End the watch; returns the uids seen per worker pod name."""

@@ -91,18 +91,17 @@ def test_a_workers_node_lost_mid_run_restarts_on_a_new_pod(kubectl, namespace, l
     (Infrastructure, the application budget untouched), the operator deletes the lost pod and,
     since its node never confirms, force-deletes it after its grace period; the StatefulSet
     recreates it on a healthy node and the next attempt succeeds, all while the node is down."""
+    watch = PodWatch(kubectl, namespace, "nodeloss")
     apply_manifest(kubectl, namespace, job_manifest(
         "nodeloss", launcher={"command": ["sh", "-c", HANG_FIRST],
                               "template": {"spec": on_nodes("In", [LAUNCHER_NODE])}},
         workers={"replicas": 2, "gpusPerWorker": 1,
                  "template": {"spec": on_nodes("NotIn", [LAUNCHER_NODE])}}))
-    running = running_attempt(kubectl, namespace, "nodeloss", 1)
-    before = {entry["name"]: entry["uid"] for entry in running["attemptWorkers"]}
+    running_attempt(kubectl, namespace, "nodeloss", 1)
     lost_node = pod_node(kubectl, namespace, "nodeloss-worker-1")
 
-    with local_cluster.node_lost(lost_node, nodestate.CRASH):
+    with watch, local_cluster.node_lost(lost_node, nodestate.CRASH):
         status = wait_phase(kubectl, namespace, "nodeloss", "Succeeded", timeout=LOSS_TIMEOUT)
-        recreated = get_json(kubectl, "pod", "nodeloss-worker-1", "-n", namespace)
 
     first, second = status["attempts"]
     assert (first["class"], first["reason"]) == ("Infrastructure", "WorkerEvicted"), first
@@ -111,8 +110,10 @@ def test_a_workers_node_lost_mid_run_restarts_on_a_new_pod(kubectl, namespace, l
     assert second["class"] == "Succeeded"
     assert "nodeloss-worker-1" in second["forceDeletedPods"], second
     assert status["failureCounts"] == {"infrastructure": 1}, "backoffLimit 0 was not spent"
-    assert recreated["metadata"]["uid"] != before["nodeloss-worker-1"]
-    assert recreated["spec"]["nodeName"] not in (lost_node, LAUNCHER_NODE)
+    # Recreated (a second pod of that name), on the one node neither lost nor excluded.
+    assert watch.pods_seen()["nodeloss-worker-1"] == 2, watch.uids
+    assert watch.nodes["nodeloss-worker-1"] - {lost_node} == {"kwok-gpu-1", "kwok-gpu-2"} - {
+        lost_node}, watch.nodes
     forced = events(kubectl, namespace, "nodeloss", "PodForceDeleted")
     assert any(f"nodeloss-worker-1 on node {lost_node} (NotReady)" in message
                for message in forced), forced
