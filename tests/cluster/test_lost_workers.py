@@ -180,3 +180,27 @@ def test_an_earlier_launcher_stuck_on_a_lost_node_does_not_block_the_next_attemp
     assert any(f"{old_launcher} on node kwok-gpu-2 (NotReady)" in message
                for message in forced), forced
     assert [a["class"] for a in status["attempts"]] == ["Infrastructure", "Succeeded"]
+
+
+def test_an_earlier_launcher_held_by_a_finalizer_does_not_block_the_next_attempt(kubectl,
+                                                                                  namespace):
+    """A finalizer nobody removes keeps the earlier attempt's launcher pod in the API after its
+    Job is deleted. Its containers stop on a live node (phase final), or else it is
+    force-deleted once overdue; either way the next attempt runs while the pod is still held."""
+    apply_manifest(kubectl, namespace, job_manifest(
+        "fin", launcher={"command": ["sh", "-c", HANG_FIRST], "template": {"spec": GRACE}}))
+    running_attempt(kubectl, namespace, "fin", 1)
+    [old_launcher] = [pod["metadata"]["name"] for pod in job_pods(kubectl, namespace, "fin")
+                      if pod["metadata"]["labels"]["monarch-operator.dev/role"] == "launcher"]
+    kubectl("patch", "pod", old_launcher, "-n", namespace, "--type=merge",
+            "-p", '{"metadata": {"finalizers": ["example.com/hold"]}}')
+    try:
+        kubectl("delete", "pod", "fin-worker-1", "-n", namespace, "--wait=false")
+        status = wait_phase(kubectl, namespace, "fin", "Succeeded", timeout=LOSS_TIMEOUT)
+        held = get_json(kubectl, "pod", old_launcher, "-n", namespace)
+    finally:
+        kubectl("patch", "pod", old_launcher, "-n", namespace, "--type=json",
+                "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]', check=False)
+
+    assert held is not None and held["metadata"]["deletionTimestamp"], "still held"
+    assert [a["class"] for a in status["attempts"]] == ["Infrastructure", "Succeeded"]
