@@ -133,8 +133,8 @@ def operator_code_rules() -> set[Rule]:
     """Rules for every ``k8s.<function>(...)`` call in the controller's other modules.
 
     The kind of a generic call is a literal pair, a ``build_*`` call, or the parameters of a
-    helper in the same module (``_delete_if_present(api_version, kind, ...)``) whose own call
-    sites pass literals.
+    helper in the same module (such as ``_delete_child(api_version, kind, ...)``; none at
+    present) whose own call sites pass literals.
     """
     generic, fixed = k8s_layer_calls()
     builders = builder_kinds()
