@@ -1,7 +1,7 @@
 """500 generated MonarchJob specs, valid and invalid, against the local control plane with the
 operator running (issue 9 item 9); prints how each ended and every broken property.
 
-Starts its own local cluster (run it under the cluster-test lock), installs the CRD and starts
+Starts its own local cluster of ``--nodes`` nodes (run it under the cluster-test lock), installs the CRD and starts
 the operator, then applies the specs of ``monarch_operator.testing.specgen.generate_specs`` in
 batches (one namespace each) and checks them with ``monarch_operator.testing.speccheck``:
 refused at admission naming the field, or a status within seconds (Running, Succeeded,
@@ -38,13 +38,15 @@ def main() -> int:
                         help="hypothesis seed (default: derandomized, the CI test's specs first)")
     parser.add_argument("--batch", type=int, default=25, help="specs applied at once")
     parser.add_argument("--problems", type=int, default=20, help="problems to print in full")
+    parser.add_argument("--nodes", type=int, default=12, help="kwok nodes of 8 GPUs each")
     args = parser.parse_args()
 
     started = time.monotonic()
     specs = specgen.generate_specs(args.specs, seed=args.seed)
     print(f"generated {len(specs)} specs in {time.monotonic() - started:.1f} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="generated-specs-") as state:
-        cluster = LocalCluster(Path(state), nodes=3, gpus_per_node=8)
+        # kwok nodes cost little; enough GPUs that valid jobs of a batch do not all queue.
+        cluster = LocalCluster(Path(state), nodes=args.nodes, gpus_per_node=8)
         cluster.up(progress=lambda message: print(f"[localcluster] {message}", flush=True))
         operator = None
         try:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 
 from monarch_operator.testing import speccheck, specgen
+from tests.cluster.helpers import get_json, wait_until
+from tests.cluster.test_operator import job_manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -31,3 +33,22 @@ def test_generated_specs_are_refused_naming_the_field_or_get_a_truthful_status(
     assert report.specs - report.refused >= CI_SPECS // 4, report.summary()
     assert report.problems == [], "\n\n".join(report.problems)
     assert (report.tracebacks, report.without_status, report.orphans) == (0, 0, 0)
+
+
+def test_unknown_field_in_a_template_fails_the_job_naming_it(kubectl, namespace, operator):
+    """A field Kubernetes does not know in a pod template (a typo such as ``nodeSelectr``) is
+    never dropped silently: the client checks the StatefulSet against the API's types, and the
+    job fails at once naming the field (a generated flaw, pinned here by name)."""
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=job_manifest(
+        "typo", workers={"replicas": 2, "gpusPerWorker": 1,
+                         "template": {"spec": {"nodeSelectr": {"pool": "gpu"}}}}))
+    job = wait_until(lambda: (found := get_json(kubectl, "monarchjob", "typo", "-n", namespace))
+                     and (found.get("status") or {}).get("phase") == "Failed" and found,
+                     60, "job Failed")
+    (failed,) = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
+    assert failed["reason"] == "TemplateRefused", failed
+    assert failed["message"].startswith("spec.workers.template: the API server refused "
+                                        "StatefulSet typo-worker"), failed["message"]
+    assert "spec.template.spec.nodeSelectr" in failed["message"], failed
+    assert "Extra inputs are not permitted" in failed["message"], failed
+    assert get_json(kubectl, "statefulset", "typo-worker", "-n", namespace) is None

@@ -49,3 +49,14 @@ def test_every_flaw_is_planned_within_one_round():
     planned = {flaw for index in range(len(specgen.FLAWS) * 2)
                for flaw in specgen.planned_flaws(index, 0)}
     assert planned == set(range(len(specgen.FLAWS)))
+
+
+def test_every_third_spec_gets_a_spec_change_and_every_change_comes_up():
+    specs = specgen.generate_specs(len(specgen.UPDATES) * specgen.UPDATE_EVERY)
+    changed = [spec for spec in specs if spec.update]
+    assert len(changed) == len(specgen.UPDATES)
+    assert {spec.update for spec in changed} == {name for name, _ in specgen.UPDATES}
+    suspend = next(spec for spec in changed if spec.update == "image-suspended")
+    updated = suspend.updated_manifest(1)["spec"]
+    assert updated["suspend"] is True
+    assert updated["image"] != suspend.manifest(1)["spec"].get("image")

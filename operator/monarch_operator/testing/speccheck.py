@@ -64,6 +64,8 @@ class Outcome:
     deleted: bool = False  # gone after it had a status (ttlSecondsAfterFinished)
     kind: str = ""  # the status kind it settled on (see status_kind)
     writes: int = 0
+    update_refused: bool | None = None  # None: no update was applied
+    update_message: str = ""
 
 
 @dataclass
@@ -81,6 +83,9 @@ class Report:
     max_writes: int = 0
     writes_unattributed: int = 0  # Events (kopf names them itself)
     max_status_seconds: float = 0.0
+    updates: Counter[str] = field(default_factory=Counter)  # "<change> admitted|refused"
+    # Jobs with the most operator writes: (writes, name, restarts, status kind).
+    top_writers: list[tuple[int, str, int, str]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -97,7 +102,12 @@ class Report:
             f"children without a controller owner: {self.orphans}",
             f"max operator writes per job: {self.max_writes} (bound {MAX_WRITES_PER_JOB}); "
             f"Events besides: {self.writes_unattributed}",
+            "most writes: " + ", ".join(
+                f"{name} {writes} ({restarts} restarts, {kind})"
+                for writes, name, restarts, kind in sorted(self.top_writers, reverse=True)[:5]),
             f"slowest first status: {self.max_status_seconds:.1f} s",
+            "spec changes of running or finished jobs: " + ", ".join(
+                f"{change} {count}" for change, count in sorted(self.updates.items())),
             f"problems: {len(self.problems)}",
         ]
         return "\n".join(lines)
@@ -182,6 +192,7 @@ def is_settled(job: dict[str, Any]) -> bool:
 
 def check_specs(kubectl: Kubectl, specs: list[GeneratedSpec], *, audit_log: Path,
                 operator_log: Path, batch_size: int = 20, settle_seconds: float = 60.0,
+                quiet_seconds: float = 6.0,
                 progress: Callable[[str], None] = lambda _: None) -> Report:
     """Apply ``specs`` in batches of ``batch_size``, each in a fresh namespace, and check them.
 
@@ -189,6 +200,9 @@ def check_specs(kubectl: Kubectl, specs: list[GeneratedSpec], *, audit_log: Path
         audit_log: the API server's audit log (``LocalCluster.audit_log``).
         operator_log: the running operator's output (tracebacks are looked for there).
         settle_seconds: how long a batch may take until every job settled.
+        quiet_seconds: how long to watch the settled batch further before judging it (its
+            last state) and counting writes: a job that keeps writing (a retry storm) or leaves
+            its settled state shows there.
 
     Returns:
         The totals and every problem found; namespaces are deleted afterwards.
@@ -197,14 +211,16 @@ def check_specs(kubectl: Kubectl, specs: list[GeneratedSpec], *, audit_log: Path
     for start in range(0, len(specs), batch_size):
         batch = [(start + offset, spec)
                  for offset, spec in enumerate(specs[start:start + batch_size])]
-        _check_batch(kubectl, batch, audit_log, operator_log, settle_seconds, report)
+        _check_batch(kubectl, batch, audit_log, operator_log, settle_seconds, quiet_seconds,
+                     report)
         progress(f"{min(start + batch_size, len(specs))}/{len(specs)} specs: "
                  f"{report.refused} refused, {len(report.problems)} problems")
     return report
 
 
 def _check_batch(kubectl: Kubectl, batch: list[tuple[int, GeneratedSpec]], audit_log: Path,
-                 operator_log: Path, settle_seconds: float, report: Report) -> None:
+                 operator_log: Path, settle_seconds: float, quiet_seconds: float,
+                 report: Report) -> None:
     namespace = f"gen-{uuid.uuid4().hex[:8]}"
     created = kubectl.run("create", "namespace", namespace)
     if created.returncode != 0:
@@ -217,6 +233,12 @@ def _check_batch(kubectl: Kubectl, batch: list[tuple[int, GeneratedSpec]], audit
             list(pool.map(lambda outcome: _apply(kubectl, namespace, outcome), outcomes))
         admitted = [outcome for outcome in outcomes if not outcome.refused]
         _wait_until_settled(kubectl, namespace, admitted, settle_seconds)
+        time.sleep(quiet_seconds)
+        _wait_until_settled(kubectl, namespace, admitted, 0)  # their state now
+        if _apply_updates(kubectl, namespace, admitted):
+            _wait_until_settled(kubectl, namespace, admitted, settle_seconds)
+            time.sleep(quiet_seconds)
+            _wait_until_settled(kubectl, namespace, admitted, 0)  # their last state
         _check_owners(kubectl, namespace, admitted, report)
         _count_writes(audit_log, audit_offset, namespace, admitted, report)
         _check_operator_log(operator_log, log_offset, namespace, report)
@@ -243,6 +265,18 @@ def _apply(kubectl: Kubectl, namespace: str, outcome: Outcome) -> None:
         outcome.message = result.stderr.strip()
         return
     outcome.uid = json.loads(result.stdout)["metadata"]["uid"]
+
+
+def _apply_updates(kubectl: Kubectl, namespace: str, admitted: list[Outcome]) -> bool:
+    """Apply each admitted job's :attr:`GeneratedSpec.update`; True if any was applied."""
+    changing = [outcome for outcome in admitted
+                if outcome.spec.update and not outcome.deleted and outcome.last is not None]
+    for outcome in changing:
+        result = kubectl.run("apply", "-n", namespace, "-f", "-",
+                             stdin=json.dumps(outcome.spec.updated_manifest(outcome.ident)))
+        outcome.update_refused = result.returncode != 0
+        outcome.update_message = result.stderr.strip()
+    return bool(changing)
 
 
 def _wait_until_settled(kubectl: Kubectl, namespace: str, admitted: list[Outcome],
@@ -347,10 +381,13 @@ def _judge(outcome: Outcome, report: Report) -> None:
         outcome.kind = status_kind(outcome.last)
     report.kinds[outcome.kind.split(" after ")[0]] += 1
     report.max_writes = max(report.max_writes, outcome.writes)
+    restarts = int(((outcome.last or {}).get("status") or {}).get("restartCount") or 0)
+    report.top_writers.append((outcome.writes, outcome.name, restarts, outcome.kind))
     if outcome.first_status_seconds is not None:
         report.max_status_seconds = max(report.max_status_seconds, outcome.first_status_seconds)
     if outcome.writes > MAX_WRITES_PER_JOB:
         problem(f"{outcome.writes} operator writes (bound {MAX_WRITES_PER_JOB})")
+    _judge_update(outcome, report, problem)
     if outcome.kind in ("no status", "never seen"):
         report.without_status += 1
         problem("no status")
@@ -368,3 +405,29 @@ def _judge(outcome: Outcome, report: Report) -> None:
     if expected is None and status.get("phase") == "Failed" and (
             failed.get("reason") in FIELD_REASONS):
         problem(f"a valid spec Failed: {failed.get('message')}")
+
+
+# Changes that the transition rules refuse while the job is not suspended, and changes that may
+# always be made (issue 9 item 8; README "End of life and spec changes").
+REFUSED_CHANGES = frozenset({"image", "replicas", "launcher-env"})
+ALLOWED_CHANGES = frozenset({"suspend", "resume", "image-suspended", "deadline",
+                             "deadline-short", "ttl", "cleanup", "run-policy",
+                             "startup-timeout", "labels"})
+
+
+def _judge_update(outcome: Outcome, report: Report, problem: Callable[[str], None]) -> None:
+    change = outcome.spec.update
+    if outcome.update_refused is None or change is None:
+        return
+    report.updates[f"{change} {'refused' if outcome.update_refused else 'admitted'}"] += 1
+    was_suspended = bool(outcome.manifest["spec"].get("suspend"))
+    if outcome.update_refused:
+        first = first_error(outcome.update_message)
+        if first.startswith("<nil>") or not FIELD_PATH.search(first):
+            problem(f"change {change} refused without naming the field: "
+                    f"{outcome.update_message}")
+        if change in ALLOWED_CHANGES:
+            problem(f"change {change} refused although it may be made: "
+                    f"{outcome.update_message}")
+    elif change in REFUSED_CHANGES and not was_suspended:
+        problem(f"change {change} of a job that is not suspended was admitted")

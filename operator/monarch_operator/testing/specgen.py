@@ -19,6 +19,7 @@ Needs ``hypothesis`` (the ``dev`` extra); only tests and ``bench/generated_specs
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,11 +58,22 @@ class GeneratedSpec:
         body: the manifest; ``metadata.name`` contains :data:`NAME_ID`.
         flaws: names of the flaws applied (empty: meant to be valid and to run).
         expects: what each flaw should lead to, in the same order.
+        update: the name of a change of :data:`UPDATES` applied to the admitted job once it
+            settled (``kubectl apply`` again), or None.
     """
 
     body: dict[str, Any]
     flaws: tuple[str, ...] = ()
     expects: tuple[Expect, ...] = ()
+    update: str | None = None
+
+    def updated_manifest(self, ident: int) -> dict[str, Any]:
+        """The manifest after :attr:`update` (the same manifest when there is none)."""
+        body = self.manifest(ident)
+        for name, change in UPDATES:
+            if name == self.update:
+                change(body)
+        return body
 
     def manifest(self, ident: int) -> dict[str, Any]:
         """The manifest with job id ``ident`` in its name."""
@@ -92,7 +104,8 @@ _label_keys = st.sampled_from(["team", "kueue.x-k8s.io/queue-name", "example.com
                                "app.kubernetes.io/part-of", "tier"])
 _annotation_values = st.one_of(
     st.text(max_size=40),
-    st.integers(1_000, 100_000).map(lambda size: "a" * size),  # large, under the 256 KiB limit
+    # Large: two of them, and kubectl's last-applied copy of both, stay under the 256 KiB limit.
+    st.integers(1_000, 50_000).map(lambda size: "a" * size),
 )
 # Quantities as people write them: integers and strings with suffixes; in a pod template (free
 # form, sent as given) also numbers with a fraction, which the CRD's spec.launcher.resources
@@ -511,7 +524,9 @@ FLAWS: list[tuple[str, Expect, Flaw]] = [
     ("worker-template-spec-string", A, _set("spec.workers.template.spec", "x")),
     ("worker-containers-null", A, _worker_pod_field("containers", None)),
     ("worker-resources-null", A, _worker_container("resources", None)),
-    ("worker-unknown-pod-field", A, _worker_pod_field("nodeSelectr", {"a": "b"})),
+    ("worker-unknown-pod-field", F, _worker_pod_field("nodeSelectr", {"a": "b"})),
+    ("launcher-unknown-container-field", F, _launcher_template(
+        "spec.containers", [{"name": "launcher", "imagePullPolicyy": "Always"}])),
     ("worker-empty-dir-quantity", A, _worker_pod_field("volumes", [
         {"name": "scratch", "emptyDir": {"sizeLimit": 1073741824}}])),
     ("launcher-template-metadata-string", A, _launcher_template("metadata", "x")),
@@ -547,6 +562,49 @@ def with_flaws(body: dict[str, Any], flaws: tuple[int, ...], extra: int) -> Gene
     _simulate_workers(body)
     return GeneratedSpec(body, tuple(FLAWS[i][0] for i in flaws),
                          tuple(FLAWS[i][1] for i in flaws))
+
+
+def _spec_change(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def apply(body: dict[str, Any]) -> None:
+        parent, _dot, last = path.rpartition(".")
+        _dict_at(body, parent)[last] = copy.deepcopy(value)
+    return apply
+
+
+def _bump_replicas(body: dict[str, Any]) -> None:
+    workers = _dict_at(body, "spec.workers")
+    workers["replicas"] = int(workers.get("replicas", 2)) + 1
+
+
+def _both(*changes: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def apply(body: dict[str, Any]) -> None:
+        for change in changes:
+            change(body)
+    return apply
+
+
+# Spec changes applied to an admitted job that settled (issue 9 item 8: what may change while
+# a job exists). What the job runs may change only while it is (or becomes) suspended; the CRD's
+# transition rules refuse the rest naming the field.
+UPDATES: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
+    ("suspend", _spec_change("spec.suspend", True)),
+    ("resume", _spec_change("spec.suspend", False)),
+    ("image", _spec_change("spec.image", "ghcr.io/monarch-operator/worker:0.2.0")),
+    ("image-suspended", _both(_spec_change("spec.image", "ghcr.io/monarch-operator/worker:0.2.0"),
+                              _spec_change("spec.suspend", True))),
+    ("replicas", _bump_replicas),
+    ("replicas-suspended", _both(_bump_replicas, _spec_change("spec.suspend", True))),
+    ("launcher-env", _spec_change("spec.launcher.env", [{"name": "NEW", "value": "1"}])),
+    ("deadline", _spec_change("spec.activeDeadlineSeconds", 3600)),
+    ("deadline-short", _spec_change("spec.activeDeadlineSeconds", 1)),
+    ("ttl", _spec_change("spec.ttlSecondsAfterFinished", 1)),
+    ("cleanup", _spec_change("spec.cleanupPolicy", "KeepAll")),
+    ("run-policy", _spec_change("spec.runPolicy.backoffLimit", 2)),
+    ("startup-timeout", _spec_change("spec.startupTimeoutSeconds", 10)),
+    ("labels", _spec_change("metadata.labels", {"team": "b"})),
+]
+# Every UPDATE_EVERY-th spec gets a change once admitted, the changes in turn.
+UPDATE_EVERY = 3
 
 
 # Every VALID_EVERY-th spec has no flaw; the others take the flaws in turn, in an order that
@@ -590,7 +648,12 @@ def generate_specs(count: int, seed: int | None = None) -> list[GeneratedSpec]:
         # how many specs came before (it checks that its draws are reproducible).
         body, pick, extra = example
         if len(specs) < count:
-            specs.append(with_flaws(copy.deepcopy(body), planned_flaws(len(specs), pick), extra))
+            index = len(specs)
+            spec = with_flaws(copy.deepcopy(body), planned_flaws(index, pick), extra)
+            if index % UPDATE_EVERY == UPDATE_EVERY - 1:  # the changes in turn
+                name, _ = UPDATES[(index // UPDATE_EVERY) % len(UPDATES)]
+                spec = dataclasses.replace(spec, update=name)
+            specs.append(spec)
 
     run = draw_one if seed is None else hypothesis_seed(seed)(draw_one)
     while len(specs) < count:  # hypothesis may stop before max_examples; draw more
