@@ -230,3 +230,21 @@ def test_exec_takes_the_user_and_groups_of_the_containers_process(kubectl, names
                                              check=False)) and not out.startswith("0 ") and out,
                      30, "exec running as the container's user")
     assert ids.split()[:2] == ["1000", "1000"] and set(ids.split()[2:]) == {"1000", "2000"}
+
+
+def test_exec_gets_the_containers_environment_whatever_its_process_did_with_it(kubectl,
+                                                                                namespace):
+    """A main process whose own environment is gone (here `env -i`; sshd's process title
+    overwrites it the same way) does not change what exec gets: the container's env, as a
+    runtime's exec gets the container's process spec."""
+    apply_pod(kubectl, namespace, "cleared", "Never", containers=[container(
+        "main", "exec env -i /bin/sh -c 'echo done > /work/cleared; exec sleep 300'", **MOUNT,
+        env=[{"name": "GREETING", "value": "hello"}])], **SHARED)
+    running_container(kubectl, namespace, "cleared", "main")
+    # Once the main process runs without its environment:
+    wait_until(lambda: kubectl("exec", "-n", namespace, "cleared", "--", "cat", "/work/cleared",
+                               check=False), 30, "the main process cleared its environment")
+    out = kubectl("exec", "-n", namespace, "cleared", "--", "sh", "-c",
+                  'echo "$GREETING"; echo "$HOME"')
+    greeting, home = out.splitlines()
+    assert greeting == "hello" and home, out

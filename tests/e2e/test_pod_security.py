@@ -87,8 +87,7 @@ def test_sample_job_succeeds_in_a_restricted_namespace(kubectl, namespace, local
     # Inside a worker: sshd (the main process; its pid file is in the entrypoint's state
     # directory) runs as uid 1000 with no_new_privs and no capabilities, as the node agent
     # applied them from the pod's securityContext.
-    # (By the user's passwd home: sshd's setproctitle overwrites the environment that exec
-    # copies, so HOME is not there.)
+    # (The entrypoint's state directory is in the user's passwd home.)
     sshd_status = kubectl(
         "exec", "-n", namespace, "demo-worker-0", "-c", "worker", "--", "sh", "-c",
         'home="$(getent passwd "$(id -u)" | cut -d: -f6)"; '

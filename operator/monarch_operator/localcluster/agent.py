@@ -253,7 +253,8 @@ class Agent:
         return kubeletapi.ContainerView(
             pod_uid=run.record.uid, log_path=run.workdir / f"{container}.log",
             previous_log_path=run.workdir / f"{container}.previous.log",
-            pid=running.process.pid if running is not None else None)
+            pid=running.process.pid if running is not None else None,
+            env=dict(running.env) if running is not None else None)
 
     # -- one pod -------------------------------------------------------------------------------
     def _step_safely(self, run: PodRun, now: float) -> None:

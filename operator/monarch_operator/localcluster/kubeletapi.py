@@ -56,12 +56,16 @@ class ContainerView:
         log_path: output of the current (or, between restarts, the last) instance.
         previous_log_path: output of the instance before that (``kubectl logs --previous``).
         pid: main process of the running instance; ``None`` while it does not run.
+        env: the environment the agent started that instance with (what an exec gets, as a
+            runtime's exec gets the container's process spec); ``None``: read the main
+            process's ``/proc/<pid>/environ``.
     """
 
     pod_uid: str
     log_path: Path
     previous_log_path: Path
     pid: int | None
+    env: dict[str, str] | None = None
 
 
 class Containers(Protocol):
@@ -217,7 +221,7 @@ class KubeletAPI:
         view, what = self._view(request)
         if view.pid is None:
             raise web.HTTPNotFound(text=f"{what} is not running")
-        return await podexec.serve(request, view.pid)
+        return await podexec.serve(request, view.pid, view.env)
 
 
 def serve_in_thread(containers: Containers, port: int, pki_dir: Path,

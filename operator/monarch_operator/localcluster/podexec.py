@@ -5,8 +5,8 @@ The command joins the container as a runtime's exec would: ``nsenter`` enters th
 namespaces of the container's main process (the command sees the pod's ``/etc/hosts``, volumes,
 private ``/dev`` and hostname) and takes its working directory; ``setpriv`` takes that process's
 user, group and supplementary groups, its ``no_new_privs`` flag and its capability bounding set
-(a runtime's exec runs with the container's process spec); the environment is the one that
-process started with (``/proc/<pid>/environ``, the container's env). Being in the
+(a runtime's exec runs with the container's process spec); the environment is the one the
+agent started the container with (the container's env). Being in the
 container's mount namespace, the command ends with the container (the agent stops every process
 of that namespace). With a terminal, the pty comes from the container's own devpts
 (``/dev/pts`` inside it), as a runtime's exec console does, so the command's ``tty`` names it.
@@ -152,8 +152,12 @@ def _requested(request: web.Request, name: str) -> bool:
     return request.query.get(name, "") in ("1", "true")
 
 
-async def serve(request: web.Request, pid: int) -> web.StreamResponse:
-    """Run the request's ``command`` in the container of main process ``pid`` over a WebSocket.
+async def serve(request: web.Request, pid: int,
+                env: dict[str, str] | None = None) -> web.StreamResponse:
+    """Run the request's ``command`` in the container of main process ``pid`` over a WebSocket,
+    with ``env`` (the container's environment as the agent started it; ``None``: the main
+    process's ``/proc/<pid>/environ``, which a process may have rewritten: sshd's process
+    title overwrites it).
 
     Raises:
         web.HTTPBadRequest: no command, or not a WebSocket request (SPDY is not served).
@@ -174,7 +178,8 @@ async def serve(request: web.Request, pid: int) -> web.StreamResponse:
     session = _Session(ws, pid=pid, uid=identity.uid, stdin=_requested(request, "input"),
                        stdout=_requested(request, "output"),
                        stderr=_requested(request, "error"), tty=_requested(request, "tty"))
-    await session.run(exec_argv(pid, identity, command, session.tty), identity.env)
+    await session.run(exec_argv(pid, identity, command, session.tty),
+                      identity.env if env is None else env)
     return ws
 
 
