@@ -5,7 +5,8 @@
   methods (``list_namespaced_pod`` is ``list`` on ``pods``) and the generic ``read``/``ensure``/
   ``delete`` helpers, whose kinds come from their call sites in the other controller modules
   (a literal ``("apps/v1", "StatefulSet")``, or the ``kind`` a ``build_*`` builder returns);
-- kopf's own needs, from the handlers it has registered: a list+watch stream and annotation
+- kopf's own needs, from the handlers it has registered: a list+watch stream (also for each
+  index of the cache) and annotation
   patches on each handled resource, Events for ``kopf.event``/``kopf.warn`` and posted logs,
   and (cluster-wide only) a watch on CustomResourceDefinitions.
 A new API call without its rule, or a rule no call needs, fails here with the difference.
@@ -191,7 +192,8 @@ def kopf_rules(clusterwide: bool) -> set[Rule]:
     registry = kopf.get_default_registry()
     selectors = {handler.selector for handler in [*registry._changing.get_all_handlers(),
                                                   *registry._spawning.get_all_handlers(),
-                                                  *registry._watching.get_all_handlers()]}
+                                                  *registry._watching.get_all_handlers(),
+                                                  *registry._indexing.get_all_handlers()]}
     rules: set[Rule] = set()
     for selector in selectors:
         # The handlers name their resource by its plural (kopf would resolve a kind or short
@@ -287,11 +289,11 @@ def test_a_wildcard_or_an_extra_rule_is_caught():
 def test_network_policy_off_drops_its_rule():
     objects = render("--set", "networkPolicy.enabled=false")
     [role] = operator_objects(objects, "ClusterRole")
-    policy_rules = {rule for rule in operator_code_rules() if rule[1] == "networkpolicies"}
-    assert policy_rules == {("networking.k8s.io", "networkpolicies", "get"),
-                            ("networking.k8s.io", "networkpolicies", "create")}
-    assert_same(granted(role["rules"]),
-                (operator_code_rules() | kopf_rules(clusterwide=True)) - policy_rules)
+    used = operator_code_rules() | kopf_rules(clusterwide=True)
+    policy_rules = {rule for rule in used if rule[1] == "networkpolicies"}
+    assert policy_rules == {("networking.k8s.io", "networkpolicies", verb)
+                            for verb in ("get", "create", "list", "watch")}  # list+watch: cache
+    assert_same(granted(role["rules"]), used - policy_rules)
     [deployment] = operator_objects(objects, "Deployment")
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "MONARCH_OPERATOR_NETWORK_POLICY", "value": "false"} in env

@@ -56,6 +56,8 @@ compares these rules with the API calls in operator/monarch_operator/controller/
 - monarchjobs: kopf lists and watches them (events wake a job's pass) and removes its finalizer
   left by older operator versions (patch); a pass reads its job (get); status: one merge-patch
   when it changed.
+- secrets, services, configmaps, networkpolicies, and the watched kinds below: kopf lists and
+  watches the job's children (label selector) into the operator's cache, which its passes read.
 - secrets, services: read, create when missing (never updated or deleted: the owner reference
   lets the garbage collector delete them with the job).
 - configmaps (the hostfile), batch jobs (the launcher of each attempt), statefulsets (the
@@ -77,10 +79,10 @@ compares these rules with the API calls in operator/monarch_operator/controller/
   verbs: [patch]
 - apiGroups: [""]
   resources: [secrets, services]
-  verbs: [get, create, delete]
+  verbs: [get, list, watch, create, delete]
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, create, delete]
+  verbs: [get, list, watch, create, delete]
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, delete]
@@ -99,7 +101,7 @@ compares these rules with the API calls in operator/monarch_operator/controller/
 {{- if .Values.networkPolicy.enabled }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, create]
+  verbs: [get, list, watch, create]
 {{- end }}
 {{- end }}
 

@@ -3,29 +3,42 @@
 No timers and no change-detection handlers: kopf then adds no finalizer to our jobs (deletion
 of a job or of its namespace never waits for the operator, field case C14) and writes no
 bookkeeping annotations (no writes while nothing changes, C5). :mod:`.wakeups` runs one pass
-at a time per job and wakes it at its next deadline.
+at a time per job and wakes it at its next deadline. One ``@kopf.index`` per watched kind keeps
+what the watches saw (:mod:`.cache`): a pass reads the job and its children from there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from typing import Any
 
 import kopf
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s, metrics, passes, wakeups
+from monarch_operator.controller import cache, k8s, metrics, passes, wakeups
 from monarch_operator.controller.settings import Settings
 
 SETTINGS = Settings.from_env()
 RUNNER = passes.PassRunner(SETTINGS)
+CACHE = cache.JobCache((f"{constants.GROUP}/{constants.VERSION}", constants.KIND))
+# Passes run in threads (the API client blocks); with the cache a pass mostly computes and writes,
+# so a few more threads than cores keep writes of many jobs in flight at once.
+_PASS_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=8,
+                                                      thread_name_prefix="pass")
 logger = logging.getLogger("monarch_operator")
 _RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
 # Children whose changes matter to a job's status: its pods (workers and launcher), the
 # launcher batch Job and the worker StatefulSet. Watched only with our managed-by label
 # (server-side selector), so the operator never streams other workloads' pods.
 _CHILDREN = (("", "v1", "pods"), ("batch", "v1", "jobs"), ("apps", "v1", "statefulsets"))
+# Children that change only when we write them: watched for the cache alone (no wake-ups).
+_OWN_CHILDREN = (("", "v1", "secrets"), ("", "v1", "services"), ("", "v1", "configmaps"),
+                 *((("networking.k8s.io", "v1", "networkpolicies"),)
+                   if SETTINGS.network_policy else ()))
+_KINDS = {"pods": "Pod", "jobs": "Job", "statefulsets": "StatefulSet", "secrets": "Secret",
+          "services": "Service", "configmaps": "ConfigMap", "networkpolicies": "NetworkPolicy"}
 _CHILD_SELECTOR = f"app.kubernetes.io/managed-by={constants.MANAGED_BY},{constants.LABEL_JOB}"
 # A StatefulSet that cannot create its pods changes nothing we watch; its FailedCreate Events
 # (selected server-side) wake the job so that it says why, or fails when the pod is invalid.
@@ -33,8 +46,18 @@ _EVENTS = ("", "v1", "events")
 _CREATE_FAILURE_SELECTOR = "involvedObject.kind=StatefulSet,reason=FailedCreate"
 
 
+def _index_id(plural: str) -> str:
+    return f"cache_{plural}"
+
+
+def _api_version(group: str, version: str) -> str:
+    return f"{group}/{version}" if group else version
+
+
 async def _run_pass(key: wakeups.JobKey) -> float | None:
-    report = await asyncio.get_running_loop().run_in_executor(None, RUNNER.run, *key)
+    view = CACHE.view(key)  # on the loop that writes the indexes
+    report = await asyncio.get_running_loop().run_in_executor(
+        _PASS_THREADS, RUNNER.run, *key, view)
     for event in report.events:
         if report.body is not None:
             kopf.event(report.body, type=event.type, reason=event.reason, message=event.message)
@@ -45,13 +68,17 @@ WAKEUPS = wakeups.Wakeups(_run_pass)
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Load API credentials; keep kopf's own bookkeeping quiet and off our objects."""
+def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+    """Load API credentials; keep kopf's own bookkeeping quiet and off our objects; read the
+    cache's indexes (kopf passes them to every handler, named by their ids)."""
     k8s.load_config()
+    CACHE.attach(CACHE.job_kind, kwargs[_index_id(constants.PLURAL)])
+    for group, version, plural in (*_CHILDREN, *_OWN_CHILDREN):
+        CACHE.attach((_api_version(group, version), _KINDS[plural]), kwargs[_index_id(plural)])
     # Only warnings become Kubernetes Events; per-pass INFO logs would flood `kubectl describe`.
     settings.posting.level = logging.WARNING
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    for group, version, plural in _CHILDREN:
+    for group, version, plural in (*_CHILDREN, *_OWN_CHILDREN):
         settings.watching.label_selectors[group, version, plural] = _CHILD_SELECTOR
     settings.watching.field_selectors[_EVENTS] = _CREATE_FAILURE_SELECTOR
     # Nothing of kopf's is stored on jobs (no change-detection handlers); kept in our own
@@ -64,13 +91,35 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
 
 
+async def _index_job(namespace: str, name: str, body: kopf.Body, **_: Any) -> Any:
+    """Cache the job under its own (namespace, name)."""
+    return {(namespace, name): dict(body)}
+
+
+async def _index_child(namespace: str, labels: dict[str, str], body: kopf.Body,
+                       **_: Any) -> Any:
+    """Cache a child under its job's (namespace, name), from the job label."""
+    return {(namespace, labels[constants.LABEL_JOB]): dict(body)}
+
+
+kopf.index(*_RESOURCE, id=_index_id(constants.PLURAL))(_index_job)
+for _group, _version, _plural in (*_CHILDREN, *_OWN_CHILDREN):
+    kopf.index(_group, _version, _plural, id=_index_id(_plural),
+               labels={constants.LABEL_JOB: kopf.PRESENT})(_index_child)
+
+
 @kopf.on.event(*_RESOURCE)
-async def on_job_event(type: str | None, namespace: str, name: str, **_: Any) -> None:
-    """The job appeared (or was listed at start-up), changed, or was deleted."""
+async def on_job_event(type: str | None, namespace: str, name: str, meta: kopf.Meta,
+                       **_: Any) -> None:
+    """The job appeared (or was listed at start-up), changed, or was deleted; our own status
+    patch of a spec the pass had seen wakes nobody (the pass that wrote it was complete)."""
     key = (namespace, name)
     if type == "DELETED":
         WAKEUPS.forget(key)
         metrics.JOB_PHASES.set(key, None)
+        CACHE.forget(key)
+        return
+    if CACHE.is_own_write(key, meta.get("resourceVersion")):
         return
     WAKEUPS.wake(key)
 

@@ -2,13 +2,20 @@
 
 ``ensure`` reads, creates on 404, treats 409 on create as "exists", and refuses to take over an
 object that another owner controls. Deletes treat 404 as done. Everything returns plain dicts.
+
+Inside ``with reading_from(view)`` (one pass, one thread), reads of the kinds the watches cache
+come from that :class:`.cache.JobView`, and this thread's creates and deletes update it; the
+rest (and everything outside such a block) goes to the API server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import kubernetes
@@ -16,6 +23,7 @@ import urllib3
 from kubernetes.client.rest import ApiException
 
 from monarch_operator import __version__, constants
+from monarch_operator.controller.cache import JobView
 
 # How the operator's own requests show up in the API server's audit log (kopf's watches say
 # "kopf/<version>"). Test of field case C5 counts writes by this agent.
@@ -74,6 +82,32 @@ def _client() -> kubernetes.client.ApiClient:
     return _shared_client
 
 
+class _PassLocal(threading.local):
+    """Per thread: the view of the pass running in it, if any."""
+
+    view: JobView | None = None
+
+
+_local = _PassLocal()
+
+
+@contextlib.contextmanager
+def reading_from(view: JobView) -> Iterator[JobView]:
+    """Within the block (in this thread), cached kinds are read from ``view``."""
+    previous = _local.view
+    _local.view = view
+    try:
+        yield view
+    finally:
+        _local.view = previous
+
+
+def _view(api_version: str, kind: str) -> JobView | None:
+    """The view of this thread's pass, if it caches ``kind``."""
+    view = _local.view
+    return view if view is not None and view.covers((api_version, kind)) else None
+
+
 def _api(api_version: str, kind: str) -> tuple[Any, str]:
     api_class, suffix = _KINDS[(api_version, kind)]
     return api_class(_client()), suffix
@@ -85,7 +119,15 @@ def _to_dict(obj: Any) -> dict[str, Any]:
 
 
 def read(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-    """The object as a dict, or ``None`` if it does not exist."""
+    """The object as a dict, or ``None`` if it does not exist (from the pass's view when it
+    caches ``kind``, see :func:`reading_from`)."""
+    view = _view(api_version, kind)
+    if view is not None and view.key[0] == namespace:
+        return view.get((api_version, kind), name)
+    return _read_api(api_version, kind, namespace, name)
+
+
+def _read_api(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
     api, suffix = _api(api_version, kind)
     try:
         return _to_dict(getattr(api, f"read_{suffix}")(name, namespace))
@@ -134,9 +176,13 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
                 raise RefusedError(kind, name, api_error_message(error)) from error
             if error.status != 409:
                 raise
-            observed = read(api_version, kind, namespace, name)
+            # Exists, though the cache did not show it yet: the API server says what it is.
+            observed = _read_api(api_version, kind, namespace, name)
             if observed is None:  # deleted between the 409 and the read; next pass retries
                 raise
+        view = _view(api_version, kind)
+        if view is not None:
+            view.created((api_version, kind), observed)
     check_owner(observed, owner_uid)
     return observed, created
 
@@ -156,13 +202,17 @@ def check_owner(observed: dict[str, Any], owner_uid: str) -> None:
 def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
     """Delete with background propagation; returns False if it was already gone (404)."""
     api, suffix = _api(api_version, kind)
+    view = _view(api_version, kind)
     try:
         getattr(api, f"delete_{suffix}")(name, namespace, propagation_policy="Background")
-        return True
+        deleted = True
     except ApiException as error:
-        if error.status == 404:
-            return False
-        raise
+        if error.status != 404:
+            raise
+        deleted = False
+    if view is not None:
+        view.deleted((api_version, kind), name)
+    return deleted
 
 
 def delete_if_present(api_version: str, kind: str, namespace: str, name: str) -> bool:
@@ -189,7 +239,11 @@ def delete_pod(namespace: str, name: str, force: bool = False) -> bool:
 
 
 def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
-    """Pods in ``namespace`` carrying every label of ``labels``."""
+    """Pods in ``namespace`` carrying every label of ``labels`` (from the pass's view when
+    it caches pods)."""
+    view = _view("v1", "Pod")
+    if view is not None and view.key[0] == namespace:
+        return view.select(("v1", "Pod"), labels)
     selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
     pods = kubernetes.client.CoreV1Api(_client()).list_namespaced_pod(
         namespace, label_selector=selector)
@@ -266,8 +320,13 @@ def api_error_message(error: ApiException) -> str:
         return str(error.body)
 
 
-def patch_job_status(namespace: str, name: str, status: dict[str, Any]) -> None:
-    """Merge-patch the MonarchJob's status subresource with ``status``."""
-    kubernetes.client.CustomObjectsApi(_client()).patch_namespaced_custom_object_status(
-        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status}
-    )
+def patch_job_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    """Merge-patch the MonarchJob's status subresource with ``status``; returns the job as the
+    API server stored it (and tells the pass's view, see :func:`reading_from`)."""
+    job: dict[str, Any] = kubernetes.client.CustomObjectsApi(
+        _client()).patch_namespaced_custom_object_status(
+        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status})
+    view = _local.view
+    if view is not None and view.key == (namespace, name):
+        view.status_written(job)
+    return job

@@ -1,12 +1,14 @@
 """One reconcile pass of one job as the watch engine runs it (in a worker thread).
 
-Reads the job fresh (a wake-up carries only its name), runs :func:`.reconcile.reconcile`, turns
+Takes the job and its children from the watches' cache (:mod:`.cache`; from the API server when
+no view is given), runs :func:`.reconcile.reconcile`, turns
 errors into status or a back-off, and says when the job needs its next pass without a watch
 event (:mod:`.deadlines`). Posting the events is left to the caller, on kopf's event loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -17,6 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from monarch_operator.controller import deadlines, k8s, metrics, reconcile
 from monarch_operator.controller import status as st
+from monarch_operator.controller.cache import JobView
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import InvalidSpecError, JobSpec
 
@@ -50,12 +53,17 @@ class PassRunner:
         self._failures: dict[tuple[str, str], int] = {}
         self._blocked: dict[tuple[str, str], int] = {}
 
-    def run(self, namespace: str, name: str) -> PassReport:
-        """One pass of ``namespace/name``; never raises (errors are logged and retried)."""
+    def run(self, namespace: str, name: str, view: JobView | None = None) -> PassReport:
+        """One pass of ``namespace/name``; never raises (errors are logged and retried).
+
+        ``view``: the job and its children as the watches saw them (taken on the event loop
+        just before); without it, everything is read from the API server.
+        """
         key = (namespace, name)
         started = time.monotonic()
         try:
-            report = self._run(namespace, name)
+            with k8s.reading_from(view) if view is not None else contextlib.nullcontext():
+                report = self._run(namespace, name, view)
         except ApiException as error:
             metrics.record_pass(metrics.RESULT_API_ERROR, time.monotonic() - started,
                                 error.status)
@@ -75,8 +83,8 @@ class PassRunner:
         self._failures.pop(key, None)
         return report
 
-    def _run(self, namespace: str, name: str) -> PassReport:
-        body = k8s.read_monarchjob(namespace, name)
+    def _run(self, namespace: str, name: str, view: JobView | None) -> PassReport:
+        body = view.job if view is not None else k8s.read_monarchjob(namespace, name)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             # Gone or going: garbage collection removes the children; nothing of ours blocks it.
             self._failures.pop((namespace, name), None)
