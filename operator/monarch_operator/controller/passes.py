@@ -63,7 +63,7 @@ class PassRunner:
         started = time.monotonic()
         try:
             with k8s.reading_from(view) if view is not None else contextlib.nullcontext():
-                report = self._run(namespace, name, view)
+                report = self._run(namespace, name)
         except ApiException as error:
             metrics.record_pass(metrics.RESULT_API_ERROR, time.monotonic() - started,
                                 error.status)
@@ -83,8 +83,8 @@ class PassRunner:
         self._failures.pop(key, None)
         return report
 
-    def _run(self, namespace: str, name: str, view: JobView | None) -> PassReport:
-        body = view.job if view is not None else k8s.read_monarchjob(namespace, name)
+    def _run(self, namespace: str, name: str) -> PassReport:
+        body = k8s.read_monarchjob(namespace, name)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             # Gone or going: garbage collection removes the children; nothing of ours blocks it.
             self._failures.pop((namespace, name), None)
