@@ -67,6 +67,22 @@ async def _run_pass(key: wakeups.JobKey) -> float | None:
 WAKEUPS = wakeups.Wakeups(_run_pass)
 
 
+class _NoDiffBase(kopf.DiffBaseStorage):
+    """No essence, none stored: kopf builds one (a deep copy of the whole object) on every
+    event for change-detection handlers, and we have none (only event and index handlers).
+    A ``@kopf.on.create/update`` handler added later needs a real one (kopf docs,
+    "Configuration": persistence)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     """Load API credentials; keep kopf's own bookkeeping quiet and off our objects; read the
@@ -81,25 +97,33 @@ def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     for group, version, plural in (*_CHILDREN, *_OWN_CHILDREN):
         settings.watching.label_selectors[group, version, plural] = _CHILD_SELECTOR
     settings.watching.field_selectors[_EVENTS] = _CREATE_FAILURE_SELECTOR
-    # Nothing of kopf's is stored on jobs (no change-detection handlers); kept in our own
-    # prefix in case a handler that needs it is added.
+    # Nothing of kopf's is stored on jobs (no change-detection handlers); its progress would be
+    # kept in our own prefix in case a handler that needs it is added.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=f"{constants.GROUP}"
     )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=f"{constants.GROUP}", key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = _NoDiffBase()
+
+
+def _cached(body: kopf.Body) -> dict[str, Any]:
+    """The object as the cache keeps it: without ``metadata.managedFields`` (server-side apply
+    bookkeeping, often half of an object's size, never read by a pass; client-go informers
+    drop it with a transform function for the same reason)."""
+    cached = dict(body)
+    cached["metadata"] = {key: value for key, value in (body.get("metadata") or {}).items()
+                          if key != "managedFields"}
+    return cached
 
 
 async def _index_job(namespace: str, name: str, body: kopf.Body, **_: Any) -> Any:
     """Cache the job under its own (namespace, name)."""
-    return {(namespace, name): dict(body)}
+    return {(namespace, name): _cached(body)}
 
 
 async def _index_child(namespace: str, labels: dict[str, str], body: kopf.Body,
                        **_: Any) -> Any:
     """Cache a child under its job's (namespace, name), from the job label."""
-    return {(namespace, labels[constants.LABEL_JOB]): dict(body)}
+    return {(namespace, labels[constants.LABEL_JOB]): _cached(body)}
 
 
 kopf.index(*_RESOURCE, id=_index_id(constants.PLURAL))(_index_job)

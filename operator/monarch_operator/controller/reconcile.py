@@ -60,14 +60,22 @@ class Outcome:
     retry_after: float | None = None
     deleted: bool = False  # the pass deleted the job itself (ttlSecondsAfterFinished)
     wake_after: float | None = None
+    status_written: bool = False
+    # A progress-only status change held back (``progress_writes_after``): write it then.
+    write_deferred_seconds: float | None = None
 
 
-def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> Outcome:
+def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
+              progress_writes_after: dt.datetime | None = None) -> Outcome:
     """Bring the job's children and status one step closer to the spec.
 
     Args:
         body: the MonarchJob object as a dict.
         now: current time (UTC); used for the startup timeout and condition timestamps.
+        progress_writes_after: a status change that is only progress
+            (:func:`.status.only_progress_changed`: ready count, waiting message) of a job
+            whose workers are starting is not written before then
+            (``Outcome.write_deferred_seconds`` says when); any other change is written at once.
 
     Returns:
         The events to post, the status written (or kept), and whether to retry.
@@ -106,8 +114,10 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime) -> Out
             return Outcome(state.events, state.status, deleted=True)
         release.clean_up(state)
         release.count_ready_workers(state)
-    _write_status(state, previous)
-    return Outcome(state.events, state.status, retry_after, wake_after=state.wake_after)
+    deferred = _write_status(state, previous, progress_writes_after)
+    return Outcome(state.events, state.status, retry_after, wake_after=state.wake_after,
+                   status_written=deferred is None and state.status != previous,
+                   write_deferred_seconds=deferred)
 
 
 def _check_active_deadline(state: Pass) -> None:
@@ -154,7 +164,10 @@ def _run_attempt(state: Pass, settings: Settings) -> None:
             return
 
 
-def _write_status(state: Pass, previous: dict[str, Any]) -> None:
+def _write_status(state: Pass, previous: dict[str, Any],
+                  progress_writes_after: dt.datetime | None) -> float | None:
+    """One status patch when the status changed; returns the seconds a progress-only change
+    was held back for (None when written, or when nothing changed)."""
     posted = {event.reason for event in state.events}
     for transition in st.condition_transitions(previous, state.status):
         if transition.reason not in posted:  # every transition gets an Event, once
@@ -163,5 +176,12 @@ def _write_status(state: Pass, previous: dict[str, Any]) -> None:
     state.status["phase"] = st.summarize_phase(state.status)
     state.status["message"] = st.summarize_message(state.status)
     state.status["observedGeneration"] = state.job.generation
+    # Held back only while workers start (where each pod event changes the count or the
+    # waiting message); a finished, suspended or running job shows its pods as they are now.
+    if (progress_writes_after is not None and state.now < progress_writes_after
+            and state.status["phase"] in (st.PHASE_STARTING, st.PHASE_RESTARTING)
+            and st.only_progress_changed(previous, state.status)):
+        return (progress_writes_after - state.now).total_seconds()
     if state.status != previous:
         k8s.patch_job_status(state.job.namespace, state.job.name, state.status)
+    return None

@@ -192,3 +192,17 @@ def condition_transitions(before: dict[str, Any], after: dict[str, Any]) -> list
                                       str(condition.get("reason") or condition["type"]),
                                       str(condition.get("message") or "")))
     return transitions
+
+
+def only_progress_changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether ``after`` differs from ``before`` only in progress: ``readyWorkers`` and the
+    messages of conditions whose status and reason stay (e.g. which workers are still waiting,
+    and why). Such a change may wait a little before it is written; any other may not."""
+    def essential(status: dict[str, Any]) -> dict[str, Any]:
+        kept = {key: value for key, value in status.items() if key != "readyWorkers"}
+        kept["conditions"] = [{key: value for key, value in condition.items()
+                               if key != "message"}
+                              for condition in status.get("conditions") or []]
+        return kept
+
+    return before != after and essential(before) == essential(after)
