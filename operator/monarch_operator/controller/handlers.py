@@ -97,6 +97,11 @@ def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     for group, version, plural in (*_CHILDREN, *_OWN_CHILDREN):
         settings.watching.label_selectors[group, version, plural] = _CHILD_SELECTOR
     settings.watching.field_selectors[_EVENTS] = _CREATE_FAILURE_SELECTOR
+    # kopf reconnects a watch that saw nothing, not even a bookmark, for this long (default
+    # 70 s). The FailedCreate Events watch gets no bookmarks (its field selector is not served
+    # by the API server's watch cache), so an idle operator re-requested it every 70 s; the
+    # other streams get bookmarks every minute. A closed connection is noticed at once anyway.
+    settings.watching.inactivity_timeout = 600.0
     # Nothing of kopf's is stored on jobs (no change-detection handlers); its progress would be
     # kept in our own prefix in case a handler that needs it is added.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
