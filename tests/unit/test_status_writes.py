@@ -65,3 +65,14 @@ def test_nothing_changed_writes_nothing(patches):
     assert not st.only_progress_changed(status, dict(status))
     assert write(status, dict(status), None) is None
     assert patches == []
+
+
+def test_a_finished_job_shows_its_ready_count_at_once(patches):
+    """READY of a Failed job drops to 0/4 as its workers go (no holding back)."""
+    failed = st.set_condition(waiting(4, "waiting"), st.FAILED, True, st.REASON_LAUNCHER_FAILED,
+                              "launcher exited with code 3", 1, "2026-11-30T11:59:30Z")
+    failed["phase"] = st.summarize_phase(failed)
+    released = {**failed, "readyWorkers": "0/4"}
+    assert st.only_progress_changed(failed, released)
+    assert write(failed, released, NOW + dt.timedelta(seconds=3)) is None
+    assert patches == [released]
