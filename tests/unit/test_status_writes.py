@@ -24,6 +24,7 @@ def waiting(ready: int, message: str) -> dict[str, Any]:
                               message, 1, "2026-11-30T11:59:00Z")
     status.update(readyWorkers=f"{ready}/4", observedGeneration=1)
     status["phase"] = st.summarize_phase(status)
+    status["message"] = st.summarize_message(status)
     return status
 
 
@@ -72,6 +73,7 @@ def test_a_finished_job_shows_its_ready_count_at_once(patches):
     failed = st.set_condition(waiting(4, "waiting"), st.FAILED, True, st.REASON_LAUNCHER_FAILED,
                               "launcher exited with code 3", 1, "2026-11-30T11:59:30Z")
     failed["phase"] = st.summarize_phase(failed)
+    failed["message"] = st.summarize_message(failed)
     released = {**failed, "readyWorkers": "0/4"}
     assert st.only_progress_changed(failed, released)
     assert write(failed, released, NOW + dt.timedelta(seconds=3)) is None

@@ -195,11 +195,13 @@ def condition_transitions(before: dict[str, Any], after: dict[str, Any]) -> list
 
 
 def only_progress_changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
-    """Whether ``after`` differs from ``before`` only in progress: ``readyWorkers`` and the
-    messages of conditions whose status and reason stay (e.g. which workers are still waiting,
-    and why). Such a change may wait a little before it is written; any other may not."""
+    """Whether ``after`` differs from ``before`` only in progress: ``readyWorkers``, the
+    summary ``message`` and the messages of conditions whose status and reason stay (e.g.
+    which workers are still waiting, and why). Such a change may wait a little before it is
+    written; any other may not."""
     def essential(status: dict[str, Any]) -> dict[str, Any]:
-        kept = {key: value for key, value in status.items() if key != "readyWorkers"}
+        kept = {key: value for key, value in status.items()
+                if key not in ("readyWorkers", "message")}
         kept["conditions"] = [{key: value for key, value in condition.items()
                                if key != "message"}
                               for condition in status.get("conditions") or []]
