@@ -114,6 +114,19 @@ def test_application_budget_exhausted_fails_with_the_last_exit_code(kubectl, nam
     assert status["failureCounts"] == {"application": 1} and status["restartCount"] == 1
 
 
+def test_repeated_failures_restart_with_a_back_off(kubectl, namespace):
+    # A launcher that fails at once: the first restart is immediate, the second waits 10 s
+    # (no restart loop flooding the API server), and its launcher starts only after that.
+    apply(kubectl, namespace, job_manifest(
+        "loop", launcher={"command": ["sh", "-c", "exit 1"]}, runPolicy={"backoffLimit": 2}))
+    status = wait_phase(kubectl, namespace, "loop", "Failed", timeout=180)
+
+    first, second, third = status["attempts"]
+    assert "notBefore" not in first and "notBefore" not in second
+    assert third["notBefore"] and third["launchTime"] >= third["notBefore"], third
+    assert status["restartCount"] == 2
+
+
 def test_fail_job_rule_ends_the_job_at_once(kubectl, namespace):
     apply(kubectl, namespace, job_manifest(
         "fatal", launcher={"command": ["sh", "-c", "exit 42"]},

@@ -184,3 +184,44 @@ def test_a_suspend_is_not_a_restart():
     assert status["attempt"] == 2 and status["restartCount"] == 0
     status = attempts.begin(status, 3, "t3")  # then an application failure
     assert status["attempt"] == 3 and status["restartCount"] == 1
+
+
+def test_restart_back_off_grows_from_the_second_restart_and_is_capped():
+    delays = [policy.restart_delay_seconds(n) for n in range(1, 9)]
+    assert delays == [0.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 360.0]
+
+
+def test_a_second_restart_waits_out_its_back_off_before_the_launcher_starts():
+    import datetime as dt
+
+    from monarch_operator.controller import endings, launching
+    from monarch_operator.controller.passstate import Pass
+
+    job = JobSpec.from_body({
+        "metadata": {"name": "loop", "namespace": "ns", "uid": "u", "generation": 1},
+        "spec": {"image": "img:1", "workers": {"replicas": 2, "gpusPerWorker": 1},
+                 "meshes": {"trainer": {"hosts": 1}, "ref": {"hosts": 1}},
+                 "runPolicy": {"backoffLimit": 5}},
+    })
+    now = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
+    state = Pass(job=job, status=attempts.begin({}, 1, "t0"), now=now)
+
+    # The first failure restarts at once: no back-off in attempt 2's record.
+    assert endings.end_attempt(state, policy.APPLICATION, "LauncherFailed", "exit 1") == (
+        policy.APPLICATION)
+    assert "notBefore" not in attempts.current(state.status)
+    assert not launching._backing_off(state, attempts.current(state.status))
+
+    # The second waits 10 s: the record says until when, the pass asks to be woken then.
+    assert endings.end_attempt(state, policy.APPLICATION, "LauncherFailed", "exit 1") == (
+        policy.APPLICATION)
+    record = attempts.current(state.status)
+    assert record["number"] == 3 and record["notBefore"] == "2026-11-30T12:00:10Z"
+    assert "after a back-off of 10s" in st.get_condition(state.status, st.RUNNING)["message"]
+    assert launching._backing_off(state, record)
+    assert state.wake_after == 10.0
+    assert "starts at 2026-11-30T12:00:10Z" in st.get_condition(
+        state.status, st.RUNNING)["message"]
+
+    later = Pass(job=job, status=state.status, now=now + dt.timedelta(seconds=10))
+    assert not launching._backing_off(later, record)

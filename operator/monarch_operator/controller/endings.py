@@ -3,6 +3,7 @@ then the run policy restarts the job (a new attempt) or fails it."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from monarch_operator import names
@@ -72,8 +73,15 @@ def end_attempt(state: Pass, failure_class: str, reason: str, message: str,
         state.condition(st.WORKERS_READY, False, st.REASON_RESTARTING,
                         f"re-checking every worker before attempt {attempt + 1}")
     state.status = attempts.begin(state.status, attempt + 1, state.now_text)
+    delay = policy.restart_delay_seconds(int(state.status.get("restartCount") or 0))
+    backoff = ""
+    if delay > 0:
+        not_before = state.now + dt.timedelta(seconds=delay)
+        state.status = attempts.update_current(
+            state.status, notBefore=not_before.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        backoff = f" after a back-off of {delay:.0f}s"
     text = (f"attempt {attempt} failed ({failure_class}: {message}); starting attempt "
-            f"{attempt + 1}, {decision.budget}")
+            f"{attempt + 1}{backoff}, {decision.budget}")
     state.condition(st.RUNNING, False, st.REASON_RESTARTING, text)
     state.events.append(Event("Warning", st.REASON_RESTARTING, text))
     return failure_class

@@ -3,6 +3,7 @@ pod ended), then followed to its outcome or to a lost worker, which :mod:`.endin
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from monarch_operator import constants, names
@@ -32,7 +33,8 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
         return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                                    f"launcher Job {launcher_name} was deleted while it ran")
     if launcher is None:
-        if not st.is_true(state.status, st.WORKERS_READY) or _waiting_for_earlier_launcher(state):
+        if (not st.is_true(state.status, st.WORKERS_READY) or _waiting_for_earlier_launcher(state)
+                or _backing_off(state, record)):
             return None
         launcher = _launch(state, settings, worker_pods, launcher_name)
     state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
@@ -66,6 +68,25 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     if judged.rule_index is not None:
         message += f" ({judged.describe(outcome.exit_code)})"
     return endings.end_attempt(state, judged.failure_class, reason, message, outcome, None, pods)
+
+
+def _backing_off(state: Pass, record: dict[str, Any]) -> bool:
+    """Whether the current attempt (a restart) waits out its back-off
+    (:func:`.policy.restart_delay_seconds`, ``notBefore`` in its record); a pass is asked for
+    when it ends."""
+    not_before = record.get("notBefore")
+    if not not_before:
+        return False
+    start = dt.datetime.strptime(str(not_before), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    left = (start - state.now).total_seconds()
+    if left <= 0:
+        return False
+    state.wake_in(left)
+    reason = (st.get_condition(state.status, st.RUNNING) or {}).get("reason")
+    state.condition(st.RUNNING, False, str(reason or st.REASON_RESTARTING),
+                    f"attempt {state.status['attempt']} starts at {not_before} (back-off after "
+                    f"{state.status.get('restartCount', 0)} restarts)")
+    return True
 
 
 def _waiting_for_earlier_launcher(state: Pass) -> bool:

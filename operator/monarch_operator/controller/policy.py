@@ -147,3 +147,20 @@ def decide(policy: RunPolicy, failure_class: str, spent: dict[str, int]) -> Deci
             f"{failure_class.lower()} restart {used + 1}/{limit} ({field_name})"))
     return Decision(restart=False, budget=(
         f"{failure_class.lower()} restarts exhausted: {used}/{limit} ({field_name})"))
+
+
+# Back-off between restarts after failures (Kubernetes Jobs: 10 s doubling, at most 6 min; see
+# https://kubernetes.io/docs/concepts/workloads/controllers/job/#pod-backoff-failure-policy).
+# The first restart is immediate: one failure is the common case and its ~2 s fast path (pods
+# kept) is the point of restarting in place; from the second on, a launcher that fails at once
+# can no longer restart every 1-2 s and flood the API server with writes and Events.
+RESTART_BACKOFF_BASE_SECONDS = 10.0
+RESTART_BACKOFF_MAX_SECONDS = 360.0
+
+
+def restart_delay_seconds(restarts: int) -> float:
+    """Seconds to wait before the launcher of restart number ``restarts`` (1 = the first
+    restart after a failure) starts: 0 for the first, then 10, 20, 40, ... at most 360."""
+    if restarts <= 1:
+        return 0.0
+    return min(RESTART_BACKOFF_BASE_SECONDS * 2.0 ** (restarts - 2), RESTART_BACKOFF_MAX_SECONDS)
