@@ -93,6 +93,11 @@ def test_invalid_specs_refused_at_admission_naming_the_rule(kubectl, namespace):
         ("unequal", {"workers": {"replicas": 2, "gpusPerWorker": 2},
                      "meshes": {**colocated, "ref": {"hosts": 1}}},
          "meshes.trainer.hosts and meshes.ref.hosts must be equal"),
+        # A kubelet would only fail the pods (InvalidImageName); the local agent runs no
+        # images at all: refused at admission, naming the field.
+        ("badimage", {"image": "Bad Image!!:::"}, "spec.image: Invalid value"),
+        ("badlauncherimage", {"launcher": {"image": "Worker:1"}},
+         "spec.launcher.image: Invalid value"),
     ]:
         result = subprocess.run(["kubectl", "apply", "-n", namespace, "-f", "-"],
                                 input=job_manifest(name, **spec), capture_output=True,

@@ -177,3 +177,28 @@ def test_template_with_empty_metadata_and_spec_builds():
     assert build_worker_statefulset(job, SETTINGS)["spec"]["template"]["metadata"]["labels"][
         "team"] == "a"
     assert build_launcher_job(job, SETTINGS)["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_the_crds_image_rule_admits_references_and_refuses_the_rest():
+    # The CEL rule on spec.image and spec.launcher.image (the same regular expression, RE2
+    # syntax that Python's re reads alike here).
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    crd = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" /
+                          "monarchjobs.monarch-operator.dev.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = [spec["properties"]["image"]["x-kubernetes-validations"][0]["rule"],
+             spec["properties"]["launcher"]["properties"]["image"][
+                 "x-kubernetes-validations"][0]["rule"]]
+    assert rules[0] == rules[1]
+    pattern = re.fullmatch(r"self\.matches\('(.*)'\)", rules[0]).group(1)
+    for image in ["worker", "img:1", "ghcr.io/monarch-operator/worker:0.1.0",
+                  "localhost:5000/worker@sha256:" + "a" * 64, "nvcr.io/nvidia/pytorch:24.05-py3",
+                  "python:3.11.14-slim-bookworm", "my_org/my__img:latest"]:
+        assert re.match(pattern, image), image
+    for image in ["Bad Image!!:::", "MyImage", "img:", "img:1:2", "-img", "img/",
+                  "ghcr.io//x", "img@sha256:xyz", "img tag"]:
+        assert not re.match(pattern, image), image
