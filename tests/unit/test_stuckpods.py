@@ -92,3 +92,19 @@ def test_only_workers_of_a_lost_node_are_deleted_by_the_operator_and_restarts_ar
     assert lost["j-worker-2"].in_place and not lost["j-worker-2"].node_lost
     assert lost["j-worker-0"].cause == "container worker exited 143"
     assert lost["j-worker-0"].in_place and not lost["j-worker-0"].node_lost
+
+
+def test_the_gate_finds_workers_whose_node_is_lost(monkeypatch):
+    # A not-Ready worker on a NotReady node is deleted by the gate (recreated elsewhere), not
+    # waited for until Kubernetes evicts it after 300 s (seen in CI: both workers of a job on
+    # the node that was lost; the second one held the next attempt for four minutes).
+    from monarch_operator.controller import gate, k8s
+
+    monkeypatch.setattr(k8s, "node_is_ready", lambda node: node != "lost")
+    on = lambda node, **meta: {"metadata": {"name": "w-0", **meta},  # noqa: E731
+                               "spec": {"nodeName": node} if node else {}}
+    assert gate._lost_node(on("lost")) == "lost"
+    assert gate._lost_node(on("fine")) is None
+    assert gate._lost_node(on(None)) is None  # not scheduled yet
+    assert gate._lost_node(on("lost", deletionTimestamp="2026-11-30T12:00:00Z")) is None
+    assert gate._lost_node(None) is None

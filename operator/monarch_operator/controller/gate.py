@@ -46,6 +46,11 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
         return pods  # launched: a lost worker is judged with the attempt (lost_workers)
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
     reasons = {name: observe.why_not_ready(by_name.get(name)) for name in not_ready}
+    for name in not_ready:
+        node = _lost_node(by_name.get(name))
+        if node:  # Kubernetes would wait 300 s to evict it; the gate would wait with it
+            k8s.delete_pod(job.namespace, name)
+            reasons[name] = f"its node {node} is NotReady: deleted, to be recreated elsewhere"
     if any(name not in by_name for name in not_ready):
         failure = observe.create_failure(k8s.list_events(
             job.namespace, "StatefulSet", worker_set["metadata"]["name"],
@@ -73,6 +78,17 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
                    f"(spec.startupTimeoutSeconds): {short(described)}")
         endings.end_attempt(state, policy.STARTUP, st.REASON_STARTUP_TIMEOUT, message)
     return pods
+
+
+def _lost_node(pod: dict[str, Any] | None) -> str | None:
+    """The node of a not-Ready worker ``pod`` not yet being deleted, when that node is not Ready
+    (lost: crashed or partitioned), else None. Such a pod never becomes Ready where it is; the
+    StatefulSet recreates it on another node once it is deleted (and force-deleted by
+    :func:`.release.let_go_of_stuck` if its node never confirms)."""
+    if pod is None or pod["metadata"].get("deletionTimestamp"):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName")
+    return node if node and not k8s.node_is_ready(node) else None
 
 
 def _worker_pods(state: Pass, worker_set: dict[str, Any]) -> list[dict[str, Any]]:
