@@ -96,3 +96,12 @@ def test_deadlines_up_to_int64_max_count_as_none_instead_of_overflowing():
     assert deadlines.seconds_until_next_deadline(
         job(ttlSecondsAfterFinished=deadlines.MAX_DEADLINE_SECONDS), finished,
         T0) == deadlines.MAX_DEADLINE_SECONDS + deadlines.DEADLINE_SLACK_SECONDS
+
+
+def test_status_times_are_written_and_read_back_alike():
+    # One format for every time the status holds (startTime, notBefore, conditions): what the
+    # operator writes must parse back to the same second, in UTC.
+    moment = dt.datetime(2026, 11, 30, 15, 4, 5, 999_000, tzinfo=dt.UTC)
+    text = st.format_time(moment)
+    assert text == "2026-11-30T15:04:05Z"
+    assert deadlines.parse_time(text) == moment.replace(microsecond=0)

@@ -28,7 +28,7 @@ def parse_time(text: str) -> dt.datetime:
     Raises:
         ValueError: not of the form ``YYYY-MM-DDTHH:MM:SSZ``.
     """
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    return dt.datetime.strptime(text, st.TIME_FORMAT).replace(tzinfo=dt.UTC)
 
 
 def seconds_until_next_deadline(job: JobSpec, status: dict[str, Any],

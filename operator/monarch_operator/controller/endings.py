@@ -78,7 +78,7 @@ def end_attempt(state: Pass, failure_class: str, reason: str, message: str,
     if delay > 0:
         not_before = state.now + dt.timedelta(seconds=delay)
         state.status = attempts.update_current(
-            state.status, notBefore=not_before.strftime("%Y-%m-%dT%H:%M:%SZ"))
+            state.status, notBefore=st.format_time(not_before))
         backoff = f" after a back-off of {delay:.0f}s"
     text = (f"attempt {attempt} failed ({failure_class}: {message}); starting attempt "
             f"{attempt + 1}{backoff}, {decision.budget}")

@@ -3,11 +3,19 @@ pod ended), then followed to its outcome or to a lost worker, which :mod:`.endin
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attempts, endings, k8s, observe, policy, release, stuckpods
+from monarch_operator.controller import (
+    attempts,
+    deadlines,
+    endings,
+    k8s,
+    observe,
+    policy,
+    release,
+    stuckpods,
+)
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
 from monarch_operator.controller.builders.launcher import build_launcher_job
@@ -77,8 +85,7 @@ def _backing_off(state: Pass, record: dict[str, Any]) -> bool:
     not_before = record.get("notBefore")
     if not not_before:
         return False
-    start = dt.datetime.strptime(str(not_before), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    left = (start - state.now).total_seconds()
+    left = (deadlines.parse_time(str(not_before)) - state.now).total_seconds()
     if left <= 0:
         return False
     state.wake_in(left)

@@ -134,7 +134,7 @@ def _fail_invalid(body: dict[str, Any], message: str, now: dt.datetime) -> list[
     status = dict(body.get("status") or {})
     generation = int(body.get("metadata", {}).get("generation", 1))
     new_status = st.set_condition(status, st.FAILED, True, st.REASON_INVALID_SPEC, message,
-                                  generation, now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+                                  generation, st.format_time(now))
     new_status["phase"] = st.summarize_phase(new_status)
     new_status["message"] = st.summarize_message(new_status)
     new_status["observedGeneration"] = generation

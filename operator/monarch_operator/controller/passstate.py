@@ -40,7 +40,7 @@ class Pass:
     @property
     def now_text(self) -> str:
         """``now`` as the status writes times (RFC 3339, whole seconds, ``Z``)."""
-        return self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return st.format_time(self.now)
 
     def condition(self, condition_type: str, is_set: bool, reason: str, message: str) -> None:
         """Set a condition of the status (:func:`.status.set_condition`) at ``now``."""

@@ -7,8 +7,20 @@ Follows the Kubernetes API conventions for conditions: ``lastTransitionTime`` ch
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any
+
+# How the status writes times: RFC 3339 in UTC with whole seconds (``2026-11-30T15:04:05Z``),
+# as Kubernetes writes ``metav1.Time``.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def format_time(moment: dt.datetime) -> str:
+    """``moment`` (aware, UTC) as the status writes times (:data:`TIME_FORMAT`); read back
+    with :func:`.deadlines.parse_time`."""
+    return moment.strftime(TIME_FORMAT)
+
 
 # Condition types.
 WORKERS_READY = "WorkersReady"  # every worker pod is Ready (sshd accepts connections)
