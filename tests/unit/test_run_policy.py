@@ -176,6 +176,22 @@ def test_a_worker_not_ready_is_lost_only_when_its_node_is_not_ready():
     assert lost.describe() == "j-worker-0 (node node-2 NotReady)"
 
 
+def test_every_worker_of_a_lost_node_is_named_even_one_still_shown_ready():
+    # The node controller marks a lost node's pods not Ready one by one; the pass that sees
+    # the first one names every worker on that node (seen in CI: a job whose two workers shared
+    # the lost node named only the one marked first).
+    pods = [pod(f"j-worker-{i}", f"u{i}", conditions=[{"type": "Ready", "status": "True"}])
+            for i in range(3)]
+    snapshot = attempts.worker_snapshot("j", 3, pods)
+    for index, node in enumerate(("node-2", "node-2", "node-3")):
+        pods[index]["spec"] = {"nodeName": node}
+    pods[1]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    assert attempts.nodes_to_check(snapshot, pods) == {"node-2"}
+    lost = attempts.lost_workers(snapshot, pods, frozenset({"node-2"}))
+    assert [worker.describe() for worker in lost] == ["j-worker-0 (node node-2 NotReady)",
+                                                      "j-worker-1 (node node-2 NotReady)"]
+
+
 def test_a_suspend_is_not_a_restart():
     """RESTARTS counts restarts after failures; the attempt after a suspend is none of them."""
     status = attempts.begin({}, 1, "t1")

@@ -79,9 +79,10 @@ def lost_workers(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]],
 
     Lost: the pod is gone or replaced (another uid), being deleted, failed or evicted (pod
     ``reason``, a ``DisruptionTarget`` condition), a container restarted or stopped since
-    the snapshot, or the pod is not Ready on a node in ``unready_nodes`` (its node lost or
-    NotReady, long before the node controller evicts it). A pod that is only briefly not Ready
-    (a slow readiness probe) on a healthy node is not lost.
+    the snapshot, or the pod is on a node in ``unready_nodes`` (its node lost or NotReady,
+    long before the node controller evicts it), Ready or not: the node controller marks the
+    pods of a lost node not Ready one at a time, and every one of them is named together. A
+    pod that is only briefly not Ready (a slow readiness probe) on a healthy node is not lost.
     """
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
     lost = []
@@ -89,7 +90,7 @@ def lost_workers(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]],
         pod = by_name.get(entry["name"])
         cause = _loss_cause(entry, pod)
         node = ((pod or {}).get("spec") or {}).get("nodeName")
-        if not cause and node in unready_nodes and not _ready(pod):
+        if not cause and node in unready_nodes:
             lost.append(LostWorker(entry["name"], f"node {node} NotReady", node_lost=True))
         elif cause:
             lost.append(LostWorker(entry["name"], cause))
