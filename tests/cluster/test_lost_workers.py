@@ -1,7 +1,8 @@
 """Infrastructure failures the operator gets past on its own, on the real local control plane:
 a worker container restarted in place (field case C8), a worker's node lost mid-run (its pod
-recreated elsewhere, with and without budget), and a launcher pod of a failed attempt stuck on a
-lost node (force-deleted once its grace period is long over, so the next attempt runs).
+recreated elsewhere, with and without budget), the running launcher's own node lost mid-run,
+and a launcher pod of a failed attempt stuck on a lost node (force-deleted once its grace
+period is long over, so the next attempt runs).
 
 Nodes go down with ``LocalCluster.node_lost`` (kwok stops heartbeating them: NotReady after
 about 20 s). Placement is pinned with node affinity so that the lost node holds exactly what a
@@ -10,6 +11,7 @@ test means to lose. Launchers are shell commands that hang in attempt 1 and succ
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pytest
@@ -47,6 +49,14 @@ def on_nodes(operator: str, nodes: list[str]) -> dict:
     return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchFields": [
             {"key": "metadata.name", "operator": operator, "values": nodes}]}]}}}, **GRACE}
+
+
+def prefer_node(node: str) -> dict:
+    """A pod template ``spec`` preferring (not requiring) node ``node``: the scheduler puts the
+    pod there while it is healthy and elsewhere once it is tainted."""
+    return {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "preference": {"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}}]}}, **GRACE}
 
 
 def events(kubectl, namespace: str, name: str, reason: str) -> list[str]:
@@ -146,6 +156,53 @@ def test_a_workers_node_lost_without_budget_fails_naming_it_and_every_pod_goes(
     assert status.get("restartCount") == 0 and status.get("failureCounts", {}) == {}
     forced = events(kubectl, namespace, "nodenobudget", "PodForceDeleted")
     assert any("nodenobudget-worker-0" in message for message in forced), forced
+
+
+def test_the_running_launchers_node_lost_ends_the_attempt_and_the_next_runs_elsewhere(
+        kubectl, namespace, local_cluster):
+    """The node of the running launcher crashes (its workers are elsewhere): once the node is
+    NotReady and the node controller marks the launcher pod not Ready, the attempt ends as
+    Infrastructure / LauncherLost naming the node, not 300 s later at the taint eviction. Its
+    Job is deleted, its pod (Terminating for ever on the silent node) is force-deleted after
+    its grace period, and attempt 2's launcher runs on another node and succeeds, all while
+    the node is down."""
+    apply_manifest(kubectl, namespace, job_manifest(
+        "launcherloss", runPolicy={"infrastructureBackoffLimit": 1},
+        launcher={"command": ["sh", "-c", HANG_FIRST],
+                  "template": {"spec": prefer_node(LAUNCHER_NODE)}},
+        workers={"replicas": 2, "gpusPerWorker": 1,
+                 "template": {"spec": on_nodes("NotIn", [LAUNCHER_NODE])}}))
+    running_attempt(kubectl, namespace, "launcherloss", 1)
+    [old_launcher] = [pod for pod in job_pods(kubectl, namespace, "launcherloss")
+                      if pod["metadata"]["labels"]["monarch-operator.dev/role"] == "launcher"]
+    name, node = old_launcher["metadata"]["name"], old_launcher["spec"].get("nodeName")
+    if node != LAUNCHER_NODE:
+        pytest.fail(f"the scheduler put attempt 1's launcher {name} on {node}, not on the "
+                    f"preferred {LAUNCHER_NODE}: this test cannot lose it with that node")
+
+    lost_at = dt.datetime.now(dt.UTC)
+    with local_cluster.node_lost(LAUNCHER_NODE, nodestate.CRASH):
+        status = wait_phase(kubectl, namespace, "launcherloss", "Succeeded",
+                            timeout=LOSS_TIMEOUT)
+        gone = get_json(kubectl, "pod", name, "-n", namespace) is None
+
+    first, second = status["attempts"]
+    assert (first["class"], first["reason"]) == ("Infrastructure", "LauncherLost"), first
+    assert first["message"] == (f"launcher pod {name} lost with its node {LAUNCHER_NODE} "
+                                "(NotReady)"), first
+    assert second["class"] == "Succeeded", second
+    second_node = pod_node(kubectl, namespace, next(
+        pod["metadata"]["name"] for pod in job_pods(kubectl, namespace, "launcherloss")
+        if pod["metadata"]["labels"].get("monarch-operator.dev/attempt") == "2"))
+    assert second_node != LAUNCHER_NODE, second_node
+    forced = [*first.get("forceDeletedPods", []), *second.get("forceDeletedPods", [])]
+    assert name in forced and gone, (forced, gone)
+    assert any(f"{name} on node {LAUNCHER_NODE} (NotReady)" in message for message in
+               events(kubectl, namespace, "launcherloss", "PodForceDeleted"))
+    assert status["failureCounts"] == {"infrastructure": 1}, status.get("failureCounts")
+    launched = dt.datetime.fromisoformat(second["launchTime"].replace("Z", "+00:00"))
+    print(f"node {LAUNCHER_NODE} lost -> attempt 2's launcher started: "
+          f"{(launched - lost_at).total_seconds():.0f}s")
 
 
 def test_an_earlier_launcher_stuck_on_a_lost_node_does_not_block_the_next_attempt(

@@ -106,6 +106,39 @@ def nodes_to_check(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]]) -
             and (pod.get("spec") or {}).get("nodeName")}
 
 
+def launcher_nodes_to_check(pods: list[dict[str, Any]]) -> set[str]:
+    """Nodes of the attempt's launcher ``pods`` that still run (phase not final) but are not
+    Ready: only their node's health can tell a lost node from a launcher that is merely not
+    Ready, so nodes are read only then (a launcher has no readiness probe: on a live node it
+    is Ready while its container runs)."""
+    return {str(pod["spec"]["nodeName"]) for pod in pods if _launcher_unready(pod)}
+
+
+def lost_launcher(pods: list[dict[str, Any]],
+                  unready_nodes: frozenset[str]) -> tuple[str, str] | None:
+    """``(pod name, node name)`` of the first launcher pod of ``pods`` that is not finished,
+    not Ready, and bound to a node in ``unready_nodes`` (NotReady or gone), else None.
+
+    Such a pod is lost with its node: its container cannot be seen any more and nothing ends
+    the pod until Kubernetes' taint-based eviction (``tolerationSeconds`` 300 of the
+    ``node.kubernetes.io/unreachable`` and ``not-ready`` taints, set by the DefaultTolerationSeconds
+    admission plugin), so the attempt ends now as an infrastructure failure, as for a worker.
+    A launcher that is Ready, finished, or not Ready on a Ready node is not lost.
+    """
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if _launcher_unready(pod) and node in unready_nodes:
+            return str(pod["metadata"]["name"]), str(node)
+    return None
+
+
+def _launcher_unready(pod: dict[str, Any]) -> bool:
+    """Bound to a node, still running as far as the API says, and not Ready."""
+    phase = (pod.get("status") or {}).get("phase")
+    return (bool((pod.get("spec") or {}).get("nodeName"))
+            and phase not in ("Succeeded", "Failed") and not _ready(pod))
+
+
 def _ready(pod: dict[str, Any] | None) -> bool:
     return any(condition.get("type") == "Ready" and condition.get("status") == "True"
                for condition in ((pod or {}).get("status") or {}).get("conditions") or [])

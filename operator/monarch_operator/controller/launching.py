@@ -1,5 +1,6 @@
 """The current attempt's launcher: started once the gate passed (after any earlier launcher
-pod ended), then followed to its outcome or to a lost worker, which :mod:`.endings` judges."""
+pod ended), then followed to its outcome, to a lost worker or to its own pod lost with its
+node, which :mod:`.endings` judges."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
         return endings.end_attempt(state, policy.INFRASTRUCTURE, reason, message, outcome, lost,
                                    pods)
     if not outcome.finished:
-        return None
+        return _end_if_launcher_lost(state, outcome, pods)
     if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
         return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                                    f"launcher pod lost: {outcome.message}", outcome, None, pods)
@@ -76,6 +77,25 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     if judged.rule_index is not None:
         message += f" ({judged.describe(outcome.exit_code)})"
     return endings.end_attempt(state, judged.failure_class, reason, message, outcome, None, pods)
+
+
+def _end_if_launcher_lost(state: Pass, outcome: observe.LauncherOutcome,
+                          pods: list[dict[str, Any]]) -> str | None:
+    """End the attempt (Infrastructure, LauncherLost) when its running launcher pod is not
+    Ready on a node that is not Ready (:func:`.attempts.lost_launcher`), long before the
+    taint-based eviction would end it. Its Job is deleted by :func:`.endings.end_attempt`; the
+    pod, stuck Terminating while its node is away, is force-deleted by the next attempt's wait
+    for it (:func:`_waiting_for_earlier_launcher`). Returns the failure class when the job
+    restarts, else None."""
+    unready_nodes = frozenset(node for node in attempts.launcher_nodes_to_check(pods)
+                              if not k8s.node_is_ready(node))
+    lost = attempts.lost_launcher(pods, unready_nodes)
+    if lost is None:
+        return None
+    pod_name, node = lost
+    return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
+                               f"launcher pod {pod_name} lost with its node {node} (NotReady)",
+                               outcome, None, pods)
 
 
 def _backing_off(state: Pass, record: dict[str, Any]) -> bool:

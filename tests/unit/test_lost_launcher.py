@@ -1,0 +1,78 @@
+"""When the current attempt's launcher pod is lost with its node (attempts.lost_launcher,
+launching._end_if_launcher_lost), without a cluster: only a running launcher that is not Ready
+on a NotReady node is lost; nodes are read only for launchers that are not Ready."""
+
+from __future__ import annotations
+
+import pytest
+
+from monarch_operator.controller import attempts, k8s, launching, observe
+
+
+def launcher(ready: str = "True", node: str | None = "kwok-gpu-0", phase: str = "Running",
+             name: str = "j-launcher-1-abcde") -> dict:
+    return {"metadata": {"name": name, "labels": {"monarch-operator.dev/role": "launcher"}},
+            "spec": {"nodeName": node} if node else {},
+            "status": {"phase": phase, "conditions": [{"type": "Ready", "status": ready}]}}
+
+
+LOST = frozenset({"kwok-gpu-0"})
+
+
+def test_a_running_launcher_not_ready_on_a_not_ready_node_is_lost_with_it():
+    pod = launcher(ready="False")
+    assert attempts.launcher_nodes_to_check([pod]) == {"kwok-gpu-0"}
+    assert attempts.lost_launcher([pod], LOST) == ("j-launcher-1-abcde", "kwok-gpu-0")
+
+
+def test_a_launcher_not_ready_on_a_ready_node_is_not_lost():
+    pod = launcher(ready="False")
+    assert attempts.lost_launcher([pod], frozenset()) is None
+    assert attempts.lost_launcher([pod], frozenset({"kwok-gpu-1"})) is None
+
+
+@pytest.mark.parametrize("pod", [
+    launcher(ready="True"),  # the node controller has not marked it yet: its node is not read
+    launcher(ready="False", phase="Succeeded"),  # finished: its outcome is judged instead
+    launcher(ready="False", phase="Failed"),
+    launcher(ready="False", node=None),  # never scheduled: on no node to lose
+], ids=["ready", "succeeded", "failed", "unscheduled"])
+def test_a_ready_finished_or_unscheduled_launcher_is_not_lost(pod):
+    assert attempts.launcher_nodes_to_check([pod]) == set()
+    assert attempts.lost_launcher([pod], LOST) is None
+
+
+def test_the_lost_one_is_named_among_the_attempts_launcher_pods():
+    pods = [launcher(ready="False", node="kwok-gpu-1", name="j-launcher-1-aaaaa"),
+            launcher(ready="False", name="j-launcher-1-bbbbb")]
+    assert attempts.launcher_nodes_to_check(pods) == {"kwok-gpu-0", "kwok-gpu-1"}
+    assert attempts.lost_launcher(pods, LOST) == ("j-launcher-1-bbbbb", "kwok-gpu-0")
+
+
+def test_nodes_are_read_only_for_a_launcher_that_is_not_ready(monkeypatch):
+    read: list[str] = []
+    monkeypatch.setattr(k8s, "node_is_ready", lambda node: read.append(node) or True)
+    running = observe.LauncherOutcome(finished=False)
+    # Ready: no node read, nothing ends (state is not touched when nothing is lost).
+    assert launching._end_if_launcher_lost(None, running, [launcher()]) is None  # type: ignore[arg-type]
+    assert read == []
+    # Not Ready on a node that is Ready: the node is read, and the attempt goes on.
+    assert launching._end_if_launcher_lost(  # type: ignore[arg-type]
+        None, running, [launcher(ready="False")]) is None
+    assert read == ["kwok-gpu-0"]
+
+
+def test_a_lost_launcher_ends_the_attempt_as_an_infrastructure_failure(monkeypatch):
+    from monarch_operator.controller import endings, policy
+    from monarch_operator.controller import status as st
+
+    ended: list[tuple] = []
+    monkeypatch.setattr(k8s, "node_is_ready", lambda node: node != "kwok-gpu-0")
+    monkeypatch.setattr(endings, "end_attempt",
+                        lambda *args: ended.append(args) or policy.INFRASTRUCTURE)
+    running = observe.LauncherOutcome(finished=False)
+    pods = [launcher(ready="False")]
+    assert launching._end_if_launcher_lost("state", running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
+    assert ended == [("state", policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
+                      "launcher pod j-launcher-1-abcde lost with its node kwok-gpu-0 (NotReady)",
+                      running, None, pods)]
