@@ -25,6 +25,7 @@ from tests.cluster.helpers import (
     job_manifest,
     job_pods,
     job_status,
+    pod_condition,
     running_attempt,
     wait_phase,
     wait_until,
@@ -173,8 +174,11 @@ def test_the_running_launchers_node_lost_ends_the_attempt_and_the_next_runs_else
         workers={"replicas": 2, "gpusPerWorker": 1,
                  "template": {"spec": on_nodes("NotIn", [LAUNCHER_NODE])}}))
     running_attempt(kubectl, namespace, "launcherloss", 1)
-    [old_launcher] = [pod for pod in job_pods(kubectl, namespace, "launcherloss")
-                      if pod["metadata"]["labels"]["monarch-operator.dev/role"] == "launcher"]
+    # Ready first: the node controller then marks it not Ready when the node is lost.
+    [old_launcher] = wait_until(lambda: [
+        pod for pod in job_pods(kubectl, namespace, "launcherloss")
+        if pod["metadata"]["labels"]["monarch-operator.dev/role"] == "launcher"
+        and pod_condition(pod) == "True"], 60, "attempt 1's launcher pod Ready")
     name, node = old_launcher["metadata"]["name"], old_launcher["spec"].get("nodeName")
     if node != LAUNCHER_NODE:
         pytest.fail(f"the scheduler put attempt 1's launcher {name} on {node}, not on the "

@@ -4,6 +4,8 @@ on a NotReady node is lost; nodes are read only for launchers that are not Ready
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 from monarch_operator.controller import attempts, k8s, launching, observe
@@ -53,13 +55,51 @@ def test_nodes_are_read_only_for_a_launcher_that_is_not_ready(monkeypatch):
     read: list[str] = []
     monkeypatch.setattr(k8s, "node_is_ready", lambda node: read.append(node) or True)
     running = observe.LauncherOutcome(finished=False)
-    # Ready: no node read, nothing ends (state is not touched when nothing is lost).
-    assert launching._end_if_launcher_lost(None, running, [launcher()]) is None  # type: ignore[arg-type]
-    assert read == []
-    # Not Ready on a node that is Ready: the node is read, and the attempt goes on.
+    state = FakePass()
+    # Ready: no node read, nothing ends, no pass asked for.
+    assert launching._end_if_launcher_lost(state, running, [launcher()]) is None  # type: ignore[arg-type]
+    assert read == [] and state.wakes == [None]
+    # Not Ready on a node that is Ready: the node is read, the attempt goes on, and a pass is
+    # asked for (a node lost before its pod was Ready gives no pod event).
     assert launching._end_if_launcher_lost(  # type: ignore[arg-type]
-        None, running, [launcher(ready="False")]) is None
-    assert read == ["kwok-gpu-0"]
+        state, running, [launcher(ready="False")]) is None
+    assert read == ["kwok-gpu-0"] and state.wakes[-1] == attempts.LAUNCHER_RECHECK_SECONDS
+
+
+class FakePass:
+    """What _end_if_launcher_lost uses of a Pass when nothing is lost."""
+
+    def __init__(self) -> None:
+        self.now = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
+        self.wakes: list[float | None] = []
+
+    def wake_in(self, seconds: float | None) -> None:
+        self.wakes.append(seconds)
+
+
+def test_a_launcher_not_ready_is_looked_at_again_only_for_a_while():
+    now = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
+    window = attempts.LAUNCHER_RECHECK_WINDOW_SECONDS
+
+    def since(seconds: float, ready: str = "False") -> dict:
+        pod = launcher(ready=ready)
+        changed = now - dt.timedelta(seconds=seconds)
+        pod["status"]["conditions"][0]["lastTransitionTime"] = changed.strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+        return pod
+
+    assert attempts.launcher_recheck_in([since(1)], now) == attempts.LAUNCHER_RECHECK_SECONDS
+    assert attempts.launcher_recheck_in([since(window - 1)], now) == (
+        attempts.LAUNCHER_RECHECK_SECONDS)
+    assert attempts.launcher_recheck_in([since(window)], now) is None  # a probe of its own
+    assert attempts.launcher_recheck_in([since(1, ready="True")], now) is None
+    finished = since(1)
+    finished["status"]["phase"] = "Succeeded"
+    assert attempts.launcher_recheck_in([finished], now) is None
+    no_condition = launcher()
+    no_condition["status"]["conditions"] = []
+    assert attempts.launcher_recheck_in([no_condition], now) == (
+        attempts.LAUNCHER_RECHECK_SECONDS)
 
 
 def test_a_lost_launcher_ends_the_attempt_as_an_infrastructure_failure(monkeypatch):

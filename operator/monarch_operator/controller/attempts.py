@@ -9,6 +9,7 @@ for that attempt (field case C8), an infrastructure failure.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,13 @@ OUTPUT_TAIL_LINES = 20
 OUTPUT_LINE_CHARS = 240
 # Longest message kept per attempt (head and tail kept).
 MESSAGE_CHARS = 1024
+
+# A launcher pod that is not Ready (yet) is looked at again this often (seconds) for this long
+# after its Ready condition last changed: if its node was lost before the pod ever became
+# Ready, the node controller has nothing to mark and no pod event comes. The window covers
+# the node-monitor grace period (50 s by default) and its period (5 s).
+LAUNCHER_RECHECK_SECONDS = 5.0
+LAUNCHER_RECHECK_WINDOW_SECONDS = 90.0
 
 # The launcher's failure line: "trainer rank 1 (host demo-worker-0, local rank 1): ..." (role
 # mode, programs/roles.py and job.py) or "rank 3 of 4 (host demo-worker-1, local rank 1) ..."
@@ -129,6 +137,30 @@ def lost_launcher(pods: list[dict[str, Any]],
         node = (pod.get("spec") or {}).get("nodeName")
         if _launcher_unready(pod) and node in unready_nodes:
             return str(pod["metadata"]["name"]), str(node)
+    return None
+
+
+def launcher_recheck_in(pods: list[dict[str, Any]], now: dt.datetime) -> float | None:
+    """Seconds until the attempt's launcher ``pods`` are to be looked at again, or None.
+
+    :data:`LAUNCHER_RECHECK_SECONDS` while a running launcher pod is not Ready and its Ready
+    condition changed less than :data:`LAUNCHER_RECHECK_WINDOW_SECONDS` before ``now`` (a
+    pod not Ready without such a condition counts from now); None otherwise, so that a
+    launcher kept not Ready on a healthy node (its own readiness probe) costs no passes.
+    """
+    for pod in pods:
+        if not _launcher_unready(pod):
+            continue
+        since = next((condition.get("lastTransitionTime") for condition in
+                      (pod.get("status") or {}).get("conditions") or []
+                      if condition.get("type") == "Ready"), None)
+        if not since:
+            return LAUNCHER_RECHECK_SECONDS
+        changed = dt.datetime.fromisoformat(str(since))
+        if changed.tzinfo is None:
+            changed = changed.replace(tzinfo=dt.UTC)
+        if (now - changed).total_seconds() < LAUNCHER_RECHECK_WINDOW_SECONDS:
+            return LAUNCHER_RECHECK_SECONDS
     return None
 
 

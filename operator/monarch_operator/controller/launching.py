@@ -85,12 +85,14 @@ def _end_if_launcher_lost(state: Pass, outcome: observe.LauncherOutcome,
     Ready on a node that is not Ready (:func:`.attempts.lost_launcher`), long before the
     taint-based eviction would end it. Its Job is deleted by :func:`.endings.end_attempt`; the
     pod, stuck Terminating while its node is away, is force-deleted by the next attempt's wait
-    for it (:func:`_waiting_for_earlier_launcher`). Returns the failure class when the job
-    restarts, else None."""
+    for it (:func:`_waiting_for_earlier_launcher`). While a launcher pod is not Ready a pass
+    is asked for again (:func:`.attempts.launcher_recheck_in`). Returns the failure class
+    when the job restarts, else None."""
     unready_nodes = frozenset(node for node in attempts.launcher_nodes_to_check(pods)
                               if not k8s.node_is_ready(node))
     lost = attempts.lost_launcher(pods, unready_nodes)
-    if lost is None:
+    if lost is None:  # a launcher lost before it was ever Ready gets no pod event: look again
+        state.wake_in(attempts.launcher_recheck_in(pods, state.now))
         return None
     pod_name, node = lost
     return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
