@@ -211,9 +211,9 @@ def test_the_running_launchers_node_lost_ends_the_attempt_and_the_next_runs_else
 
 def test_an_earlier_launcher_stuck_on_a_lost_node_does_not_block_the_next_attempt(
         kubectl, namespace, local_cluster):
-    """The launcher's node is partitioned (its processes keep running, unseen), then a worker
-    is deleted: the attempt ends and its launcher Job is deleted, but the launcher pod stays
-    Terminating for as long as its node is away. The next attempt waits for it through its
+    """The launcher's node is partitioned (its processes keep running, unseen): the attempt
+    ends (the launcher lost with its node) and its launcher Job is deleted, but the launcher
+    pod stays Terminating for as long as its node is away. The next attempt waits for it through its
     grace period, then force-deletes it (Warning PodForceDeleted, recorded in the attempt)
     and starts its own launcher, while the node is still down."""
     apply_manifest(kubectl, namespace, job_manifest(
@@ -226,7 +226,6 @@ def test_an_earlier_launcher_stuck_on_a_lost_node_does_not_block_the_next_attemp
                       if pod["metadata"]["labels"]["monarch-operator.dev/role"] == "launcher"]
 
     with local_cluster.node_lost("kwok-gpu-2", nodestate.PARTITION):
-        kubectl("delete", "pod", "stuck-worker-1", "-n", namespace, "--wait=false")
         launched = wait_until(
             lambda: (status := job_status(kubectl, namespace, "stuck")).get("attempt") == 2
             and status["attempts"][-1].get("launchTime") and status, LOSS_TIMEOUT,
@@ -237,7 +236,7 @@ def test_an_earlier_launcher_stuck_on_a_lost_node_does_not_block_the_next_attemp
     status = wait_phase(kubectl, namespace, "stuck", "Succeeded", timeout=LOSS_TIMEOUT)
 
     first, second = launched["attempts"]
-    assert (first["class"], first["reason"]) == ("Infrastructure", "WorkerEvicted"), first
+    assert (first["class"], first["reason"]) == ("Infrastructure", "LauncherLost"), first
     assert second["forceDeletedPods"] == [old_launcher], second
     forced = events(kubectl, namespace, "stuck", "PodForceDeleted")
     assert any(f"{old_launcher} on node kwok-gpu-2 (NotReady)" in message
