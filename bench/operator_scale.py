@@ -136,7 +136,10 @@ def contenders(args: argparse.Namespace, mpi_binary: Path | None) -> list[Conten
             f"{key}-operator", namespace, "monarch-operator.dev", "v1alpha1", "monarchjobs",
             lambda kc: [*prefix, sys.executable, "-m", "monarch_operator.controller",
                         "--namespace", namespace],
-            monarch_job, lambda job: (job.get("status") or {}).get("phase") == "Succeeded",
+            # Finished: Succeeded and READY 0/N written (the workers released), so that a
+            # status write that comes with the release is counted in the job's lifecycle.
+            monarch_job, lambda job: (job.get("status") or {}).get("phase") == "Succeeded"
+            and (job.get("status") or {}).get("readyWorkers", "").startswith("0/"),
             lambda job: (job.get("status") or {}).get("phase") == "Running")
 
     every = {
@@ -362,9 +365,16 @@ class Bench:
         end, cpu = time.time(), proc.cpu_seconds() - cpu_before
         time.sleep(1)  # the audit log is written as responses complete; let the last land
         counts = per_job(self.audit(), who.user, start, end, size)
+        times = {}
+        if self.args.per_job:  # when each job's steps were seen (time.time()), for digging
+            with seen.lock:
+                times = {"per_job": {name: {
+                    "submitted": submitted[name], "workers_ready": seen.worker_ready.get(name),
+                    "launcher_job": seen.launcher_job.get(name),
+                    "launcher_pod": seen.launcher_pod.get(name)} for name in names}}
         self._delete_all(who)
         return {"jobs": size, "seconds": round(end - start, 1), "cpu_seconds": round(cpu, 2),
-                **latencies(names, submitted, seen, self.args.workers), **counts}
+                **latencies(names, submitted, seen, self.args.workers), **counts, **times}
 
     def _idle(self, who: Contender, seen: Seen, proc: Process) -> dict[str, Any]:
         size = self.args.idle_jobs
@@ -538,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="keep the cluster's files (logs, audit log) here")
     parser.add_argument("--json", type=Path, default=None, help="write the JSON here")
+    parser.add_argument("--per-job", action="store_true",
+                        help="also put in the JSON when each job's steps were seen")
     args = parser.parse_args(argv)
     mpi_binary = (mpi.ensure_mpi_operator()[0] if any(k.startswith("mpi") for k in args.operators)
                   else None)

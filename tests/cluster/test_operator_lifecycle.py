@@ -47,11 +47,15 @@ def test_active_deadline_fails_the_job_and_releases_everything(kubectl, namespac
     assert get_json(kubectl, "statefulset", "slow-worker", "-n", namespace) is None
     job = wait_until(lambda: (j := get_json(kubectl, "monarchjob", "slow", "-n", namespace))
                      and j["status"]["readyWorkers"] == "0/2" and j, 30, "READY 0/2")
-    reasons = [e["reason"] for e in kubectl.json("events", "-n", namespace, "--field-selector",
-                                                  "involvedObject.name=slow")["items"]]
-    for reason in ("WaitingForWorkers", "AllWorkersReady", "LauncherStarted",
-                   "DeadlineExceeded"):
-        assert reason in reasons, reasons
+    posted = {e["reason"]: e["message"] for e in kubectl.json(
+        "events", "-n", namespace, "--field-selector", "involvedObject.name=slow")["items"]}
+    for reason in ("WaitingForWorkers", "LauncherStarted", "DeadlineExceeded"):
+        assert reason in posted, posted
+    # One Event per step: the launcher's says the workers were ready, the ending's what it
+    # released (no separate AllWorkersReady, LauncherDeleted, WorkersReleased Events).
+    assert "all 2 workers ready" in posted["LauncherStarted"], posted
+    assert posted["DeadlineExceeded"].endswith("launcher Job deleted; worker pods deleted"), posted
+    assert not {"AllWorkersReady", "LauncherDeleted", "WorkersReleased"} & set(posted), posted
 
 
 def test_ttl_after_finished_deletes_the_job(kubectl, namespace):

@@ -100,11 +100,106 @@ def test_the_gate_finds_workers_whose_node_is_lost(monkeypatch):
     # the node that was lost; the second one held the next attempt for four minutes).
     from monarch_operator.controller import gate, k8s
 
-    monkeypatch.setattr(k8s, "node_is_ready", lambda node: node != "lost")
-    on = lambda node, **meta: {"metadata": {"name": "w-0", **meta},  # noqa: E731
-                               "spec": {"nodeName": node} if node else {}}
-    assert gate._lost_node(on("lost")) == "lost"
-    assert gate._lost_node(on("fine")) is None
-    assert gate._lost_node(on(None)) is None  # not scheduled yet
-    assert gate._lost_node(on("lost", deletionTimestamp="2026-11-30T12:00:00Z")) is None
-    assert gate._lost_node(None) is None
+    from monarch_operator.controller.passstate import Pass
+    from monarch_operator.controller.spec import JobSpec
+
+    asked = []
+    monkeypatch.setattr(k8s, "node_is_ready", lambda node: asked.append(node) or node != "lost")
+    now = dt.datetime(2026, 11, 30, 12, 1, 0, tzinfo=dt.UTC)
+    job = JobSpec.from_body({
+        "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
+        "spec": {"image": "img:1", "workers": {"replicas": 1, "gpusPerWorker": 1},
+                 "meshes": {"trainer": {"hosts": 1}, "ref": {"hosts": 1}, "colocate": True}}})
+    state = Pass(job=job, status={}, now=now)
+    on = lambda node, scheduled="2026-11-30T12:00:00Z", **meta: {  # noqa: E731
+        "metadata": {"name": "w-0", "creationTimestamp": "2026-11-30T11:59:00Z", **meta},
+        "spec": {"nodeName": node} if node else {},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "True",
+                                   "lastTransitionTime": scheduled}]}}
+    assert gate._lost_node(state, on("lost")) == "lost"
+    assert gate._lost_node(state, on("fine")) is None
+    assert gate._lost_node(state, on(None)) is None  # not scheduled yet
+    assert gate._lost_node(state, on("lost", deletionTimestamp="2026-11-30T12:00:00Z")) is None
+    assert gate._lost_node(state, None) is None
+    assert asked == ["lost", "fine"] and state.wake_after is None
+    # Scheduled 5 s ago: its node is not read yet (no node is declared lost that soon); the
+    # pass asks to look again when the worker has waited NODE_CHECK_AFTER_SECONDS.
+    assert gate._lost_node(state, on("lost", scheduled="2026-11-30T12:00:55Z")) is None
+    assert asked == ["lost", "fine"]
+    assert state.wake_after == gate.NODE_CHECK_AFTER_SECONDS - 5
+
+
+def test_node_readiness_is_read_once_per_memo_period_and_never_again_after_a_403(monkeypatch):
+    import kubernetes
+    from kubernetes.client.rest import ApiException
+
+    from monarch_operator.controller import k8s
+
+    reads, answers = [], {"n1": "True", "n2": "False"}
+
+    def read_node(self, name):
+        reads.append(name)
+        if name == "gone":
+            raise ApiException(status=404)
+        if name == "secret":
+            raise ApiException(status=403)
+        condition = kubernetes.client.V1NodeCondition(type="Ready", status=answers[name])
+        return kubernetes.client.V1Node(status=kubernetes.client.V1NodeStatus(
+            conditions=[condition]))
+
+    monkeypatch.setattr(kubernetes.client.CoreV1Api, "read_node", read_node)
+    monkeypatch.setattr(k8s, "_client", lambda: None)
+    clock = [100.0]
+    monkeypatch.setattr(k8s.time, "monotonic", lambda: clock[0])
+    k8s.forget_nodes()
+    try:
+        assert [k8s.node_is_ready(n) for n in ("n1", "n2", "n1", "n2", "gone")] == [
+            True, False, True, False, False]
+        assert reads == ["n1", "n2", "gone"]  # the repeats came from the memo
+        answers["n1"] = "False"
+        clock[0] += k8s.NODE_READY_MEMO_SECONDS
+        assert k8s.node_is_ready("n1") is False and reads[-1] == "n1"
+        # Not allowed to read nodes: taken as Ready (the pod tells), and never asked again.
+        assert k8s.node_is_ready("secret") is True
+        assert k8s.node_is_ready("n2") is True and reads[-1] == "secret"
+    finally:
+        k8s.forget_nodes()
+
+
+def test_ready_of_a_finished_job_counts_only_workers_of_a_kept_statefulset():
+    # READY drops to 0/N with the ending (its StatefulSet deleted), not once more as each
+    # worker pod goes: one status write instead of several per finished job.
+    from monarch_operator.controller import k8s, release
+    from monarch_operator.controller.cache import JobView
+    from monarch_operator.controller.passstate import Pass
+    from monarch_operator.controller.spec import JobSpec
+
+    job = JobSpec.from_body({
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1},
+        "spec": {"image": "img:1", "workers": {"replicas": 2, "gpusPerWorker": 1},
+                 "meshes": {"trainer": {"hosts": 1}, "ref": {"hosts": 1}}}})
+    now = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+
+    def worker(index, owner="set-1", **meta):
+        return {"metadata": {"name": f"j-worker-{index}", "uid": f"p{index}", **meta,
+                             "labels": {"monarch-operator.dev/job": "j",
+                                        "monarch-operator.dev/role": "worker"},
+                             "ownerReferences": [{"controller": True, "uid": owner}]},
+                "status": {"phase": "Running",
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    def ready_with(statefulset, pods):
+        children = {("v1", "Pod"): {pod["metadata"]["name"]: pod for pod in pods},
+                    ("apps/v1", "StatefulSet"): {"j-worker": statefulset} if statefulset else {}}
+        state = Pass(job=job, status={}, now=now)
+        with k8s.reading_from(JobView(("ns", "j"), None, children)):
+            release.count_ready_workers(state)
+        return state.status["readyWorkers"]
+
+    kept = {"metadata": {"name": "j-worker", "uid": "set-1"}}
+    assert ready_with(kept, [worker(0), worker(1)]) == "2/2"  # cleanupPolicy KeepAll
+    assert ready_with(kept, [worker(0), worker(1, deletionTimestamp="2026-11-30T11:59:59Z")]) == "1/2"
+    assert ready_with(kept, [worker(0), worker(1, owner="old-set")]) == "1/2"
+    assert ready_with(None, [worker(0), worker(1)]) == "0/2"  # released: pods on their way
+    going = {"metadata": {"name": "j-worker", "uid": "set-1", "deletionTimestamp": "x"}}
+    assert ready_with(going, [worker(0), worker(1)]) == "0/2"

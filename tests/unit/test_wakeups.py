@@ -133,3 +133,88 @@ def test_a_failing_pass_does_not_stop_later_wakeups():
         return calls
 
     assert run(scenario()) == [KEY, KEY]
+
+
+def test_at_most_concurrency_passes_run_and_a_waiting_job_reads_what_woke_it_once():
+    async def scenario():
+        calls: list[tuple[str, str]] = []
+        running, most = set(), [0]
+        release = asyncio.Event()
+
+        async def run_pass(key):
+            calls.append(key)
+            running.add(key)
+            most[0] = max(most[0], len(running))
+            await release.wait()
+            running.discard(key)
+            return None
+
+        wakeups = Wakeups(run_pass, concurrency=2)
+        keys = [("ns", f"job-{index}") for index in range(4)]
+        for key in keys:
+            wakeups.wake(key)
+        await until(lambda: len(calls) == 2)
+        # job-2 and job-3 wait for a slot; more events for them are served by that pass.
+        for _ in range(5):
+            wakeups.wake(keys[3])
+        release.set()
+        await until(wakeups.is_idle)
+        return calls, most[0], keys
+
+    calls, most, keys = run(scenario())
+    assert most == 2
+    assert sorted(calls) == sorted(keys)  # one pass each: job-3's extra wake-ups coalesced
+    assert calls[:2] == keys[:2]  # served in the order woken
+
+
+def test_urgent_jobs_get_the_next_slot_even_when_they_became_urgent_while_waiting():
+    async def scenario():
+        calls: list[tuple[str, str]] = []
+        urgent: set[tuple[str, str]] = set()
+        release = asyncio.Event()
+
+        async def run_pass(key):
+            calls.append(key)
+            await release.wait()
+            return None
+
+        wakeups = Wakeups(run_pass, concurrency=1, urgent=lambda key: key in urgent)
+        keys = [("ns", f"job-{index}") for index in range(4)]
+        for key in keys:
+            wakeups.wake(key)
+        await until(lambda: calls == keys[:1])
+        urgent.add(keys[3])
+        wakeups.wake(keys[3])  # e.g. its last worker became Ready while it waited
+        release.set()
+        await until(wakeups.is_idle)
+        return calls, keys
+
+    calls, keys = run(scenario())
+    assert calls == [keys[0], keys[3], keys[1], keys[2]]
+
+
+def test_a_job_cancelled_while_it_waits_for_a_slot_gives_nothing_away():
+    async def scenario():
+        release = asyncio.Event()
+        calls: list[tuple[str, str]] = []
+
+        async def run_pass(key):
+            calls.append(key)
+            await release.wait()
+            return None
+
+        wakeups = Wakeups(run_pass, concurrency=1)
+        first, second, third = ("ns", "a"), ("ns", "b"), ("ns", "c")
+        wakeups.wake(first)
+        wakeups.wake(second)
+        await until(lambda: calls == [first])
+        wakeups._running[second].cancel()  # the operator stopping
+        await asyncio.sleep(0)
+        wakeups.wake(third)
+        release.set()
+        await until(wakeups.is_idle)
+        return calls, wakeups._free
+
+    calls, free = run(scenario())
+    assert calls == [("ns", "a"), ("ns", "c")]
+    assert free == 1  # the slot came back

@@ -107,6 +107,12 @@ class JobCache:
         self._apply_expectations(key, children)
         return JobView(key, job, children, self)
 
+    def peek(self, key: JobKey, kind: Kind) -> list[Body]:
+        """The indexed objects of ``kind`` under ``key`` (the job itself for :attr:`job_kind`),
+        not copied and without expectations: to be read at once, on the event loop, never
+        changed."""
+        return list(self._indexes.get(kind, {}).get(key, ()))
+
     def _job(self, key: JobKey) -> Body | None:
         indexed = next(iter(self._indexes.get(self.job_kind, {}).get(key, ())), None)
         if indexed is None:

@@ -4,6 +4,7 @@ fast on what cannot heal and at the startup timeout."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from monarch_operator import constants, names
@@ -16,6 +17,11 @@ from monarch_operator.controller.builders.statefulset import build_worker_statef
 from monarch_operator.controller.passstate import Pass, short
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.sshkeys import generate_job_keys
+
+# A starting worker's node is read only after the worker has been scheduled this long without
+# becoming Ready (see _lost_node): reading the node of every starting worker at every pass was
+# 15 node reads per job while 200 jobs started at once (bench/operator_scale.py).
+NODE_CHECK_AFTER_SECONDS = 15.0
 
 
 def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
@@ -47,7 +53,7 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
     reasons = {name: observe.why_not_ready(by_name.get(name)) for name in not_ready}
     for name in not_ready:
-        node = _lost_node(by_name.get(name))
+        node = _lost_node(state, by_name.get(name))
         if node:  # Kubernetes would wait 300 s to evict it; the gate would wait with it
             k8s.delete_pod(job.namespace, name)
             reasons[name] = f"its node {node} is NotReady: deleted, to be recreated elsewhere"
@@ -80,15 +86,38 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
     return pods
 
 
-def _lost_node(pod: dict[str, Any] | None) -> str | None:
+def _lost_node(state: Pass, pod: dict[str, Any] | None) -> str | None:
     """The node of a not-Ready worker ``pod`` not yet being deleted, when that node is not Ready
     (lost: crashed or partitioned), else None. Such a pod never becomes Ready where it is; the
     StatefulSet recreates it on another node once it is deleted (and force-deleted by
-    :func:`.release.let_go_of_stuck` if its node never confirms)."""
+    :func:`.release.let_go_of_stuck` if its node never confirms).
+
+    The node is read only once the pod has waited :data:`NODE_CHECK_AFTER_SECONDS` since it
+    was scheduled (a pass is asked for then): no node is declared NotReady sooner after
+    losing contact, and most workers are Ready by then."""
     if pod is None or pod["metadata"].get("deletionTimestamp"):
         return None
     node = (pod.get("spec") or {}).get("nodeName")
-    return node if node and not k8s.node_is_ready(node) else None
+    if not node:
+        return None
+    waited = _seconds_since_scheduled(pod, state.now)
+    if waited is not None and waited < NODE_CHECK_AFTER_SECONDS:
+        state.wake_in(NODE_CHECK_AFTER_SECONDS - waited)
+        return None
+    return node if not k8s.node_is_ready(node) else None
+
+
+def _seconds_since_scheduled(pod: dict[str, Any], now: dt.datetime) -> float | None:
+    """Seconds since the pod's ``PodScheduled`` condition turned True (else since it was
+    created); None when neither time can be read."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    scheduled = next((c.get("lastTransitionTime") for c in conditions
+                      if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
+    since = scheduled or pod["metadata"].get("creationTimestamp")
+    try:
+        return (now - deadlines.parse_time(str(since))).total_seconds() if since else None
+    except ValueError:
+        return None
 
 
 def _worker_pods(state: Pass, worker_set: dict[str, Any]) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 
 from monarch_operator import constants, names
-from monarch_operator.controller import cache, k8s, metrics, passes, wakeups
+from monarch_operator.controller import cache, k8s, metrics, observe, passes, wakeups
 from monarch_operator.controller.settings import Settings
 
 SETTINGS = Settings.from_env()
@@ -25,7 +25,8 @@ RUNNER = passes.PassRunner(SETTINGS)
 CACHE = cache.JobCache((f"{constants.GROUP}/{constants.VERSION}", constants.KIND))
 # Passes run in threads (the API client blocks); with the cache a pass mostly computes and writes,
 # so a few more threads than cores keep writes of many jobs in flight at once.
-_PASS_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=8,
+_PASS_THREAD_COUNT = 8
+_PASS_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=_PASS_THREAD_COUNT,
                                                       thread_name_prefix="pass")
 logger = logging.getLogger("monarch_operator")
 _RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
@@ -38,7 +39,8 @@ _OWN_CHILDREN = (("", "v1", "secrets"), ("", "v1", "services"), ("", "v1", "conf
                  *((("networking.k8s.io", "v1", "networkpolicies"),)
                    if SETTINGS.network_policy else ()))
 _KINDS = {"pods": "Pod", "jobs": "Job", "statefulsets": "StatefulSet", "secrets": "Secret",
-          "services": "Service", "configmaps": "ConfigMap", "networkpolicies": "NetworkPolicy"}
+          "services": "Service", "configmaps": "ConfigMap", "networkpolicies": "NetworkPolicy",
+          "events": "Event"}
 _CHILD_SELECTOR = f"app.kubernetes.io/managed-by={constants.MANAGED_BY},{constants.LABEL_JOB}"
 # A StatefulSet that cannot create its pods changes nothing we watch; its FailedCreate Events
 # (selected server-side) wake the job so that it says why, or fails when the pod is invalid.
@@ -64,7 +66,26 @@ async def _run_pass(key: wakeups.JobKey) -> float | None:
     return report.next_pass_seconds
 
 
-WAKEUPS = wakeups.Wakeups(_run_pass)
+def _holds_every_worker(key: wakeups.JobKey) -> bool:
+    """Whether every worker of the job is Ready in the cache: it holds all its GPUs (about to
+    launch, running or ending), so its pass goes before those of jobs still starting."""
+    job = next(iter(CACHE.peek(key, CACHE.job_kind)), None)
+    replicas = ((job or {}).get("spec") or {}).get("workers", {}).get("replicas")
+    if not isinstance(replicas, int) or replicas < 1:
+        return False
+    workers = [pod for pod in CACHE.peek(key, ("v1", "Pod"))
+               if pod["metadata"].get("labels", {}).get(constants.LABEL_ROLE)
+               == constants.ROLE_WORKER]
+    return len(observe.ready_worker_ordinals(key[1], replicas, workers)) == replicas
+
+
+# As many passes at once as threads: a pass takes its view when a thread is free to run it, not
+# when it was woken (a view taken earlier and queued behind busy threads was seconds old, and
+# the pass after it ran again for what it had missed). While many jobs start, a job whose
+# workers are all Ready waited seconds behind the first passes of new jobs (200 at once in
+# bench/operator_scale.py); it goes first: its GPUs idle until its launcher starts.
+WAKEUPS = wakeups.Wakeups(_run_pass, concurrency=_PASS_THREAD_COUNT,
+                          urgent=_holds_every_worker)
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):
@@ -89,7 +110,7 @@ def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     cache's indexes (kopf passes them to every handler, named by their ids)."""
     k8s.load_config()
     CACHE.attach(CACHE.job_kind, kwargs[_index_id(constants.PLURAL)])
-    for group, version, plural in (*_CHILDREN, *_OWN_CHILDREN):
+    for group, version, plural in (*_CHILDREN, *_OWN_CHILDREN, _EVENTS):
         CACHE.attach((_api_version(group, version), _KINDS[plural]), kwargs[_index_id(plural)])
     # Only warnings become Kubernetes Events; per-pass INFO logs would flood `kubectl describe`.
     settings.posting.level = logging.WARNING
@@ -131,7 +152,21 @@ async def _index_child(namespace: str, labels: dict[str, str], body: kopf.Body,
     return {(namespace, labels[constants.LABEL_JOB]): _cached(body)}
 
 
+async def _index_create_failure(namespace: str, body: kopf.Body, **_: Any) -> Any:
+    """Cache a worker StatefulSet's FailedCreate Event under its job (what a pass reads to say
+    why worker pods do not exist), only the fields it reads."""
+    involved = dict(body.get("involvedObject") or {})
+    statefulset = str(involved.get("name") or "")
+    if not statefulset.endswith(names.WORKER_SUFFIX):
+        return None
+    slim = {key: body.get(key) for key in ("reason", "message", "lastTimestamp", "eventTime")}
+    slim["metadata"] = {"name": body.get("metadata", {}).get("name")}
+    slim["involvedObject"] = {key: involved.get(key) for key in ("kind", "name", "uid")}
+    return {(namespace, statefulset.removesuffix(names.WORKER_SUFFIX)): slim}
+
+
 kopf.index(*_RESOURCE, id=_index_id(constants.PLURAL))(_index_job)
+kopf.index(*_EVENTS, id=_index_id(_EVENTS[2]))(_index_create_failure)
 for _group, _version, _plural in (*_CHILDREN, *_OWN_CHILDREN):
     kopf.index(_group, _version, _plural, id=_index_id(_plural),
                labels={constants.LABEL_JOB: kopf.PRESENT})(_index_child)

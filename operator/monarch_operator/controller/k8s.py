@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,6 +70,7 @@ def load_config() -> None:
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
     _shared_client = None
+    forget_nodes()
 
 
 def _client() -> kubernetes.client.ApiClient:
@@ -250,19 +252,63 @@ def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
     return [_to_dict(pod) for pod in pods.items]
 
 
+# A node's readiness read from the API is reused for this long by every pass (a node turns
+# NotReady only after the node controller's grace period, 40 s by default), so that many
+# jobs' workers on a few nodes cost a few reads, not one per worker per pass.
+NODE_READY_MEMO_SECONDS = 5.0
+_node_memo: dict[str, tuple[float, bool]] = {}
+_node_memo_lock = threading.Lock()
+_nodes_forbidden = False  # a 403 once: this operator may not read nodes (namespaced mode)
+
+
 def node_is_ready(name: str) -> bool:
-    """Whether node ``name`` exists and has condition ``Ready=True``; True when the operator
-    may not read nodes (403: then only the pod's own state can tell)."""
+    """Whether node ``name`` exists and has condition ``Ready=True`` (a 404 is False).
+
+    True when the operator may not read nodes (the chart's namespaced mode has no
+    ClusterRole): then only the pod's own state can tell, and after the first 403 nodes are
+    never asked for again. An answer is reused for :data:`NODE_READY_MEMO_SECONDS`.
+
+    Raises:
+        ApiException: any other API error.
+    """
+    now = time.monotonic()
+    with _node_memo_lock:
+        if _nodes_forbidden:
+            return True
+        memo = _node_memo.get(name)
+    if memo is not None and now - memo[0] < NODE_READY_MEMO_SECONDS:
+        return memo[1]
     try:
         node = kubernetes.client.CoreV1Api(_client()).read_node(name)
+        ready = any(condition.type == "Ready" and condition.status == "True"
+                    for condition in (node.status.conditions or []))
     except ApiException as error:
-        if error.status == 404:
-            return False
         if error.status == 403:
+            _forbid_nodes()
             return True
-        raise
-    return any(condition.type == "Ready" and condition.status == "True"
-               for condition in (node.status.conditions or []))
+        if error.status != 404:
+            raise
+        ready = False
+    with _node_memo_lock:
+        _node_memo[name] = (now, ready)
+        for stale in [node for node, (at, _) in _node_memo.items()
+                      if now - at >= NODE_READY_MEMO_SECONDS]:
+            del _node_memo[stale]
+    return ready
+
+
+def _forbid_nodes() -> None:
+    global _nodes_forbidden
+    with _node_memo_lock:
+        _nodes_forbidden = True
+
+
+def forget_nodes() -> None:
+    """Drop what :func:`node_is_ready` remembers (for tests, and after credentials change)."""
+    global _nodes_forbidden
+    with _node_memo_lock:
+        _node_memo.clear()
+        _nodes_forbidden = False
 
 
 def pod_log_tail(namespace: str, pod: str, container: str, lines: int) -> str | None:
@@ -308,7 +354,14 @@ def delete_monarchjob(namespace: str, name: str) -> bool:
 
 def list_events(namespace: str, kind: str, name: str, uid: str) -> list[dict[str, Any]]:
     """Events about one object (``involvedObject`` kind, name and uid: a deleted namesake's
-    events are not its own)."""
+    events are not its own). From the pass's view when it caches Events: the operator
+    watches only the worker StatefulSets' ``FailedCreate`` Events, the only ones asked for."""
+    view = _view("v1", "Event")
+    if view is not None and view.key[0] == namespace:
+        return [event for event in view.children[("v1", "Event")].values()
+                if event.get("involvedObject", {}).get("kind") == kind
+                and event["involvedObject"].get("name") == name
+                and event["involvedObject"].get("uid") == uid]
     selector = f"involvedObject.kind={kind},involvedObject.name={name}"
     events = kubernetes.client.CoreV1Api(_client()).list_namespaced_event(
         namespace, field_selector=selector)

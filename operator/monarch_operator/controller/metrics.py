@@ -6,6 +6,9 @@ What is measured, all in the default registry (with the client's process and Pyt
   ``api_error`` (the Kubernetes API answered with an error; the pass is retried with back-off)
   or ``error`` (any other exception; also retried).
 - ``monarch_operator_reconcile_duration_seconds``: wall time of each pass (histogram).
+- ``monarch_operator_reconcile_wait_seconds``: from a job's wake-up (a watch event or its
+  timer) to the start of the pass that serves it (histogram): time spent waiting for one of
+  the operator's pass threads (``urgent``: jobs whose workers are all Ready, which go first).
 - ``monarch_operator_api_errors_total{code}``: API errors that ended a pass, by HTTP status
   (``0`` when no response came back). Answers a pass expects (404 on read, 409 on create) are
   not errors and are not counted.
@@ -34,6 +37,10 @@ RECONCILE_DURATION = Histogram(
     f"{PREFIX}_reconcile_duration_seconds", "Wall time of one reconcile pass.",
     # A pass makes a few API calls: tens of milliseconds normally, seconds under load.
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+RECONCILE_WAIT = Histogram(
+    f"{PREFIX}_reconcile_wait_seconds", "From a job's wake-up to the start of the pass that "
+    "serves it.", ["urgent"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
 API_ERRORS = Counter(f"{PREFIX}_api_errors", "Kubernetes API errors that ended a pass, by HTTP "
                      "status (0: no response).", ["code"])
 

@@ -9,6 +9,7 @@ event (:mod:`.deadlines`). Posting the events is left to the caller, on kopf's e
 from __future__ import annotations
 
 import contextlib
+import functools
 import datetime as dt
 import logging
 import time
@@ -20,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from monarch_operator.controller import deadlines, k8s, metrics, reconcile
 from monarch_operator.controller import status as st
 from monarch_operator.controller.cache import JobView
+from monarch_operator.controller.progress import ProgressWrites
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import InvalidSpecError, JobSpec
 
@@ -28,10 +30,6 @@ logger = logging.getLogger("monarch_operator")
 # Back-off after an API error or a bug: doubles from the first to the last, per job.
 ERROR_BACKOFF_FIRST_SECONDS = 2.0
 ERROR_BACKOFF_MAX_SECONDS = 120.0
-# Progress-only status changes (ready count, waiting message) of a job are written at most
-# once per this many seconds (transitions at once): while many pods start, each pod event would
-# otherwise be one status write.
-PROGRESS_WRITE_INTERVAL_SECONDS = 10.0
 # A pass that asked to be retried (a child name taken by a foreign object): its delay doubles
 # with each blocked pass in a row, up to this.
 BLOCKED_RETRY_MAX_SECONDS = 300.0
@@ -56,7 +54,7 @@ class PassRunner:
         self.settings = settings
         self._failures: dict[tuple[str, str], int] = {}
         self._blocked: dict[tuple[str, str], int] = {}
-        self._progress_writes_after: dict[tuple[str, str], dt.datetime] = {}
+        self._progress = ProgressWrites()
 
     def run(self, namespace: str, name: str, view: JobView | None = None) -> PassReport:
         """One pass of ``namespace/name``; never raises (errors are logged and retried).
@@ -94,12 +92,13 @@ class PassRunner:
             # Gone or going: garbage collection removes the children; nothing of ours blocks it.
             self._failures.pop((namespace, name), None)
             self._blocked.pop((namespace, name), None)
-            self._progress_writes_after.pop((namespace, name), None)
+            self._progress.forget((namespace, name))
             return PassReport(None)
         now = dt.datetime.now(dt.UTC)
         try:
-            outcome = reconcile.reconcile(body, self.settings, now,
-                                          self._progress_writes_after.get((namespace, name)))
+            outcome = reconcile.reconcile(
+                body, self.settings, now,
+                functools.partial(self._progress.hold_seconds, (namespace, name), now))
         except InvalidSpecError as error:
             return PassReport(body, _fail_invalid(body, str(error), now), phase=st.PHASE_FAILED)
         for event in outcome.events:
@@ -110,8 +109,7 @@ class PassRunner:
             self._retry_delay((namespace, name), outcome.retry_after), outcome.wake_after,
             outcome.write_deferred_seconds) if delay is not None]
         if outcome.status_written:
-            self._progress_writes_after[(namespace, name)] = now + dt.timedelta(
-                seconds=PROGRESS_WRITE_INTERVAL_SECONDS)
+            self._progress.written((namespace, name), now)
         return PassReport(body, outcome.events, min(delays) if delays else None,
                           phase=None if outcome.deleted else outcome.status.get("phase"))
 

@@ -16,6 +16,7 @@ stuck terminating, cleanup of a finished job, READY); :mod:`.passstate` is what 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,16 +67,17 @@ class Outcome:
 
 
 def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
-              progress_writes_after: dt.datetime | None = None) -> Outcome:
+              hold_progress: Callable[[bool], float] | None = None) -> Outcome:
     """Bring the job's children and status one step closer to the spec.
 
     Args:
         body: the MonarchJob object as a dict.
         now: current time (UTC); used for the startup timeout and condition timestamps.
-        progress_writes_after: a status change that is only progress
-            (:func:`.status.only_progress_changed`: ready count, waiting message) of a job
-            whose workers are starting is not written before then
-            (``Outcome.write_deferred_seconds`` says when); any other change is written at once.
+        hold_progress: for a status change that is only progress
+            (:func:`.status.only_progress_changed`: ready count, waiting message), how many
+            seconds it must wait, given whether the job's workers are starting
+            (:meth:`.progress.ProgressWrites.hold_seconds`; ``Outcome.write_deferred_seconds``
+            says when); None: written at once, as any other change is.
 
     Returns:
         The events to post, the status written (or kept), and whether to retry.
@@ -114,7 +116,7 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
             return Outcome(state.events, state.status, deleted=True)
         release.clean_up(state)
         release.count_ready_workers(state)
-    deferred = _write_status(state, previous, progress_writes_after)
+    deferred = _write_status(state, previous, hold_progress)
     return Outcome(state.events, state.status, retry_after, wake_after=state.wake_after,
                    status_written=deferred is None and state.status != previous,
                    write_deferred_seconds=deferred)
@@ -165,10 +167,12 @@ def _run_attempt(state: Pass, settings: Settings) -> None:
 
 
 def _write_status(state: Pass, previous: dict[str, Any],
-                  progress_writes_after: dt.datetime | None) -> float | None:
+                  hold_progress: Callable[[bool], float] | None) -> float | None:
     """One status patch when the status changed; returns the seconds a progress-only change
     was held back for (None when written, or when nothing changed)."""
     posted = {event.reason for event in state.events}
+    if st.REASON_LAUNCHER_STARTED in posted:  # its message says every worker is ready
+        posted.add(st.REASON_ALL_WORKERS_READY)
     for transition in st.condition_transitions(previous, state.status):
         if transition.reason not in posted:  # every transition gets an Event, once
             state.events.append(Event(transition.type, transition.reason, transition.message))
@@ -176,12 +180,11 @@ def _write_status(state: Pass, previous: dict[str, Any],
     state.status["phase"] = st.summarize_phase(state.status)
     state.status["message"] = st.summarize_message(state.status)
     state.status["observedGeneration"] = state.job.generation
-    # Held back only while workers start (where each pod event changes the count or the
-    # waiting message); a finished, suspended or running job shows its pods as they are now.
-    if (progress_writes_after is not None and state.now < progress_writes_after
-            and state.status["phase"] in (st.PHASE_STARTING, st.PHASE_RESTARTING)
-            and st.only_progress_changed(previous, state.status)):
-        return (progress_writes_after - state.now).total_seconds()
-    if state.status != previous:
-        k8s.patch_job_status(state.job.namespace, state.job.name, state.status)
+    if state.status == previous:
+        return None
+    if hold_progress is not None and st.only_progress_changed(previous, state.status):
+        held = hold_progress(state.status["phase"] in (st.PHASE_STARTING, st.PHASE_RESTARTING))
+        if held > 0:
+            return held
+    k8s.patch_job_status(state.job.namespace, state.job.name, state.status)
     return None

@@ -58,20 +58,40 @@ def clean_up(state: Pass) -> None:
     launcher_running = launcher is not None and not observe.launcher_outcome(launcher, []).finished
     if (launcher_running or cleanup == CLEANUP_DELETE_ALL) and k8s.delete_if_present(
                "batch/v1", "Job", namespace, launcher_name):
-        state.events.append(Event("Normal", "LauncherDeleted", "launcher Job deleted"))
+        _tell(state, Event("Normal", "LauncherDeleted", "launcher Job deleted"))
     if (cleanup != CLEANUP_KEEP_ALL or deadline) and k8s.delete_if_present(
                "apps/v1", "StatefulSet", namespace, names.worker_set(job.name)):
-        state.events.append(Event("Normal", "WorkersReleased", "worker pods deleted"))
+        _tell(state, Event("Normal", "WorkersReleased", "worker pods deleted"))
     if cleanup == CLEANUP_DELETE_ALL:  # literal kinds: the chart's RBAC test reads them
         k8s.delete_if_present("v1", "ConfigMap", namespace, names.hostfile_configmap(job.name))
         k8s.delete_if_present("v1", "Service", namespace, names.worker_service(job.name))
         k8s.delete_if_present("v1", "Secret", namespace, names.ssh_secret(job.name))
 
 
+def _tell(state: Pass, event: Event) -> None:
+    """Post ``event``, or, when the job ended in this pass, say it in the Event of that ending
+    (``job succeeded; worker pods deleted``): one Event per job ending, not three."""
+    ending = {st.reason_of(state.status, st.SUCCEEDED), st.reason_of(state.status, st.FAILED)}
+    for posted in state.events:
+        if posted.reason in ending:
+            posted.message = f"{posted.message}; {event.message}"
+            return
+    state.events.append(event)
+
+
 def count_ready_workers(state: Pass) -> None:
-    """READY says how many workers are Ready now, also after the job finished."""
+    """READY of a finished job: its workers Ready now, counting only pods of a worker
+    StatefulSet that is not being deleted. Once the StatefulSet is deleted (released) its pods
+    are on their way out and count as none, as a ReplicaSet does not count pods being deleted:
+    ``0/N`` is written with the ending, not once more per pod as each one goes."""
     job = state.job
     pods = let_go_of_stuck(state, k8s.list_pods(job.namespace, {
        constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_WORKER}))
+    worker_set = k8s.read("apps/v1", "StatefulSet", job.namespace, names.worker_set(job.name))
+    if worker_set is None or worker_set["metadata"].get("deletionTimestamp"):
+        pods = []
+    else:
+        pods = [pod for pod in pods
+                if k8s.controller_uid(pod) == worker_set["metadata"].get("uid")]
     ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)
     state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"

@@ -18,6 +18,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from monarch_operator.controller import metrics
+
 logger = logging.getLogger(__name__)
 
 JobKey = tuple[str, str]  # (namespace, name)
@@ -28,19 +30,37 @@ PassFunction = Callable[[JobKey], Awaitable[float | None]]
 class Wakeups:
     """Runs ``run_pass`` for a job when woken, one pass at a time per job, and at its deadline.
 
+    At most ``concurrency`` passes run at once (``None``: no limit); the others wait for a slot,
+    and a wake-up that comes while a job waits is served by the pass it waits for: the pass
+    reads the job only when it gets its slot (client-go runs a controller's queue with a fixed
+    number of workers for the same reason). Jobs for which ``urgent`` says True when they are
+    woken (the operator: every worker Ready, GPUs held) get a slot before the others; each
+    group is served in the order woken.
+
     Must be used from one asyncio event loop (kopf's); ``wake`` is not thread-safe.
     """
 
-    def __init__(self, run_pass: PassFunction) -> None:
+    def __init__(self, run_pass: PassFunction, concurrency: int | None = None,
+                 urgent: Callable[[JobKey], bool] | None = None) -> None:
         self._run_pass = run_pass
+        self._free = concurrency  # slots free now; None: no limit
+        self._urgent = urgent or (lambda key: False)
+        # Jobs waiting for a slot, urgent ones first; a slot is handed over by resolving the
+        # job's future.
+        self._waiting: tuple[dict[JobKey, asyncio.Future[None]], ...] = ({}, {})
         self._running: dict[JobKey, asyncio.Task[None]] = {}
         self._again: set[JobKey] = set()
         self._timers: dict[JobKey, asyncio.TimerHandle] = {}
+        self._woken_at: dict[JobKey, float] = {}  # the first wake-up not yet served
 
     def wake(self, key: JobKey) -> None:
         """Run a pass for ``key`` now, or once more right after the one that is running."""
+        self._woken_at.setdefault(key, asyncio.get_running_loop().time())
         if key in self._running:
             self._again.add(key)
+            urgent, normal = self._waiting
+            if key in normal and self._urgent(key):  # e.g. its last worker just became Ready
+                urgent[key] = normal.pop(key)
             return
         task = asyncio.get_running_loop().create_task(self._passes(key), name=f"pass {key}")
         self._running[key] = task
@@ -51,6 +71,7 @@ class Wakeups:
         if timer is not None:
             timer.cancel()
         self._again.discard(key)
+        self._woken_at.pop(key, None)
 
     def pending_timers(self) -> dict[JobKey, float]:
         """Loop time of each job's next timed wake-up (for tests and debugging)."""
@@ -63,17 +84,56 @@ class Wakeups:
     async def _passes(self, key: JobKey) -> None:
         try:
             while True:
-                self._again.discard(key)
+                await self._take_slot(key)
                 try:
+                    self._again.discard(key)  # what woke the job so far, this pass sees
+                    woken_at = self._woken_at.pop(key, None)
+                    if woken_at is not None:
+                        metrics.RECONCILE_WAIT.labels(str(self._urgent(key)).lower()).observe(
+                            asyncio.get_running_loop().time() - woken_at)
                     delay = await self._run_pass(key)
                 except Exception:  # the pass logs its own errors; never lose the loop
                     logger.exception("reconcile pass of %s/%s failed", *key)
                     delay = None
+                finally:
+                    self._give_slot()
                 self._set_timer(key, delay)
                 if key not in self._again:
                     return
         finally:
             self._running.pop(key, None)
+
+    async def _take_slot(self, key: JobKey) -> None:
+        """Return once this job may run a pass (a slot is taken for it)."""
+        if self._free is None:
+            return
+        if self._free > 0 and not any(self._waiting):
+            self._free -= 1
+            return
+        handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[0 if self._urgent(key) else 1][key] = handed
+        try:
+            await handed
+        except asyncio.CancelledError:
+            for waiting in self._waiting:
+                waiting.pop(key, None)
+            if handed.done() and not handed.cancelled():
+                self._give_slot()  # handed over just as it was cancelled: pass it on
+            raise
+
+    def _give_slot(self) -> None:
+        """The pass ended: hand its slot to the first urgent job waiting, else the first other
+        one, else keep it free."""
+        if self._free is None:
+            return
+        for waiting in self._waiting:
+            while waiting:
+                key = next(iter(waiting))
+                handed = waiting.pop(key)
+                if not handed.done():
+                    handed.set_result(None)
+                    return
+        self._free += 1
 
     def _set_timer(self, key: JobKey, delay: float | None) -> None:
         timer = self._timers.pop(key, None)
