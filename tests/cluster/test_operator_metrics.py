@@ -72,6 +72,9 @@ def test_real_passes_are_counted_and_the_job_is_shown_in_its_phase(
         samples = wait_until(shown_in_its_phase, 60, "the job counted in its phase")
         assert samples[("monarch_operator_reconcile_total", (("result", "ok"),))] >= 1
         assert samples[("monarch_operator_reconcile_duration_seconds_count", ())] >= 1
+        # Its workers never become Ready: every pass it had waited as not urgent.
+        assert samples[("monarch_operator_reconcile_wait_seconds_count",
+                        (("urgent", "false"),))] >= 1
 
         kubectl("delete", "monarchjob", "demo", "-n", chart_namespace, "--wait=true")
         wait_until(lambda: _jobs_by_phase(_scrape(url)) == {}, 60, "the deleted job to leave")

@@ -218,3 +218,25 @@ def test_a_job_cancelled_while_it_waits_for_a_slot_gives_nothing_away():
     calls, free = run(scenario())
     assert calls == [("ns", "a"), ("ns", "c")]
     assert free == 1  # the slot came back
+
+
+def test_the_wait_for_a_slot_is_measured_per_urgency():
+    from prometheus_client import REGISTRY
+
+    def count(urgent: str) -> float:
+        return REGISTRY.get_sample_value("monarch_operator_reconcile_wait_seconds_count",
+                                         {"urgent": urgent}) or 0.0
+
+    async def scenario():
+        async def run_pass(key):
+            await asyncio.sleep(0.01)
+            return None
+
+        wakeups = Wakeups(run_pass, concurrency=1, urgent=lambda key: key[1] == "hot")
+        for name in ("cold", "hot", "cold-2"):
+            wakeups.wake(("ns", name))
+        await until(wakeups.is_idle)
+
+    before = count("true"), count("false")
+    run(scenario())
+    assert (count("true") - before[0], count("false") - before[1]) == (1, 2)
