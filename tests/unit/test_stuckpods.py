@@ -129,7 +129,7 @@ def test_the_gate_finds_workers_whose_node_is_lost(monkeypatch):
     assert state.wake_after == gate.NODE_CHECK_AFTER_SECONDS - 5
 
 
-def test_node_readiness_is_read_once_per_memo_period_and_never_again_after_a_403(monkeypatch):
+def test_node_ready_is_reused_for_the_memo_period_not_ready_never_and_a_403_ends_reads(monkeypatch):
     import kubernetes
     from kubernetes.client.rest import ApiException
 
@@ -155,7 +155,11 @@ def test_node_readiness_is_read_once_per_memo_period_and_never_again_after_a_403
     try:
         assert [k8s.node_is_ready(n) for n in ("n1", "n2", "n1", "n2", "gone")] == [
             True, False, True, False, False]
-        assert reads == ["n1", "n2", "gone"]  # the repeats came from the memo
+        # Ready is reused (the repeat of n1); NotReady never is: a node that came back must
+        # be seen Ready by the next pass, or a pod just scheduled on it is judged lost.
+        assert reads == ["n1", "n2", "n2", "gone"]
+        answers["n2"] = "True"
+        assert k8s.node_is_ready("n2") is True and reads[-1] == "n2"
         answers["n1"] = "False"
         clock[0] += k8s.NODE_READY_MEMO_SECONDS
         assert k8s.node_is_ready("n1") is False and reads[-1] == "n1"

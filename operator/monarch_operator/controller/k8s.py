@@ -252,9 +252,10 @@ def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
     return [_to_dict(pod) for pod in pods.items]
 
 
-# A node's readiness read from the API is reused for this long by every pass (a node turns
-# NotReady only after the node controller's grace period, 40 s by default), so that many
-# jobs' workers on a few nodes cost a few reads, not one per worker per pass.
+# A node found Ready is taken as Ready for this long by every pass (a node turns NotReady only
+# after the node controller's grace period, 40 s by default), so that many jobs' workers on a
+# few nodes cost a few reads, not one per worker per pass. NotReady is never reused: a node
+# that came back must not cost a new pod on it its attempt (the pod would be judged lost).
 NODE_READY_MEMO_SECONDS = 5.0
 _node_memo: dict[str, tuple[float, bool]] = {}
 _node_memo_lock = threading.Lock()
@@ -266,7 +267,7 @@ def node_is_ready(name: str) -> bool:
 
     True when the operator may not read nodes (the chart's namespaced mode has no
     ClusterRole): then only the pod's own state can tell, and after the first 403 nodes are
-    never asked for again. An answer is reused for :data:`NODE_READY_MEMO_SECONDS`.
+    never asked for again. A Ready answer is reused for :data:`NODE_READY_MEMO_SECONDS`.
 
     Raises:
         ApiException: any other API error.
@@ -290,7 +291,10 @@ def node_is_ready(name: str) -> bool:
             raise
         ready = False
     with _node_memo_lock:
-        _node_memo[name] = (now, ready)
+        if ready:
+            _node_memo[name] = (now, ready)
+        else:
+            _node_memo.pop(name, None)
         for stale in [node for node, (at, _) in _node_memo.items()
                       if now - at >= NODE_READY_MEMO_SECONDS]:
             del _node_memo[stale]
