@@ -548,6 +548,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="keep the cluster's files (logs, audit log) here")
     parser.add_argument("--json", type=Path, default=None, help="write the JSON here")
+    parser.add_argument("--controller-manager-qps", type=int, default=None,
+                        help="the controller manager's client rate limit (burst: twice "
+                        "this); default Kubernetes' own, 20/30, shared by the StatefulSet and "
+                        "Job controllers that create both operators' launcher pods")
     parser.add_argument("--per-job", action="store_true",
                         help="also put in the JSON when each job's steps were seen")
     args = parser.parse_args(argv)
@@ -556,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="operator-scale-"))
     who_runs = contenders(args, mpi_binary)
     cluster = LocalCluster(state, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                           node_agent=False, audit_users=tuple(who.user for who in who_runs))
+                           node_agent=False, audit_users=tuple(who.user for who in who_runs),
+                           controller_manager_qps=args.controller_manager_qps)
     results = []
     try:
         cluster.up(progress=lambda line: print(line, file=sys.stderr))

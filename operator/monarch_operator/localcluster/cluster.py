@@ -93,15 +93,21 @@ class LocalCluster:
         stop_with_owner: every component gets SIGTERM when the process that called ``up``
             dies, even by SIGKILL (:mod:`localcluster.orphans`); the test fixtures set it so a
             killed test run leaves no cluster behind. ``monarch-localcluster up`` does not.
+        controller_manager_qps: the controller manager's client rate limit (requests per
+            second; burst twice that); None keeps Kubernetes' default (20, burst 30), which the
+            StatefulSet, Job and other controllers share. Benchmarks raise it as large
+            clusters do.
     """
 
     def __init__(self, state_dir: Path, nodes: int = 3, gpus_per_node: int = 8,
                  node_agent: bool = True, audit_users: tuple[str, ...] = (),
-                 stop_with_owner: bool = False) -> None:
+                 stop_with_owner: bool = False,
+                 controller_manager_qps: int | None = None) -> None:
         if not ipaddress.ip_network(POD_CIDR).subnet_of(ipaddress.ip_network("127.0.0.0/8")):
             raise ValueError(f"MONARCH_LOCALCLUSTER_POD_CIDR={POD_CIDR!r} must lie inside "
                              "127.0.0.0/8: the local cluster never uses other addresses")
         self.state_dir = Path(state_dir).resolve()
+        self.controller_manager_qps = controller_manager_qps
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.node_agent = node_agent
@@ -364,7 +370,10 @@ class LocalCluster:
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 "--leader-elect=false", "--controllers=*,-nodeipam,-service-lb-controller",
                 f"--node-monitor-grace-period={NODE_MONITOR_GRACE_SECONDS}s",
-                f"--node-monitor-period={NODE_MONITOR_PERIOD_SECONDS}s"]
+                f"--node-monitor-period={NODE_MONITOR_PERIOD_SECONDS}s",
+                *((f"--kube-api-qps={self.controller_manager_qps}",
+                   f"--kube-api-burst={2 * self.controller_manager_qps}")
+                  if self.controller_manager_qps else ())]
 
     def _scheduler_args(self, bin_dir: Path, ports: dict[str, int]) -> list[str]:
         return [str(bin_dir / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}",
