@@ -41,8 +41,7 @@ def write(previous: dict[str, Any], new: dict[str, Any],
           after: dt.datetime | None) -> float | None:
     """Write as a pass at NOW would, the job's progress held until ``after``."""
     state = reconcile.Pass(job=JOB, status=new, now=NOW)
-    hold = None if after is None else (
-        lambda starting: max((after - NOW).total_seconds(), 0.0))
+    hold = None if after is None else (lambda: max((after - NOW).total_seconds(), 0.0))
     return reconcile._write_status(state, previous, hold)
 
 
@@ -72,50 +71,41 @@ def test_nothing_changed_writes_nothing(patches):
     assert patches == []
 
 
-def test_a_finished_jobs_ready_count_waits_for_its_interval_only(patches):
-    """READY of a Failed job drops to 0/4 as its workers go: one write once its interval is
-    over (not one per worker), never waiting for starting jobs' turns."""
+def test_a_finished_job_shows_its_ready_count_at_once(patches):
+    """READY of a Failed job (a KeepAll one, whose pods stay) follows its workers at once."""
     failed = st.set_condition(waiting(4, "waiting"), st.FAILED, True, st.REASON_LAUNCHER_FAILED,
                               "launcher exited with code 3", 1, "2026-11-30T11:59:30Z")
     failed["phase"] = st.summarize_phase(failed)
     failed["message"] = st.summarize_message(failed)
-    released = {**failed, "readyWorkers": "0/4"}
+    released = {**failed, "readyWorkers": "3/4"}
     assert st.only_progress_changed(failed, released)
-    assert write(failed, released, NOW + dt.timedelta(seconds=3)) == 3.0
-    assert patches == []
-    writes = progress.ProgressWrites()
-    writes.written(("ns", "other"), NOW)  # a starting job took the operator-wide turn ...
-    assert writes.hold_seconds(("ns", "other2"), NOW, starting=True) == 0.0
-    state = reconcile.Pass(job=JOB, status=released, now=NOW)
-    hold = lambda starting: writes.hold_seconds(("ns", "demo"), NOW, starting)  # noqa: E731
-    assert reconcile._write_status(state, failed, hold) is None  # ... a finished one needs none
+    assert write(failed, released, NOW + dt.timedelta(seconds=3)) is None
     assert patches == [released]
 
 
 def test_a_job_writes_progress_once_per_interval():
     writes, key = progress.ProgressWrites(interval=10, spacing=0.5), ("ns", "a")
-    assert writes.hold_seconds(key, NOW, starting=True) == 0.0  # never written: at once
+    assert writes.hold_seconds(key, NOW) == 0.0  # never written: at once
     writes.written(key, NOW)
-    assert writes.hold_seconds(key, NOW + dt.timedelta(seconds=4), starting=True) == 6.0
-    assert writes.hold_seconds(key, NOW + dt.timedelta(seconds=4), starting=False) == 6.0
-    assert writes.hold_seconds(key, NOW + dt.timedelta(seconds=10), starting=True) == 0.0
+    assert writes.hold_seconds(key, NOW + dt.timedelta(seconds=4)) == 6.0
+    assert writes.hold_seconds(key, NOW + dt.timedelta(seconds=10)) == 0.0
 
 
 def test_starting_jobs_take_turns_for_progress_writes_and_keep_their_turn():
     writes = progress.ProgressWrites(interval=10, spacing=0.5)
     keys = [("ns", f"job-{index}") for index in range(4)]
     # Four jobs want to write progress at the same moment: one now, the others 0.5 s apart.
-    assert [writes.hold_seconds(key, NOW, starting=True) for key in keys] == [
+    assert [writes.hold_seconds(key, NOW) for key in keys] == [
         0.0, 0.5, 1.0, 1.5]
     # Asking again does not move a job back in line; its turn comes, it writes.
     later = NOW + dt.timedelta(seconds=1)
-    assert writes.hold_seconds(keys[3], later, starting=True) == 0.5
-    assert writes.hold_seconds(keys[2], later, starting=True) == 0.0
+    assert writes.hold_seconds(keys[3], later) == 0.5
+    assert writes.hold_seconds(keys[2], later) == 0.0
     writes.written(keys[2], later)
-    assert writes.hold_seconds(keys[2], later, starting=True) == 10.0  # its own interval now
+    assert writes.hold_seconds(keys[2], later) == 10.0  # its own interval now
     # Long after, turns are free again: no burst was saved up meanwhile beyond one.
     idle = NOW + dt.timedelta(seconds=60)
-    assert writes.hold_seconds(("ns", "new-1"), idle, starting=True) == 0.0
-    assert writes.hold_seconds(("ns", "new-2"), idle, starting=True) == 0.5
+    assert writes.hold_seconds(("ns", "new-1"), idle) == 0.0
+    assert writes.hold_seconds(("ns", "new-2"), idle) == 0.5
     writes.forget(keys[3])
-    assert writes.hold_seconds(keys[3], idle, starting=True) == 1.0  # a new turn
+    assert writes.hold_seconds(keys[3], idle) == 1.0  # a new turn

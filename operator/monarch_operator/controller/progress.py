@@ -36,19 +36,14 @@ class ProgressWrites:
         self._turns: dict[JobKey, dt.datetime] = {}  # a starting job's reserved turn
         self._next_free: dt.datetime | None = None
 
-    def hold_seconds(self, key: JobKey, now: dt.datetime, starting: bool) -> float:
-        """Seconds ``key``'s progress-only change must wait (0: write it now).
-
-        ``starting``: the job's workers are starting (phase Starting or Restarting), where
-        progress writes of all jobs share the operator-wide spacing; a job that waits for its
-        turn keeps it until it writes (:meth:`written`).
-        """
+    def hold_seconds(self, key: JobKey, now: dt.datetime) -> float:
+        """Seconds the progress-only change of starting job ``key`` must wait (0: write it
+        now): until its own interval ends, then until its turn among all starting jobs; a job
+        that waits for its turn keeps it until it writes (:meth:`written`)."""
         with self._lock:
             own = self._after.get(key)
             if own is not None and now < own:
                 return (own - now).total_seconds()
-            if not starting:
-                return 0.0
             turn = self._turns.get(key)
             if turn is None:
                 turn = now if self._next_free is None else max(now, self._next_free)

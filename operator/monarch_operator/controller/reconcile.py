@@ -67,15 +67,15 @@ class Outcome:
 
 
 def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
-              hold_progress: Callable[[bool], float] | None = None) -> Outcome:
+              hold_progress: Callable[[], float] | None = None) -> Outcome:
     """Bring the job's children and status one step closer to the spec.
 
     Args:
         body: the MonarchJob object as a dict.
         now: current time (UTC); used for the startup timeout and condition timestamps.
         hold_progress: for a status change that is only progress
-            (:func:`.status.only_progress_changed`: ready count, waiting message), how many
-            seconds it must wait, given whether the job's workers are starting
+            (:func:`.status.only_progress_changed`: ready count, waiting message) of a job
+            whose workers are starting, how many seconds it must wait
             (:meth:`.progress.ProgressWrites.hold_seconds`; ``Outcome.write_deferred_seconds``
             says when); None: written at once, as any other change is.
 
@@ -167,7 +167,7 @@ def _run_attempt(state: Pass, settings: Settings) -> None:
 
 
 def _write_status(state: Pass, previous: dict[str, Any],
-                  hold_progress: Callable[[bool], float] | None) -> float | None:
+                  hold_progress: Callable[[], float] | None) -> float | None:
     """One status patch when the status changed; returns the seconds a progress-only change
     was held back for (None when written, or when nothing changed)."""
     posted = {event.reason for event in state.events}
@@ -182,8 +182,12 @@ def _write_status(state: Pass, previous: dict[str, Any],
     state.status["observedGeneration"] = state.job.generation
     if state.status == previous:
         return None
-    if hold_progress is not None and st.only_progress_changed(previous, state.status):
-        held = hold_progress(state.status["phase"] in (st.PHASE_STARTING, st.PHASE_RESTARTING))
+    # Held back only while workers start (where each pod event changes the count or the
+    # waiting message); a running, suspended or finished job shows its pods as they are now.
+    if (hold_progress is not None
+            and state.status["phase"] in (st.PHASE_STARTING, st.PHASE_RESTARTING)
+            and st.only_progress_changed(previous, state.status)):
+        held = hold_progress()
         if held > 0:
             return held
     k8s.patch_job_status(state.job.namespace, state.job.name, state.status)
