@@ -95,8 +95,10 @@ def run_launch(
         "root",
         "--monarch-port",
         str(monarch_port),
+        # The launcher's default. A run that attaches does not wait for it; a shorter limit
+        # failed 1 run in 50 of test_c9 on a loaded CI machine (stop 15).
         "--attach-timeout",
-        "10",
+        "30",
         *flags,
     ]
     output_path = tmp_path / "launch.log"

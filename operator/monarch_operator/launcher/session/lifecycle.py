@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -71,6 +72,14 @@ FAULT_SETTLE_S = 3.0
 # before it attached (port taken, import error, crash) fails the launch at once instead of at
 # the attach timeout.
 ATTACH_POLL_S = 0.25
+# Monarch's own limit for a worker to answer the attach config push is set this much beyond the
+# launcher's attach limit (``attach_timeout_s`` + 5 s, counted after the meshes were created), so
+# that the launcher's message, which names the mesh and ``--attach-timeout``, is the one users
+# see. Seconds.
+MONARCH_ATTACH_MARGIN_S = 15
+# Monarch's words when a worker did not answer the config push in time, and its address in them.
+_CONFIG_PUSH_TIMEOUT = "MESH_ATTACH_CONFIG_TIMEOUT"
+_PUSH_ADDRESS = re.compile(r"tcp:\[?([0-9A-Za-z.:_-]+?)\]?:\d+")
 
 
 @dataclass(frozen=True)
@@ -446,7 +455,8 @@ def started_job(
     try:
         listen = config.client_address or client_address(addresses.values())
         configure(default_transport=listen)
-        configure(mesh_attach_config_timeout=f"{max(1, round(config.attach_timeout_s))}s")
+        push_limit = max(1, round(config.attach_timeout_s + MONARCH_ATTACH_MARGIN_S))
+        configure(mesh_attach_config_timeout=f"{push_limit}s")
         for name, hosts in meshes:
             job.add_mesh(name, [addresses[host] for host in hosts])
         # cached_path=None: do not pickle the job into ./.monarch, where a later launch in the
@@ -486,10 +496,13 @@ def _wait_attached(
     Raises:
         WorkerStartFailed: a worker's ssh client exited first (any mesh's: the launch cannot
             go on), naming its host, ssh's exit status and the worker's last output.
-        TimeoutError: not attached within ``timeout_s`` plus 5 seconds.
+        TimeoutError: not attached within ``timeout_s`` plus 5 seconds, or Monarch's own
+            config push to a worker timed out (the message then names the hosts that did not
+            answer and ``--attach-timeout``).
     """
     attached = host_mesh.initialized  # one Future: a get() that times out does not consume it
     deadline = time.monotonic() + timeout_s + 5
+    limit = f"{timeout_s + 5:g}s"
     while True:
         polled = time.monotonic()
         try:
@@ -499,11 +512,37 @@ def _wait_attached(
             _raise_if_workers_exited(job, name, names, cause=error)
             # A TimeoutError before the poll's time is up is Monarch's own answer, not the poll's.
             early = time.monotonic() - polled < ATTACH_POLL_S / 2
+            if _CONFIG_PUSH_TIMEOUT in str(error):
+                raise TimeoutError(attach_timeout_message(name, limit, str(error), names)) from None
             if not isinstance(error, TimeoutError) or early:
                 raise
             if time.monotonic() > deadline:
-                limit = f"{timeout_s + 5:g}s"
                 raise TimeoutError(f"mesh {name} did not attach within {limit}") from None
+
+
+def attach_timeout_message(
+    name: str, limit: str, monarch_error: str, names: Mapping[str, str]
+) -> str:
+    """Say which hosts of mesh ``name`` did not answer Monarch's attach config push.
+
+    Args:
+        name: the mesh.
+        limit: the launcher's attach limit as shown to users, e.g. ``"35s"``.
+        monarch_error: Monarch's error text, which lists the silent workers as
+            ``tcp:<address>:<port>``.
+        names: host name by address, to name hosts as the hostfile does.
+
+    Returns:
+        One line such as ``mesh spmd did not attach within 35s: no answer from the worker on
+        node-0 (raise --attach-timeout if workers start slowly)``.
+    """
+    addresses = _PUSH_ADDRESS.findall(monarch_error)
+    silent = sorted({names.get(address, address) for address in addresses})
+    where = f" from the worker on {', '.join(silent)}" if silent else " from a worker"
+    return (
+        f"mesh {name} did not attach within {limit}: no answer{where} "
+        "(raise --attach-timeout if workers start slowly)"
+    )
 
 
 def _raise_if_workers_exited(
