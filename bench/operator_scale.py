@@ -17,8 +17,8 @@ the audit log):
    operator's requests over ``--idle-seconds`` of nobody touching them.
 
 Per batch it prints, with percentiles over the batch's jobs: submit -> all workers Ready; last
-worker Ready -> launcher Job created (the operator's reaction) and -> launcher pod created (plus
-the Job controller's); API requests per job lifecycle from the audit log (writes and reads, and
+worker Ready -> launcher pod created (what the issue's target is on: ours creates the pod itself;
+the MPI Operator creates a batch Job, also shown, whose pod the Job controller creates); API requests per job lifecycle from the audit log (writes and reads, and
 by verb and resource in the JSON); operator CPU seconds. Per operator: requests per minute for
 untouched running jobs, peak RSS (``VmHWM``), and the TCP peers the operator process had (all
 must be on 127.0.0.0/8). Times are taken by this script's watches on pods and batch Jobs.
@@ -39,6 +39,7 @@ import argparse
 import concurrent.futures
 import datetime as dt
 import json
+import math
 import os
 import socket
 import subprocess
@@ -215,7 +216,8 @@ def on_pod(seen: Seen) -> Callable[[str, dict[str, Any], float], None]:
 
 
 def on_batch_job(seen: Seen) -> Callable[[str, dict[str, Any], float], None]:
-    """Record when each launcher Job (``<job>-launcher`` for both operators) appears."""
+    """Record when each launcher Job (``<job>-launcher``, the MPI Operator's) appears; ours
+    creates its launcher pod directly and has none."""
     def record(kind: str, job: dict[str, Any], now: float) -> None:
         name = job["metadata"]["name"]
         if kind != "DELETED" and name.endswith("-launcher"):
@@ -465,6 +467,8 @@ def per_job(requests: list[apiaudit.Request], user: str, start: float, end: floa
 def table(results: list[dict[str, Any]]) -> str:
     """The results as Markdown tables: batches, idle jobs, memory."""
     def cell(spread: dict[str, float], keys: tuple[str, ...] = ("p50", "p95", "p99")) -> str:
+        if all(math.isnan(spread[k]) for k in keys):
+            return "none"  # our operator creates the launcher pod itself, with no batch Job
         return " / ".join(f"{spread[k]:.2f}" for k in keys)
     lines = ["| operator | jobs | submit -> workers Ready p50/p95/p99 s | last Ready -> launcher "
              "Job p50/p95/p99 s | last Ready -> launcher pod p50/p95/p99 s | writes/job (events) | "

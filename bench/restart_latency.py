@@ -2,7 +2,7 @@
 policy, on a fresh local control plane with the operator.
 
 - application: the launcher of attempt 1 prints the time and exits 3 (``runPolicy.backoffLimit:
-  1``); the worker pods are kept and only a new launcher Job starts.
+  1``); the worker pods are kept and only a new launcher pod starts.
 - infrastructure (field case C8): the launcher of attempt 1 runs until stopped; the benchmark
   deletes worker pod 1 and notes the time; the operator stops the attempt, the StatefulSet
   recreates the pod, the gate waits for it to be Ready, and attempt 2 starts.
@@ -10,7 +10,7 @@ policy, on a fresh local control plane with the operator.
 Attempt 2's launcher writes the time it started as its first action (into its termination
 message), so each number is wall time on this machine's clock from the failure to the first
 instruction of the next attempt's launcher process: detection by the operator (its resync
-timer), the new batch Job, the Job controller's pod, scheduling, the node agent starting the
+timer), the new launcher pod, scheduling, the node agent starting the
 container, and for the infrastructure path the worker pod's recreation and sshd readiness.
 
 Run: ``flock /tmp/monarch-tests.lock .venv/bin/python bench/restart_latency.py --runs 3`` as root.
@@ -67,7 +67,9 @@ def status_of(kubectl: Kubectl, name: str) -> dict[str, Any]:
 def attempt_started(kubectl: Kubectl, name: str, attempt: int) -> float:
     """When attempt ``attempt``'s launcher process started (from its termination message)."""
     def message() -> str | None:
-        pods = kubectl.json("pods", "-n", NAMESPACE, "-l", f"job-name={name}-launcher-{attempt}")
+        pods = kubectl.json("pods", "-n", NAMESPACE, "-l", f"monarch-operator.dev/job={name},"
+                            f"monarch-operator.dev/attempt={attempt},"
+                            "monarch-operator.dev/role=launcher")
         for pod in pods["items"]:
             for container in pod["status"].get("containerStatuses") or []:
                 terminated = container["state"].get("terminated") or {}

@@ -17,7 +17,7 @@ LABEL_JOB = f"{GROUP}/job"
 LABEL_ROLE = f"{GROUP}/role"
 ROLE_WORKER = "worker"
 ROLE_LAUNCHER = "launcher"
-# On the launcher Job and its pod: the attempt (1, 2, ...) this launcher runs.
+# On the launcher pod: the attempt (1, 2, ...) this launcher runs.
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 # Standard recommended label, value of app.kubernetes.io/managed-by on every child.
 MANAGED_BY = "monarch-operator"

@@ -98,13 +98,13 @@ def hostfile_configmap(job_name: str) -> str:
     return job_name + HOSTFILE_SUFFIX
 
 
-def launcher_job(job_name: str, attempt: int = 1) -> str:
-    """Name of the batch Job that runs the launcher of ``attempt`` (1-based).
+def launcher_pod(job_name: str, attempt: int = 1) -> str:
+    """Name of the pod that runs the launcher of ``attempt`` (1-based).
 
     ``<job>-launcher`` for the first attempt, ``<job>-launcher-<attempt>`` for later ones: a new
-    Job per attempt, so a restart never waits for the old Job's deletion to finish. With the
+    pod per attempt, so a restart never waits for the old pod's deletion to finish. With the
     45-character job name limit, ``-launcher-`` and up to 5 digits still fit 63 characters (the
-    Job controller's ``job-name`` label).
+    pod's hostname is its name).
     """
     base = job_name + LAUNCHER_SUFFIX
     return base if attempt <= 1 else f"{base}-{attempt}"

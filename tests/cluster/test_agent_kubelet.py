@@ -182,6 +182,6 @@ def test_job_with_failing_worker_init_container_fails_naming_it(kubectl, namespa
     assert "init container prep" in message, message
     assert "exited 1" in message, message
     assert job["status"]["readyWorkers"] == "0/2"
-    assert get_json(kubectl, "job", "demo-launcher", "-n", namespace) is None
+    assert get_json(kubectl, "pod", "demo-launcher", "-n", namespace) is None
     wait_until(lambda: get_json(kubectl, "statefulset", "demo-worker", "-n", namespace) is None,
                30, "worker StatefulSet deleted (no GPUs held)")

@@ -199,8 +199,7 @@ def test_launcher_with_integer_cpu_env_and_template_runs(kubectl, namespace):
             break
         time.sleep(1)
     assert job and job["status"]["phase"] == "Succeeded", json.dumps(job.get("status"), indent=1)
-    launcher = get_json(kubectl, "job", "cpu2-launcher", "-n", namespace)
-    template = launcher["spec"]["template"]
+    template = get_json(kubectl, "pod", "cpu2-launcher", "-n", namespace)
     (container,) = template["spec"]["containers"]
     assert container["resources"]["limits"] == {"cpu": "2"}
     assert container["env"][-1] == {"name": "GREETING", "value": "hi"}

@@ -231,7 +231,7 @@ def test_an_earlier_launcher_stuck_on_a_lost_node_does_not_block_the_next_attemp
             and status["attempts"][-1].get("launchTime") and status, LOSS_TIMEOUT,
             "attempt 2's launcher started while the earlier one's node is down")
         assert get_json(kubectl, "pod", old_launcher, "-n", namespace) is None
-        assert get_json(kubectl, "job", "stuck-launcher-2", "-n", namespace) is not None
+        assert get_json(kubectl, "pod", "stuck-launcher-2", "-n", namespace) is not None
     # Attempt 2's launcher is pinned to the node too: it runs once the node is back.
     status = wait_phase(kubectl, namespace, "stuck", "Succeeded", timeout=LOSS_TIMEOUT)
 

@@ -24,7 +24,8 @@ def pod_names(kubectl, namespace: str, selector: str) -> set[str]:
 
 
 def launcher_running(kubectl, namespace: str, job: str) -> set[str]:
-    pods = get_json(kubectl, "pods", "-n", namespace, "-l", f"job-name={job}-launcher")
+    pods = get_json(kubectl, "pods", "-n", namespace, "-l",
+                    f"monarch-operator.dev/job={job},monarch-operator.dev/role=launcher")
     return {pod["metadata"]["name"] for pod in pods["items"]
             if (pod.get("status") or {}).get("phase") == "Running"}
 

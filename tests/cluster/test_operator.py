@@ -35,7 +35,7 @@ def test_children_owned_hostfile_and_launcher_exit_code(kubectl, namespace):
         f"kids-worker-0.kids-worker.{namespace}.svc.cluster.local slots=1\n"
         f"kids-worker-1.kids-worker.{namespace}.svc.cluster.local slots=1\n")
     assert hostfile["metadata"]["ownerReferences"][0]["uid"] == uid
-    launcher = get_json(kubectl, "job", "kids-launcher", "-n", namespace)
+    launcher = get_json(kubectl, "pod", "kids-launcher", "-n", namespace)
     assert launcher["metadata"]["ownerReferences"][0]["uid"] == uid
     # Finished jobs hold no GPUs: the worker StatefulSet is gone.
     wait_until(lambda: get_json(kubectl, "statefulset", "kids-worker", "-n", namespace) is None,
@@ -64,7 +64,7 @@ def test_job_waits_with_ready_count_until_workers_are_ready(kubectl, namespace):
     assert "Insufficient nvidia.com/gpu" in failed["message"], "the scheduler's reason is kept"
     assert job["status"]["readyWorkers"] == "0/1"
     assert get_json(kubectl, "configmap", "toolarge-hostfile", "-n", namespace) is None
-    assert get_json(kubectl, "job", "toolarge-launcher", "-n", namespace) is None
+    assert get_json(kubectl, "pod", "toolarge-launcher", "-n", namespace) is None
 
 
 def test_invalid_specs_refused_at_admission_naming_the_rule(kubectl, namespace):

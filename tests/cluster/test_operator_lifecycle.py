@@ -43,7 +43,7 @@ def test_active_deadline_fails_the_job_and_releases_everything(kubectl, namespac
     assert condition(job, "Running")["status"] == "False", "a failed job is not Running"
     wait_until(lambda: not kubectl.json("pods", "-n", namespace)["items"], 60,
                "launcher and worker pods gone")
-    assert get_json(kubectl, "job", "slow-launcher", "-n", namespace) is None
+    assert get_json(kubectl, "pod", "slow-launcher", "-n", namespace) is None
     assert get_json(kubectl, "statefulset", "slow-worker", "-n", namespace) is None
     job = wait_until(lambda: (j := get_json(kubectl, "monarchjob", "slow", "-n", namespace))
                      and j["status"]["readyWorkers"] == "0/2" and j, 30, "READY 0/2")
@@ -54,7 +54,7 @@ def test_active_deadline_fails_the_job_and_releases_everything(kubectl, namespac
     # One Event per step: the launcher's says the workers were ready, the ending's what it
     # released (no separate AllWorkersReady, LauncherDeleted, WorkersReleased Events).
     assert "all 2 workers ready" in posted["LauncherStarted"], posted
-    assert posted["DeadlineExceeded"].endswith("launcher Job deleted; worker pods deleted"), posted
+    assert posted["DeadlineExceeded"].endswith("launcher pod deleted; worker pods deleted"), posted
     assert not {"AllWorkersReady", "LauncherDeleted", "WorkersReleased"} & set(posted), posted
 
 
@@ -90,9 +90,9 @@ def test_terminal_job_stays_terminal_when_children_are_deleted(kubectl, namespac
     job = finished(kubectl, namespace, "done", "Failed")
     wait_until(lambda: get_json(kubectl, "statefulset", "done-worker", "-n", namespace) is None,
                30, "workers released")
-    kubectl("delete", "job,configmap,secret,service", "-n", namespace, "-l",
-            "monarch-operator.dev/job=done", "--wait=true")
-    # Level-based passes follow the deletions (watch events on the launcher Job and its pod).
+    kubectl("delete", "pod,configmap,secret,service", "-n", namespace, "-l",
+            "monarch-operator.dev/job=done,monarch-operator.dev/role!=worker", "--wait=true")
+    # Level-based passes follow the deletions (watch events on the launcher pod).
     wait_until(lambda: not kubectl.json("pods", "-n", namespace)["items"], 60, "pods gone")
     after = get_json(kubectl, "monarchjob", "done", "-n", namespace)
     assert not any(children(kubectl, namespace, "done").values()), "nothing recreated"

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.cluster
 
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 OPERATOR_AGENTS = ("monarch-operator/", "kopf/")
-CHILD_KINDS = ("secrets", "services", "statefulsets", "configmaps", "jobs.batch")
+# Each child kind of a job with the selector that picks it: the launcher is a pod of its own.
+CHILD_KINDS = {"secrets": "", "services": "", "statefulsets": "", "configmaps": "",
+               "launcher pods": "pods,monarch-operator.dev/role=launcher"}
 LONG_LAUNCHER = {"command": ["sh", "-c", "sleep 600"]}
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 
@@ -49,8 +51,12 @@ def phase(kubectl, namespace: str, name: str) -> str | None:
 
 def children(kubectl, namespace: str, name: str) -> dict[str, list[dict]]:
     """Every child kind of the job (by its job label), as lists of objects."""
-    return {kind: kubectl.json(kind, "-n", namespace, "-l", f"monarch-operator.dev/job={name}")
-            ["items"] for kind in CHILD_KINDS}
+    found = {}
+    for key, query in CHILD_KINDS.items():
+        kind, _, extra = (query or key).partition(",")
+        selector = ",".join(filter(None, [f"monarch-operator.dev/job={name}", extra]))
+        found[key] = kubectl.json(kind, "-n", namespace, "-l", selector)["items"]
+    return found
 
 
 def test_running_job_gets_no_writes_while_nothing_changes(kubectl, namespace, local_cluster):
@@ -59,9 +65,8 @@ def test_running_job_gets_no_writes_while_nothing_changes(kubectl, namespace, lo
     kubectl("apply", "-n", namespace, "-f", "-",
             stdin=job_manifest("quiet", launcher=LONG_LAUNCHER))
     wait_until(lambda: phase(kubectl, namespace, "quiet") == "Running", 90, "job Running")
-    wait_until(lambda: (pods := kubectl.json("pods", "-n", namespace, "-l",
-                                             "job-name=quiet-launcher")["items"])
-               and pods[0]["status"].get("phase") == "Running", 60, "launcher pod Running")
+    wait_until(lambda: (pod := get_json(kubectl, "pod", "quiet-launcher", "-n", namespace))
+               and pod["status"].get("phase") == "Running", 60, "launcher pod Running")
     before = operator_writes(audit_events(local_cluster, start), namespace)
     # The audit log does record the operator: creating the job's children is in it.
     assert any(line.startswith("create statefulsets/quiet-worker") for line in before), before

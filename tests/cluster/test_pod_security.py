@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
@@ -57,7 +57,8 @@ def worker_template(job: JobSpec) -> dict[str, Any]:
 
 
 def launcher_template(job: JobSpec) -> dict[str, Any]:
-    return build_launcher_job(job, Settings())["spec"]["template"]
+    pod = build_launcher_pod(job, Settings())
+    return {"metadata": {"labels": pod["metadata"]["labels"]}, "spec": pod["spec"]}
 
 
 def test_a_restricted_namespace_refuses_a_privileged_pod(kubectl, namespace):

@@ -48,17 +48,17 @@ def test_application_failure_restarts_on_the_same_worker_pods(kubectl, namespace
     assert first["exitCode"] == 3 and first["reason"] == "LauncherFailed"
     assert (first["role"], first["rank"], first["host"]) == ("trainer", 1, "w-1"), first
     assert first["outputTail"][-1].endswith("raised ValueError: boom"), first["outputTail"]
-    assert first["launcherJob"] == "app-launcher" and "endTime" in first
+    assert first["launcherPod"] == "app-launcher" and "endTime" in first
     assert second["number"] == 2 and second["class"] == "Succeeded"
-    assert second["launcherJob"] == "app-launcher-2"
+    assert second["launcherPod"] == "app-launcher-2"
     assert status["restartCount"] == 1 and status["attempt"] == 2
     assert status["failureCounts"] == {"application": 1}
     header, row = kubectl("get", "monarchjobs", "app", "-n", namespace).strip().splitlines()
     assert header.split() == ["NAME", "STATUS", "READY", "RESTARTS", "AGE"]
     # READY counts the workers Ready now: 2/2 until the finished job's workers are released.
     assert row.split()[1:4:2] == ["Succeeded", "1"] and row.split()[2] in ("2/2", "1/2", "0/2")
-    # The first attempt's Job is gone: one launcher at a time.
-    assert get_json(kubectl, "job", "app-launcher", "-n", namespace) is None
+    # The first attempt's pod is gone: one launcher at a time.
+    assert get_json(kubectl, "pod", "app-launcher", "-n", namespace) is None
 
 
 def test_worker_deleted_mid_run_restarts_as_infrastructure(kubectl, namespace):
@@ -96,7 +96,7 @@ def test_worker_lost_without_budget_fails_naming_it_and_every_pod_goes(kubectl, 
     assert status["attempts"][-1]["class"] == "Infrastructure"
     assert status.get("restartCount") == 0
     wait_until(lambda: not job_pods(kubectl, namespace, "nobudget"), 60, "every pod gone")
-    assert get_json(kubectl, "job", "nobudget-launcher", "-n", namespace) is None
+    assert get_json(kubectl, "pod", "nobudget-launcher", "-n", namespace) is None
 
 
 def test_application_budget_exhausted_fails_with_the_last_exit_code(kubectl, namespace):
@@ -193,7 +193,7 @@ def test_c10b_suspend_running_job_change_launcher_image_resume(kubectl, namespac
     wait_until(lambda: job_status(kubectl, namespace, "c10b").get("phase") == "Suspended"
                and not job_pods(kubectl, namespace, "c10b"), 60, "suspended with no pods")
     assert get_json(kubectl, "configmap", "c10b-hostfile", "-n", namespace) is None
-    assert get_json(kubectl, "job", "c10b-launcher", "-n", namespace) is None
+    assert get_json(kubectl, "pod", "c10b-launcher", "-n", namespace) is None
     assert job_status(kubectl, namespace, "c10b")["readyWorkers"] == "0/2"
     kubectl("patch", "monarchjob", "c10b", "-n", namespace, "--type=merge", "-p",
             '{"spec": {"suspend": false, "launcher": {"image": "example.com/launcher:v2"}}}')
@@ -205,8 +205,8 @@ def test_c10b_suspend_running_job_change_launcher_image_resume(kubectl, namespac
     first, second = status["attempts"]
     assert first["class"] == "Suspended" and second["class"] == "Succeeded"
     assert status.get("failureCounts", {}) == {}, "a suspension spends no budget"
-    launcher = get_json(kubectl, "job", "c10b-launcher-2", "-n", namespace)
-    (container,) = launcher["spec"]["template"]["spec"]["containers"]
+    launcher = get_json(kubectl, "pod", "c10b-launcher-2", "-n", namespace)
+    (container,) = launcher["spec"]["containers"]
     assert container["image"] == "example.com/launcher:v2"
     hostfile = get_json(kubectl, "configmap", "c10b-hostfile", "-n", namespace)
     assert hostfile["metadata"]["uid"] != old_hostfile["metadata"]["uid"], "rebuilt"

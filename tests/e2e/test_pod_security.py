@@ -73,11 +73,11 @@ def test_sample_job_succeeds_in_a_restricted_namespace(kubectl, namespace, local
     assert privileged and privileged[0]["code"] == "403", admissions
     assert "privileged" in privileged[0].get(f"{PSA}/audit-violations", ""), privileged
     job_pods = [a for a in admissions if a["name"] != "privileged"]
-    # Every worker (demo-worker-0..2) and the launcher pod (named by the Job controller's
-    # generateName, so unnamed in the request), each judged "restricted" and admitted
-    # without a violation.
+    # Every worker (demo-worker-0..2) and the launcher pod (demo-launcher), each judged
+    # "restricted" and admitted without a violation.
     assert {a["name"] for a in job_pods if a["name"].startswith("demo-worker-")} == {
         f"demo-worker-{i}" for i in range(3)}, admissions
+    assert "demo-launcher" in {a["name"] for a in job_pods}, admissions
     assert len(job_pods) >= 4, admissions
     for admission in job_pods:
         assert admission["code"] == "201", admission

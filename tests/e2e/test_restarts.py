@@ -33,7 +33,7 @@ def test_a_raise_in_the_first_attempt_restarts_on_the_same_pods_and_succeeds(kub
                              timeout=2 * TIMEOUT_S)
 
     status = job["status"]
-    log = kubectl("logs", "job/retry-launcher-2", "-n", namespace, check=False)
+    log = kubectl("logs", "retry-launcher-2", "-n", namespace, check=False)
     assert status["phase"] == "Succeeded", (status, log[-4000:])
     first, second = status["attempts"]
     assert (first["class"], first["exitCode"]) == ("Application", 1), first

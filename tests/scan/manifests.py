@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
-from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
 from monarch_operator.controller.builders.secret import build_ssh_secret
 from monarch_operator.controller.builders.service import build_worker_service
@@ -37,7 +37,7 @@ def operator_children(job_body: dict[str, Any], namespace: str = "team-a",
                       settings: Settings | None = None) -> list[dict[str, Any]]:
     """Every child the operator makes for ``job_body`` (a MonarchJob as applied), in the order a
     pass creates them: Secret, Service, NetworkPolicy, StatefulSet, hostfile ConfigMap and the
-    first attempt's launcher Job. Uses the builders only, so what is scanned is what is applied.
+    first attempt's launcher pod. Uses the builders only, so what is scanned is what is applied.
     """
     settings = settings or Settings()
     body = {**job_body, "metadata": {**job_body["metadata"], "namespace": namespace,
@@ -50,7 +50,7 @@ def operator_children(job_body: dict[str, Any], namespace: str = "team-a",
         build_network_policy(job),
         build_worker_statefulset(job, settings),
         build_hostfile_configmap(job, settings),
-        build_launcher_job(job, settings, attempt=1),
+        build_launcher_pod(job, settings, attempt=1),
     ]
 
 

@@ -25,7 +25,7 @@ DOCKERFILES = [ROOT / "images" / "operator" / "Dockerfile",
 EXPECTED_KINDS = {
     "chart": {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
               "RoleBinding", "Pod", "Service"},
-    "children": {"Secret", "Service", "StatefulSet", "ConfigMap", "Job"},
+    "children": {"Secret", "Service", "StatefulSet", "ConfigMap", "Pod"},
 }
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from monarch_operator import constants
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
-from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.secret import build_ssh_secret
 from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.statefulset import (
@@ -38,7 +38,7 @@ def all_children(job):
         build_worker_service(job),
         build_worker_statefulset(job, SETTINGS),
         build_hostfile_configmap(job, SETTINGS),
-        build_launcher_job(job, SETTINGS),
+        build_launcher_pod(job, SETTINGS),
     ]
 
 
@@ -115,10 +115,12 @@ def test_merge_does_not_modify_inputs():
     assert [c["name"] for c in merged["spec"]["containers"]] == ["a", "b"]
 
 
-def test_launcher_job_never_retries_and_gets_meshes_and_files():
-    job_manifest = build_launcher_job(make_job(), SETTINGS)
-    assert job_manifest["spec"]["backoffLimit"] == 0
-    pod = job_manifest["spec"]["template"]["spec"]
+def test_launcher_pod_never_restarts_is_owned_by_the_job_and_gets_meshes_and_files():
+    manifest = build_launcher_pod(make_job(), SETTINGS)
+    assert (manifest["apiVersion"], manifest["kind"]) == ("v1", "Pod")
+    (owner,) = manifest["metadata"]["ownerReferences"]
+    assert owner["kind"] == "MonarchJob" and owner["controller"] is True
+    pod = manifest["spec"]
     assert pod["restartPolicy"] == "Never"
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env[constants.ENV_TRAINER_HOSTS] == "8"
@@ -130,13 +132,13 @@ def test_launcher_job_never_retries_and_gets_meshes_and_files():
 
 
 def test_launcher_failure_reaches_status_through_the_termination_message():
-    pod = build_launcher_job(make_job(), SETTINGS)["spec"]["template"]["spec"]
+    pod = build_launcher_pod(make_job(), SETTINGS)["spec"]
     assert pod["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_custom_launcher_command_is_used_as_given():
     job = make_job(launcher={"command": ["python", "train.py"], "image": "other:2"})
-    container = build_launcher_job(job, SETTINGS)["spec"]["template"]["spec"]["containers"][0]
+    container = build_launcher_pod(job, SETTINGS)["spec"]["containers"][0]
     assert container["command"] == ["python", "train.py"]
     assert container["image"] == "other:2"
 
@@ -176,7 +178,7 @@ def test_template_with_empty_metadata_and_spec_builds():
         launcher={"template": {"metadata": {}, "spec": {}}})
     assert build_worker_statefulset(job, SETTINGS)["spec"]["template"]["metadata"]["labels"][
         "team"] == "a"
-    assert build_launcher_job(job, SETTINGS)["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert build_launcher_pod(job, SETTINGS)["spec"]["restartPolicy"] == "Never"
 
 
 def test_the_crds_image_rule_admits_references_and_refuses_the_rest():

@@ -10,7 +10,7 @@ import yaml
 
 from monarch_operator import constants
 from monarch_operator.controller import spec as spec_module
-from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import InvalidSpecError, JobSpec
 
@@ -38,7 +38,7 @@ def make_job(**spec_overrides):
 
 
 def launcher_pod(job):
-    return build_launcher_job(job, SETTINGS)["spec"]["template"]
+    return build_launcher_pod(job, SETTINGS)
 
 
 def launcher_container(job):
@@ -192,8 +192,8 @@ def test_building_does_not_modify_the_spec():
                                                                "workingDir": "/w"}]}}}}
     before = copy.deepcopy(spec)
     job = make_job(**spec)
-    build_launcher_job(job, SETTINGS)
-    build_launcher_job(job, SETTINGS)
+    build_launcher_pod(job, SETTINGS)
+    build_launcher_pod(job, SETTINGS)
     assert job.launcher_env == before["launcher"]["env"]
     assert job.launcher_resources == before["launcher"]["resources"]
     assert job.launcher_template == before["launcher"]["template"]

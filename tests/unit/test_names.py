@@ -48,6 +48,6 @@ def test_child_names():
     assert names.worker_set("demo") == "demo-worker"
     assert names.worker_pod("demo", 10) == "demo-worker-10"
     assert names.hostfile_configmap("demo") == "demo-hostfile"
-    assert names.launcher_job("demo") == "demo-launcher"
+    assert names.launcher_pod("demo") == "demo-launcher"
     assert (names.worker_fqdn("demo", "team-a", 2, "cluster.local")
             == "demo-worker-2.demo-worker.team-a.svc.cluster.local")

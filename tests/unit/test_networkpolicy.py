@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from monarch_operator import constants
-from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.settings import Settings
@@ -31,7 +31,7 @@ def selects(selector: dict, labels: dict) -> bool:
 def pod_labels(job: JobSpec) -> dict[str, dict]:
     return {
         "worker": build_worker_statefulset(job, SETTINGS)["spec"]["template"]["metadata"]["labels"],
-        "launcher": build_launcher_job(job, SETTINGS)["spec"]["template"]["metadata"]["labels"],
+        "launcher": build_launcher_pod(job, SETTINGS)["metadata"]["labels"],
     }
 
 

@@ -129,51 +129,55 @@ def test_why_not_ready_names_failing_init_and_restarting_containers(
     assert why_not_ready(pod) == expected
 
 
-FAILED_JOB = {"status": {"conditions": [
-    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-     "message": "Job has reached the specified backoff limit"}]}}
-COMPLETE_JOB = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-
-
-def launcher_pod(*containers: tuple[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"status": {"containerStatuses": [
+def launcher_pod(*containers: tuple[str, dict[str, Any]], phase: str = "Failed",
+                 **status: str) -> dict[str, Any]:
+    return {"status": {"phase": phase, **status, "containerStatuses": [
         {"name": name, "state": {"terminated": terminated}} for name, terminated in containers]}}
 
 
 @pytest.mark.parametrize(
-    ("pods", "exit_code", "message"),
+    ("pod", "exit_code", "message"),
     [
-        ([launcher_pod(("launcher", {"exitCode": 3, "reason": "Error",
-                                     "message": "trainer rank 1 failed: boom\n"}))],
+        (launcher_pod(("launcher", {"exitCode": 3, "reason": "Error",
+                                    "message": "trainer rank 1 failed: boom\n"})),
          3, "trainer rank 1 failed: boom"),
-        ([launcher_pod(("launcher", {"exitCode": 1, "reason": "Error"}))], 1, "Error"),
-        ([launcher_pod(("launcher", {"exitCode": 1, "reason": "Error", "message": " \n"}))],
+        (launcher_pod(("launcher", {"exitCode": 1, "reason": "Error"})), 1, "Error"),
+        (launcher_pod(("launcher", {"exitCode": 1, "reason": "Error", "message": " \n"})),
          1, "Error"),
-        ([launcher_pod(("sidecar", {"exitCode": 0, "reason": "Completed", "message": "bye"}),
-                       ("launcher", {"exitCode": 4, "message": "Monarch worker lost"}))],
+        (launcher_pod(("sidecar", {"exitCode": 0, "reason": "Completed", "message": "bye"}),
+                      ("launcher", {"exitCode": 4, "message": "Monarch worker lost"})),
          4, "Monarch worker lost"),
-        ([], None, "Job has reached the specified backoff limit"),
+        (launcher_pod(reason="Evicted", message="The node was low on resource: memory."),
+         None, "Evicted: The node was low on resource: memory."),
+        (launcher_pod(), None, "pod failed"),
     ],
-    ids=["termination-message", "reason-only", "blank-message", "sidecar-ignored", "no-pod"],
+    ids=["termination-message", "reason-only", "blank-message", "sidecar-ignored", "evicted",
+         "no-reason"],
 )
-def test_failed_launcher_outcome_prefers_the_termination_message(pods, exit_code, message):
-    outcome = launcher_outcome(FAILED_JOB, pods)
+def test_failed_launcher_outcome_prefers_the_termination_message(pod, exit_code, message):
+    outcome = launcher_outcome(pod)
     assert outcome == LauncherOutcome(finished=True, succeeded=False, exit_code=exit_code,
                                       message=message)
 
 
-def test_running_and_succeeded_launcher_outcomes():
-    assert launcher_outcome({"status": {}}, []) == LauncherOutcome(finished=False)
-    done = launcher_pod(("launcher", {"exitCode": 0, "reason": "Completed"}))
-    assert launcher_outcome(COMPLETE_JOB, [done]) == LauncherOutcome(
-        finished=True, succeeded=True, exit_code=0)
+@pytest.mark.parametrize("phase", ["Pending", "Running", "Unknown", None])
+def test_a_launcher_pod_not_ended_is_not_finished(phase):
+    # The launcher container ended, a sidecar still runs: the pod (as a Job would) is not done.
+    pod = launcher_pod(("launcher", {"exitCode": 0, "reason": "Completed"}), phase=phase)
+    assert launcher_outcome(pod) == LauncherOutcome(finished=False)
+
+
+def test_no_launcher_pod_and_a_succeeded_one():
+    assert launcher_outcome(None) == LauncherOutcome(finished=False)
+    done = launcher_pod(("launcher", {"exitCode": 0, "reason": "Completed"}), phase="Succeeded")
+    assert launcher_outcome(done) == LauncherOutcome(finished=True, succeeded=True, exit_code=0)
 
 
 def test_failed_condition_message_carries_the_launchers_final_line():
     reason = ("trainer rank 1 (host demo-worker-0, local rank 1): raised ValueError: boom at "
               "step 2")
     pod = launcher_pod(("launcher", {"exitCode": 3, "reason": "Error", "message": reason}))
-    outcome = launcher_outcome(FAILED_JOB, [pod])
+    outcome = launcher_outcome(pod)
     assert launcher_failure_message(outcome) == f"launcher exited with code 3: {reason}"
     assert launcher_reason(outcome) == reason
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
@@ -31,7 +31,7 @@ def worker_pod(job):
 
 
 def launcher_pod(job):
-    return build_launcher_job(job, SETTINGS)["spec"]["template"]["spec"]
+    return build_launcher_pod(job, SETTINGS)["spec"]
 
 
 POD_KINDS = [pytest.param(worker_pod, "worker", {}, id="worker"),

@@ -136,7 +136,7 @@ def test_job_labels_and_annotations_reach_the_pods_but_not_kubectls_own():
 
 
 def test_builders_pass_metadata_on_and_name_each_attempts_launcher():
-    from monarch_operator.controller.builders.launcher import build_launcher_job
+    from monarch_operator.controller.builders.launcher import build_launcher_pod
     from monarch_operator.controller.builders.statefulset import build_worker_statefulset
     from monarch_operator.controller.settings import Settings
 
@@ -152,16 +152,17 @@ def test_builders_pass_metadata_on_and_name_each_attempts_launcher():
     assert worker_meta["labels"]["extra"] == "x"
     assert worker_meta["labels"]["monarch-operator.dev/role"] == "worker", "ours win"
     assert worker_meta["annotations"] == {"example.com/owner": "alice"}
-    launcher = build_launcher_job(job, Settings(), attempt=3)
+    launcher = build_launcher_pod(job, Settings(), attempt=3)
     assert launcher["metadata"]["name"] == "demo-launcher-3"
     assert launcher["metadata"]["labels"]["monarch-operator.dev/attempt"] == "3"
-    pod_meta = launcher["spec"]["template"]["metadata"]
-    assert pod_meta["labels"]["monarch-operator.dev/attempt"] == "3"
+    pod_meta = launcher["metadata"]
     assert pod_meta["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    assert pod_meta["labels"]["monarch-operator.dev/role"] == "launcher", "ours win"
+    assert pod_meta["annotations"] == {"example.com/owner": "alice"}
     env = {item["name"]: item.get("value")
-           for item in launcher["spec"]["template"]["spec"]["containers"][0]["env"]}
+           for item in launcher["spec"]["containers"][0]["env"]}
     assert env["MONARCH_ATTEMPT"] == "3"
-    assert build_launcher_job(job, Settings())["metadata"]["name"] == "demo-launcher"
+    assert build_launcher_pod(job, Settings())["metadata"]["name"] == "demo-launcher"
 
 
 def test_a_worker_not_ready_is_lost_only_when_its_node_is_not_ready():

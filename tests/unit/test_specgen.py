@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from monarch_operator import names
-from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
@@ -42,7 +42,7 @@ def test_valid_specs_are_valid_names_and_build_every_child():
         worker_labels = build_worker_statefulset(job, Settings())["spec"]["template"][
             "metadata"]["labels"]
         assert worker_labels[specgen.SIMULATE_LABEL] == "ready"
-        build_launcher_job(job, Settings())
+        build_launcher_pod(job, Settings())
 
 
 def test_every_flaw_is_planned_within_one_round():

@@ -6,7 +6,7 @@ import re
 from cryptography.hazmat.primitives import serialization
 
 from monarch_operator import constants, names
-from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.secret import build_ssh_secret
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.settings import Settings
@@ -106,7 +106,7 @@ def test_workers_mount_the_host_key_but_never_the_client_private_key():
 
 
 def test_the_launcher_mounts_the_client_key_and_known_hosts_but_never_the_host_key():
-    pod = build_launcher_job(make_job(), SETTINGS)["spec"]["template"]["spec"]
+    pod = build_launcher_pod(make_job(), SETTINGS)["spec"]
     assert mounted_items(pod) == {constants.SSH_PRIVATE_KEY, constants.SSH_KNOWN_HOSTS}
     (container,) = pod["containers"]
     env = {item["name"]: item.get("value") for item in container["env"]}

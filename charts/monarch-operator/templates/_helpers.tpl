@@ -60,10 +60,10 @@ compares these rules with the API calls in operator/monarch_operator/controller/
   watches the job's children (label selector) into the operator's cache, which its passes read.
 - secrets, services: read, create when missing (never updated or deleted: the owner reference
   lets the garbage collector delete them with the job).
-- configmaps (the hostfile), batch jobs (the launcher of each attempt), statefulsets (the
-  workers): read, create, delete (a suspended job drops them; a finished one its workers).
-- pods, batch jobs, statefulsets: kopf watches the job's children (label selector) to wake
-  the job; pods are listed for readiness and the launcher's exit code.
+- configmaps (the hostfile), pods (the launcher of each attempt), statefulsets (the workers):
+  read, create, delete (a suspended job drops them; a finished one its workers).
+- pods, statefulsets: kopf watches the job's children (label selector) to wake the job; pods
+  are listed for readiness and the launcher's exit code; worker pods on a lost node are deleted.
 - pods/log: the last lines of a failed launcher (status.attempts[].outputTail).
 - events: the job's Events (kopf), created; FailedCreate Events of worker StatefulSets are
   listed and watched (a pod the StatefulSet cannot create wakes the job and is named).
@@ -85,15 +85,12 @@ compares these rules with the API calls in operator/monarch_operator/controller/
   verbs: [get, list, watch, create, delete]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, delete]
+  verbs: [get, list, watch, create, delete]
 - apiGroups: [""]
   resources: [pods/log]
   verbs: [get]
 - apiGroups: [apps]
   resources: [statefulsets]
-  verbs: [get, list, watch, create, delete]
-- apiGroups: [batch]
-  resources: [jobs]
   verbs: [get, list, watch, create, delete]
 - apiGroups: [""]
   resources: [events]

@@ -1,7 +1,7 @@
 """Attempts of a MonarchJob: their records in ``status.attempts[]`` and the worker pods they run on.
 
 Pure: no I/O, no clock (times come in as RFC 3339 text). An attempt is one run of the launcher
-over the job's workers: the gate (every worker Ready), the launcher Job, and its end. A snapshot
+over the job's workers: the gate (every worker Ready), the launcher pod, and its end. A snapshot
 of the worker pods (name, uid, restart count) is taken when the launcher starts; a worker whose
 pod is gone, replaced, being deleted, evicted or whose container restarted since then is lost
 for that attempt (field case C8), an infrastructure failure.

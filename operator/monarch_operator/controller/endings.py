@@ -7,7 +7,7 @@ import datetime as dt
 from typing import Any
 
 from monarch_operator import names
-from monarch_operator.controller import attempts, k8s, observe, policy
+from monarch_operator.controller import attempts, k8s, observe, policy, release
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
 from monarch_operator.controller.passstate import Event, Pass
@@ -45,12 +45,11 @@ def end_attempt(state: Pass, failure_class: str, reason: str, message: str,
     _record_failure(state, failure_class, reason, message, outcome, lost, launcher_pods)
     spent = dict(state.status.get("failureCounts") or {})
     decision = policy.decide(job.run_policy, failure_class, spent)
-    launcher_name = names.launcher_job(job.name, attempt)
     if failure_class == policy.INFRASTRUCTURE:
         # The launcher may still run: stop it, so that a recreated worker is never folded into
         # the old mesh and a failed job holds no pods. (An ended launcher's pod is kept for its
         # logs until the next attempt replaces it.)
-        k8s.delete_if_present("batch/v1", "Job", job.namespace, launcher_name)
+        k8s.stop_pod(release.launcher_pod(job.namespace, job.name, attempt))
         for worker in lost or []:
             if worker.node_lost:  # to be recreated elsewhere (force-deleted if it cannot end)
                 k8s.delete_pod(job.namespace, worker.name)

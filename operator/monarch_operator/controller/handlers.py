@@ -30,15 +30,15 @@ _PASS_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=_PASS_THREAD_C
                                                       thread_name_prefix="pass")
 logger = logging.getLogger("monarch_operator")
 _RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
-# Children whose changes matter to a job's status: its pods (workers and launcher), the
-# launcher batch Job and the worker StatefulSet. Watched only with our managed-by label
-# (server-side selector), so the operator never streams other workloads' pods.
-_CHILDREN = (("", "v1", "pods"), ("batch", "v1", "jobs"), ("apps", "v1", "statefulsets"))
+# Children whose changes matter to a job's status: its pods (workers and launcher) and the
+# worker StatefulSet. Watched only with our managed-by label (server-side selector), so the
+# operator never streams other workloads' pods.
+_CHILDREN = (("", "v1", "pods"), ("apps", "v1", "statefulsets"))
 # Children that change only when we write them: watched for the cache alone (no wake-ups).
 _OWN_CHILDREN = (("", "v1", "secrets"), ("", "v1", "services"), ("", "v1", "configmaps"),
                  *((("networking.k8s.io", "v1", "networkpolicies"),)
                    if SETTINGS.network_policy else ()))
-_KINDS = {"pods": "Pod", "jobs": "Job", "statefulsets": "StatefulSet", "secrets": "Secret",
+_KINDS = {"pods": "Pod", "statefulsets": "StatefulSet", "secrets": "Secret",
           "services": "Service", "configmaps": "ConfigMap", "networkpolicies": "NetworkPolicy",
           "events": "Event"}
 _CHILD_SELECTOR = f"app.kubernetes.io/managed-by={constants.MANAGED_BY},{constants.LABEL_JOB}"
@@ -190,7 +190,6 @@ async def on_job_event(type: str | None, namespace: str, name: str, meta: kopf.M
 
 @kopf.on.event(*_CHILDREN[0], labels={constants.LABEL_JOB: kopf.PRESENT})
 @kopf.on.event(*_CHILDREN[1], labels={constants.LABEL_JOB: kopf.PRESENT})
-@kopf.on.event(*_CHILDREN[2], labels={constants.LABEL_JOB: kopf.PRESENT})
 async def on_child_event(namespace: str, labels: dict[str, str], **_: Any) -> None:
     """A child of a job changed: wake its job (found by the job label; a pass of a job that
     does not exist does nothing)."""

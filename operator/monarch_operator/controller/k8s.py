@@ -36,7 +36,7 @@ _KINDS: dict[tuple[str, str], tuple[type, str]] = {
     ("v1", "Service"): (kubernetes.client.CoreV1Api, "namespaced_service"),
     ("v1", "ConfigMap"): (kubernetes.client.CoreV1Api, "namespaced_config_map"),
     ("apps/v1", "StatefulSet"): (kubernetes.client.AppsV1Api, "namespaced_stateful_set"),
-    ("batch/v1", "Job"): (kubernetes.client.BatchV1Api, "namespaced_job"),
+    ("v1", "Pod"): (kubernetes.client.CoreV1Api, "namespaced_pod"),
     ("networking.k8s.io/v1", "NetworkPolicy"): (kubernetes.client.NetworkingV1Api,
                                                "namespaced_network_policy"),
 }
@@ -238,6 +238,19 @@ def delete_pod(namespace: str, name: str, force: bool = False) -> bool:
             return False
         raise
     return True
+
+
+def stop_pod(pod: dict[str, Any] | None) -> bool:
+    """Delete ``pod`` (as read) with its own grace period unless it is absent or already being
+    deleted: a pass that finds it so sends nothing. The pod stays in the pass's view: it runs
+    until its grace period ends, and whoever waits for it must still see it.
+
+    Returns:
+        Whether a delete was sent and the pod existed.
+    """
+    if pod is None or pod["metadata"].get("deletionTimestamp"):
+        return False
+    return delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
 
 
 def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from monarch_operator.controller import (
 )
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
-from monarch_operator.controller.builders.launcher import build_launcher_job
+from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.passstate import Event, Pass, short
 from monarch_operator.controller.settings import Settings
 
@@ -32,26 +32,24 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     """
     job = state.job
     attempt = int(state.status["attempt"])
-    launcher_name = names.launcher_job(job.name, attempt)
-    if attempt > 1:  # the previous attempt's Job (idempotent: 404 is done)
-        k8s.delete_if_present("batch/v1", "Job", job.namespace,
-                              names.launcher_job(job.name, attempt - 1))
+    launcher_name = names.launcher_pod(job.name, attempt)
+    if attempt > 1:  # the previous attempt's pod, kept for its logs until now
+        k8s.stop_pod(release.launcher_pod(job.namespace, job.name, attempt - 1))
     record = attempts.current(state.status) or {}
-    launcher = k8s.read("batch/v1", "Job", job.namespace, launcher_name)
+    launcher = release.launcher_pod(job.namespace, job.name, attempt)
     if launcher is None and record.get("launchTime"):
         return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
-                                   f"launcher Job {launcher_name} was deleted while it ran")
+                                   f"launcher pod {launcher_name} was deleted while it ran")
     if launcher is None:
         if (not st.is_true(state.status, st.WORKERS_READY) or _waiting_for_earlier_launcher(state)
                 or _backing_off(state, record)):
             return None
         launcher = _launch(state, settings, worker_pods, launcher_name)
+    launcher_name = launcher["metadata"]["name"]
     state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
                     f"launcher {launcher_name} running (attempt {attempt})")
-    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
-                                         constants.LABEL_ROLE: constants.ROLE_LAUNCHER,
-                                         constants.LABEL_ATTEMPT: str(attempt)})
-    outcome = observe.launcher_outcome(launcher, pods)
+    pods = [launcher]
+    outcome = observe.launcher_outcome(launcher)
     if outcome.finished and outcome.succeeded:  # final, whatever happened to a worker since
         endings.succeed(state, outcome)
         return None
@@ -83,8 +81,8 @@ def _end_if_launcher_lost(state: Pass, outcome: observe.LauncherOutcome,
                           pods: list[dict[str, Any]]) -> str | None:
     """End the attempt (Infrastructure, LauncherLost) when its running launcher pod is not
     Ready on a node that is not Ready (:func:`.attempts.lost_launcher`), long before the
-    taint-based eviction would end it. Its Job is deleted by :func:`.endings.end_attempt`; the
-    pod, stuck Terminating while its node is away, is force-deleted by the next attempt's wait
+    taint-based eviction would end it. The pod is deleted by :func:`.endings.end_attempt`; stuck
+    Terminating while its node is away, it is force-deleted by the next attempt's wait
     for it (:func:`_waiting_for_earlier_launcher`). While a launcher pod is not Ready a pass
     is asked for again (:func:`.attempts.launcher_recheck_in`). Returns the failure class
     when the job restarts, else None."""
@@ -120,11 +118,12 @@ def _backing_off(state: Pass, record: dict[str, Any]) -> bool:
 
 def _waiting_for_earlier_launcher(state: Pass) -> bool:
     """Whether the next attempt still waits for a launcher pod of an earlier attempt to end
-    (stopping after its Job was deleted): its Monarch workers may still hold the workers' port.
+    (stopping after it was deleted): its Monarch workers may still hold the workers' port.
 
     Its pod's deletion wakes the job. A pod that can never end (its node lost, a finalizer
     nobody removes) is waited for only until :mod:`.stuckpods` says, then force-deleted with a
-    Warning event, and the attempt goes on; a pod left without its Job (orphaned) is deleted.
+    Warning event, and the attempt goes on; one still running and not being deleted (an
+    operator stopped between the attempt's end and its deletion) is deleted.
     """
     job = state.job
     attempt = str(state.status["attempt"])
@@ -133,8 +132,7 @@ def _waiting_for_earlier_launcher(state: Pass) -> bool:
             if pod["metadata"].get("labels", {}).get(constants.LABEL_ATTEMPT) != attempt
             and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
     for pod in pods:
-        if not pod["metadata"].get("deletionTimestamp") and k8s.controller_uid(pod) is None:
-            k8s.delete_pod(job.namespace, pod["metadata"]["name"])  # no Job, no GC to end it
+        k8s.stop_pod(pod)
     waiting = [pod for pod in release.let_go_of_stuck(state, pods)
                if not stuckpods.is_force_deleted(pod)]
     if waiting:
@@ -154,15 +152,15 @@ def _waiting_for_earlier_launcher(state: Pass) -> bool:
 
 def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
             launcher_name: str) -> dict[str, Any]:
-    """Hostfile (from the Ready workers, never rewritten mid-run), then the launcher Job; the
+    """Hostfile (from the Ready workers, never rewritten mid-run), then the launcher pod; the
     worker pods it starts on are recorded so that losing one is noticed."""
     job = state.job
     attempt = int(state.status["attempt"])
     k8s.ensure(build_hostfile_configmap(job, settings), job.uid)
-    launcher, created = k8s.ensure(build_launcher_job(job, settings, attempt), job.uid)
+    launcher, created = k8s.ensure(build_launcher_pod(job, settings, attempt), job.uid)
     state.status["attemptWorkers"] = attempts.worker_snapshot(job.name, job.replicas, worker_pods)
     state.status = attempts.update_current(state.status, launchTime=state.now_text,
-                                           launcherJob=launcher_name)
+                                           launcherPod=launcher_name)
     if created:
         state.events.append(Event("Normal", st.REASON_LAUNCHER_STARTED,
                                   f"all {job.replicas} workers ready; launcher {launcher_name} "

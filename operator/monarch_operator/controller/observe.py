@@ -158,10 +158,10 @@ def is_invalid_object_message(message: str) -> bool:
 
 @dataclass(frozen=True)
 class LauncherOutcome:
-    """How the launcher Job ended: ``finished`` False while it runs.
+    """How the launcher pod ended: ``finished`` False while it runs.
 
     ``message`` is the launcher container's termination message (its final failure line, or its
-    log's tail) when the kubelet reported one, else the container's or the Job's reason.
+    log's tail) when the kubelet reported one, else the container's or the pod's reason.
     """
 
     finished: bool
@@ -170,29 +170,36 @@ class LauncherOutcome:
     message: str = ""
 
 
-def launcher_outcome(job: dict[str, Any], pods: list[dict[str, Any]],
+def launcher_outcome(pod: dict[str, Any] | None,
                      container_name: str = LAUNCHER_CONTAINER) -> LauncherOutcome:
-    """Read the launcher batch Job's conditions and its container's termination state.
+    """Judge the launcher pod by its phase and its launcher container's termination state.
 
     Args:
-        job: the batch/v1 Job as a dict.
-        pods: the Job's pods; exit code and message come from the terminated container named
-            ``container_name`` (a sidecar from ``spec.launcher.template`` is not the launcher).
+        pod: the launcher Pod as a dict (``restartPolicy: Never``), or None when there is none.
+        container_name: the container whose exit code and message count (a sidecar from
+            ``spec.launcher.template`` is not the launcher).
+
+    Returns:
+        Not finished while the pod is Pending or Running (or absent); Succeeded and Failed are
+        final (kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-phase). A failed
+        pod whose launcher never ended (evicted, its node lost) has ``exit_code`` None and the
+        pod's own reason and message, e.g. ``Evicted: The node was low on resource: memory``.
     """
-    conditions = (job.get("status") or {}).get("conditions") or []
-    finished = {c["type"]: c for c in conditions if c.get("status") == "True"}
-    if "Complete" not in finished and "Failed" not in finished:
+    status = (pod or {}).get("status") or {}
+    phase = status.get("phase")
+    if phase not in ("Succeeded", "Failed"):
         return LauncherOutcome(finished=False)
-    terminated = _launcher_terminated(pods, container_name)
+    terminated = _launcher_terminated([pod] if pod else [], container_name)
     exit_code = None if terminated is None else int(terminated.get("exitCode", 0))
-    if "Complete" in finished:
+    if phase == "Succeeded":
         return LauncherOutcome(finished=True, succeeded=True, exit_code=exit_code or 0)
     message = ""
     if terminated is not None:
         message = (terminated.get("message") or "").strip() or terminated.get("reason") or ""
-    job_failure = finished["Failed"].get("message") or finished["Failed"].get("reason") or ""
+    pod_failure = ": ".join(part for part in (status.get("reason"), status.get("message"))
+                            if part) or "pod failed"
     return LauncherOutcome(
-        finished=True, succeeded=False, exit_code=exit_code, message=message or job_failure
+        finished=True, succeeded=False, exit_code=exit_code, message=message or pod_failure
     )
 
 

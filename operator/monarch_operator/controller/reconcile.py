@@ -43,7 +43,7 @@ __all__ = ["Event", "Outcome", "reconcile"]
 NOT_OWNED_RETRY_SECONDS = 5.0
 
 # The spec field a refused child comes from, named in the Failed message.
-_USER_FIELDS = {"StatefulSet": "spec.workers.template", "Job": "spec.launcher"}
+_USER_FIELDS = {"StatefulSet": "spec.workers.template", "Pod": "spec.launcher"}
 
 
 @dataclass

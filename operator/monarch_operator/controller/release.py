@@ -13,6 +13,18 @@ from monarch_operator.controller.passstate import Event, Pass
 from monarch_operator.controller.spec import CLEANUP_DELETE_ALL, CLEANUP_KEEP_ALL
 
 
+def launcher_pod(namespace: str, job_name: str, attempt: int) -> dict[str, Any] | None:
+    """The launcher pod of ``attempt``: the one named :func:`names.launcher_pod`, else (a job
+    started by an operator version that ran the launcher as a batch Job, whose pod has a
+    generated name) the pod carrying the attempt's launcher labels; None when there is none."""
+    pods = k8s.list_pods(namespace, {constants.LABEL_JOB: job_name,
+                                     constants.LABEL_ROLE: constants.ROLE_LAUNCHER,
+                                     constants.LABEL_ATTEMPT: str(attempt)})
+    name = names.launcher_pod(job_name, attempt)
+    named = [pod for pod in pods if pod["metadata"]["name"] == name]
+    return (named or pods or [None])[0]
+
+
 def let_go_of_stuck(state: Pass, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Force-delete those of ``pods`` stuck terminating long past their grace period
     (:mod:`.stuckpods`: node lost, finalizers), each with a Warning event and in the current
@@ -53,12 +65,10 @@ def clean_up(state: Pass) -> None:
     namespace = job.namespace
     cleanup = job.cleanup_policy
     deadline = st.reason_of(state.status, st.FAILED) == st.REASON_DEADLINE_EXCEEDED
-    launcher_name = names.launcher_job(job.name, int(state.status.get("attempt") or 1))
-    launcher = k8s.read("batch/v1", "Job", namespace, launcher_name)
-    launcher_running = launcher is not None and not observe.launcher_outcome(launcher, []).finished
-    if (launcher_running or cleanup == CLEANUP_DELETE_ALL) and k8s.delete_if_present(
-               "batch/v1", "Job", namespace, launcher_name):
-        _tell(state, Event("Normal", "LauncherDeleted", "launcher Job deleted"))
+    launcher = launcher_pod(namespace, job.name, int(state.status.get("attempt") or 1))
+    launcher_running = launcher is not None and not observe.launcher_outcome(launcher).finished
+    if (launcher_running or cleanup == CLEANUP_DELETE_ALL) and k8s.stop_pod(launcher):
+        _tell(state, Event("Normal", "LauncherDeleted", "launcher pod deleted"))
     if (cleanup != CLEANUP_KEEP_ALL or deadline) and k8s.delete_if_present(
                "apps/v1", "StatefulSet", namespace, names.worker_set(job.name)):
         _tell(state, Event("Normal", "WorkersReleased", "worker pods deleted"))

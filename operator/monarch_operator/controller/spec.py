@@ -20,8 +20,8 @@ DEFAULT_MESH_HOSTS = 1
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 600
 
 # spec.cleanupPolicy: what a finished job (Succeeded or Failed) keeps of its children.
-# Workers always hold GPUs, so only KeepAll leaves them; the default keeps the launcher's
-# Job and pod for `kubectl logs`, as Kubernetes Jobs do.
+# Workers always hold GPUs, so only KeepAll leaves them; the default keeps the launcher pod
+# for `kubectl logs`, as Kubernetes Jobs keep theirs.
 CLEANUP_DELETE_WORKERS = "DeleteWorkers"  # default: worker pods go, the launcher pod stays
 CLEANUP_DELETE_ALL = "DeleteAll"  # every child goes; the job keeps its status
 CLEANUP_KEEP_ALL = "KeepAll"  # nothing is deleted (debugging; the workers keep their GPUs)

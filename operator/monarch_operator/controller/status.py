@@ -24,7 +24,7 @@ def format_time(moment: dt.datetime) -> str:
 
 # Condition types.
 WORKERS_READY = "WorkersReady"  # every worker pod is Ready (sshd accepts connections)
-RUNNING = "Running"  # the launcher Job exists and has not finished
+RUNNING = "Running"  # the launcher pod exists and has not finished
 SUCCEEDED = "Succeeded"  # the launcher exited 0
 FAILED = "Failed"  # the job cannot succeed; reason says why
 SUSPENDED = "Suspended"  # spec.suspend: no workers, no launcher

@@ -16,7 +16,7 @@ def suspend(state: Pass) -> None:
     job = state.job
     attempt = int(state.status["attempt"])
     record = attempts.current(state.status) or {}
-    k8s.delete_if_present("batch/v1", "Job", job.namespace, names.launcher_job(job.name, attempt))
+    k8s.stop_pod(release.launcher_pod(job.namespace, job.name, attempt))
     k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace, names.worker_set(job.name))
     k8s.delete_if_present("v1", "ConfigMap", job.namespace, names.hostfile_configmap(job.name))
     if record.get("launchTime") and not record.get("endTime"):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from monarch_operator import constants
 from monarch_operator.localcluster.cli import DEFAULT_STATE_DIR, pod_log_path
 from monarch_operator.localcluster.cluster import LocalCluster
 from monarch_operator.localcluster.orphans import stop_with_parent
@@ -114,7 +115,8 @@ def wait_for_phase(kubectl: Kubectl, namespace: str, name: str, phases: tuple[st
 
 def launcher_log(kubectl: Kubectl, state_dir: Path, namespace: str, job_name: str) -> str:
     """Output of the job's launcher process, as the node agent captured it."""
-    pods = kubectl.json("pods", "-n", namespace, "-l", f"job-name={job_name}-launcher")["items"]
+    pods = kubectl.json("pods", "-n", namespace, "-l", f"{constants.LABEL_JOB}={job_name},"
+                        f"{constants.LABEL_ROLE}={constants.ROLE_LAUNCHER}")["items"]
     for pod in pods:
         path = pod_log_path(state_dir, namespace, pod["metadata"]["name"])
         if path is not None:

@@ -6,7 +6,7 @@ status within seconds and settles on one of: Running, Succeeded, Suspended, a re
 (every waiting worker named with why), Failed naming the field when the reason is about the
 spec; or it was deleted by its ``ttlSecondsAfterFinished`` after a status was written. For
 every batch: no traceback in the operator's log, every child carries a controller owner
-reference (pods: their StatefulSet or Job; the rest: a job of the batch), and the operator's
+reference (worker pods: their StatefulSet; the rest: a job of the batch), and the operator's
 writes per job, counted from the API server's audit log, stay under a bound.
 
 Used by ``tests/cluster/test_generated_specs.py`` (a few dozen specs) and
@@ -43,7 +43,7 @@ SETTLED_PHASES = frozenset({"Running", "Succeeded", "Failed", "Suspended"})
 # Why a worker waits that may change in a moment (not yet a reason to report).
 TRANSIENT_WAITS = ("not created", "Pending", "ContainerCreating", "sshd not accepting",
                    "being deleted", "unknown", "PodInitializing")
-CHILD_KINDS = "secrets,services,configmaps,statefulsets.apps,jobs.batch,pods"
+CHILD_KINDS = "secrets,services,configmaps,statefulsets.apps,pods"
 TRACEBACK = "Traceback (most recent call last)"
 
 
@@ -309,7 +309,8 @@ def _check_owners(kubectl: Kubectl, namespace: str, admitted: list[Outcome],
         if child["kind"] == "ConfigMap" and metadata["name"] == "kube-root-ca.crt":
             continue
         owners = [ref for ref in metadata.get("ownerReferences") or [] if ref.get("controller")]
-        wanted = ("StatefulSet", "Job") if child["kind"] == "Pod" else ("MonarchJob",)
+        # Workers belong to their StatefulSet, the launcher pod to its job.
+        wanted = ("StatefulSet", "MonarchJob") if child["kind"] == "Pod" else ("MonarchJob",)
         if (len(owners) != 1 or owners[0].get("kind") not in wanted
                 or (owners[0]["kind"] == "MonarchJob" and owners[0].get("uid") not in uids)):
             report.orphans += 1
