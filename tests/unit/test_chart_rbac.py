@@ -291,8 +291,9 @@ def test_network_policy_off_drops_its_rule():
     [role] = operator_objects(objects, "ClusterRole")
     used = operator_code_rules() | kopf_rules(clusterwide=True)
     policy_rules = {rule for rule in used if rule[1] == "networkpolicies"}
+    # list+watch: the cache; delete: a deleted job's leftovers (passes.delete_leftovers)
     assert policy_rules == {("networking.k8s.io", "networkpolicies", verb)
-                            for verb in ("get", "create", "list", "watch")}  # list+watch: cache
+                            for verb in ("get", "create", "list", "watch", "delete")}
     assert_same(granted(role["rules"]), used - policy_rules)
     [deployment] = operator_objects(objects, "Deployment")
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]

@@ -58,8 +58,10 @@ compares these rules with the API calls in operator/monarch_operator/controller/
   when it changed.
 - secrets, services, configmaps, networkpolicies, and the watched kinds below: kopf lists and
   watches the job's children (label selector) into the operator's cache, which its passes read.
-- secrets, services: read, create when missing (never updated or deleted: the owner reference
-  lets the garbage collector delete them with the job).
+- secrets, services: read, create when missing (never updated); deleted by cleanupPolicy
+  DeleteAll, and with the job: the owner reference lets the garbage collector delete them, and
+  the operator deletes a deleted job's children at once (the collector may not know the
+  MonarchJob kind yet, and a pass racing the deletion may just have created one).
 - configmaps (the hostfile), pods (the launcher of each attempt), statefulsets (the workers):
   read, create, delete (a suspended job drops them; a finished one its workers).
 - pods, statefulsets: kopf watches the job's children (label selector) to wake the job; pods
@@ -68,7 +70,8 @@ compares these rules with the API calls in operator/monarch_operator/controller/
 - events: the job's Events (kopf), created; FailedCreate Events of worker StatefulSets are
   listed and watched (a pod the StatefulSet cannot create wakes the job and is named).
 - monarchjobs delete: spec.ttlSecondsAfterFinished deletes a finished job.
-- networkpolicies: read, create the job's NetworkPolicy (networkPolicy.enabled).
+- networkpolicies: read, create the job's NetworkPolicy (networkPolicy.enabled); delete it
+  when the job is deleted, as its other children.
 */}}
 {{- define "monarch-operator.namespacedRules" -}}
 - apiGroups: [monarch-operator.dev]
@@ -98,7 +101,7 @@ compares these rules with the API calls in operator/monarch_operator/controller/
 {{- if .Values.networkPolicy.enabled }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, list, watch, create]
+  verbs: [get, list, watch, create, delete]
 {{- end }}
 {{- end }}
 

@@ -16,6 +16,15 @@ what a pass created or deleted is remembered until the watch shows it, or for
 :data:`EXPECTATION_SECONDS` at most. A create that still races is answered 409, which
 :func:`.k8s.ensure` takes as "exists": the cache saves reads, it never decides that an object
 is created twice.
+
+A job deleted while a pass of it runs: the pass still holds the job in its view, and the
+watch's DELETED event comes while it creates children. :meth:`JobCache.job_deleted` marks the
+job's uid gone, so that the pass creates nothing more (:func:`.k8s.ensure` asks
+:meth:`JobView.job_gone` first, and deletes what a create that raced the deletion made), and
+returns every child known of it, for the operator to delete at once: garbage collection would
+too, but only once it knows the job's kind (up to ~40 s after the CRD is installed: the
+garbage collector rediscovers resources every 30 s) and only while the controller manager keeps
+up.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ Index = Mapping[JobKey, Iterable[Body]]
 # How long an expectation outlives its write when no watch event confirms it (client-go's
 # ExpectationsTimeout is 5 minutes; our watches confirm within a second or two).
 EXPECTATION_SECONDS = 60.0
+# How long a deleted job's uid is remembered as gone: longer than any pass of it can still run.
+GONE_SECONDS = 600.0
 
 
 @dataclass
@@ -83,6 +94,7 @@ class JobCache:
         self._expected: dict[JobKey, dict[tuple[Kind, str], _Expectation]] = {}
         self._written: dict[JobKey, Body] = {}  # the job as our last status patch returned it
         self._own_versions: dict[JobKey, str] = {}
+        self._gone: dict[str, float] = {}  # uid of a deleted (or deleting) job -> when seen
 
     def attach(self, kind: Kind, index: Index) -> None:
         """Read ``kind`` from ``index`` from now on."""
@@ -145,11 +157,17 @@ class JobCache:
             if not expected:
                 self._expected.pop(key, None)
 
-    def expect_created(self, key: JobKey, kind: Kind, body: Body) -> None:
-        """This process created ``body``: show it until the watch does."""
+    def expect_created(self, key: JobKey, kind: Kind, body: Body,
+                       job_uid: str | None = None) -> bool:
+        """This process created ``body`` (a child of job ``job_uid``): show it until the watch
+        does. Returns False, remembering nothing, when that job is gone
+        (:meth:`job_deleted` came first: the creator deletes ``body`` itself)."""
         with self._lock:
+            if job_uid and job_uid in self._gone:
+                return False
             self._expected.setdefault(key, {})[(kind, body["metadata"]["name"])] = (
                 _Expectation(body, _uid(body), self._clock()))
+            return True
 
     def expect_deleted(self, key: JobKey, kind: Kind, name: str, uid: str) -> None:
         """This process deleted object ``uid``: hide it until the watch drops it."""
@@ -186,6 +204,62 @@ class JobCache:
             self._written.pop(key, None)
             self._own_versions.pop(key, None)
 
+    def mark_gone(self, job_uid: str) -> None:
+        """Job ``job_uid`` is deleted or being deleted: a pass of it creates nothing more
+        (:meth:`is_gone`). Any thread."""
+        if not job_uid:
+            return
+        now = self._clock()
+        with self._lock:
+            self._gone[job_uid] = now
+            for uid in [uid for uid, at in self._gone.items() if now - at > GONE_SECONDS]:
+                del self._gone[uid]
+
+    def is_gone(self, job_uid: str | None) -> bool:
+        """Whether job ``job_uid`` was deleted (or is being deleted). Any thread."""
+        with self._lock:
+            return bool(job_uid) and job_uid in self._gone
+
+    def job_deleted(self, key: JobKey, job_uid: str) -> list[tuple[Kind, Body]]:
+        """The watch saw job ``job_uid`` (at ``key``) deleted: mark it gone, drop what was
+        remembered of its writes, and return every child known under ``key``: the indexed
+        ones and those a pass created that the watch has not shown yet. On the event loop.
+
+        Which of them are the deleted job's own is :func:`leftover_children`'s to say (a job
+        of the same name created since may own some)."""
+        self.mark_gone(job_uid)
+        known: dict[tuple[Kind, str, str], tuple[Kind, Body]] = {}
+        for kind, index in self._indexes.items():
+            if kind != self.job_kind:
+                for body in index.get(key, ()):
+                    known[(kind, body["metadata"]["name"], _uid(body))] = (kind, body)
+        with self._lock:
+            for (kind, name), expectation in self._expected.pop(key, {}).items():
+                if expectation.body is not None:
+                    known[(kind, name, expectation.uid)] = (kind, expectation.body)
+            self._written.pop(key, None)
+            self._own_versions.pop(key, None)
+        return list(known.values())
+
+
+def controller_uid(body: Mapping[str, Any]) -> str | None:
+    """uid of the object's controller owner reference, if any."""
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def leftover_children(job_uid: str, known: Iterable[tuple[Kind, Body]]
+                      ) -> list[tuple[Kind, Body]]:
+    """Of the children ``known`` of a deleted job, those to delete: controlled by ``job_uid``
+    and not already being deleted. Pods of its StatefulSet or launcher Job are not among them:
+    deleting their owner deletes them (garbage collection of built-in kinds is prompt; it is
+    the job's own kind the collector may not know yet)."""
+    return [(kind, body) for kind, body in known
+            if job_uid and controller_uid(body) == job_uid
+            and not (body.get("metadata") or {}).get("deletionTimestamp")]
+
 
 @dataclass
 class JobView:
@@ -211,12 +285,29 @@ class JobView:
                 if all(((body.get("metadata") or {}).get("labels") or {}).get(label) == value
                        for label, value in labels.items())]
 
-    def created(self, kind: Kind, body: Body) -> None:
-        """The pass created (or found, after a 409) ``body``."""
-        if kind in self.children:
-            self.children[kind][body["metadata"]["name"]] = body
-            if self.cache is not None:
-                self.cache.expect_created(self.key, kind, body)
+    def created(self, kind: Kind, body: Body) -> bool:
+        """The pass created (or found, after a 409) ``body``. Returns False when the job has
+        been deleted meanwhile (:meth:`JobCache.job_deleted`): nothing is remembered then, and
+        an object the pass created is the pass's to delete."""
+        if self.cache is None:
+            if kind in self.children:
+                self.children[kind][body["metadata"]["name"]] = body
+            return True
+        if kind not in self.children:
+            return not self.job_gone()
+        if not self.cache.expect_created(self.key, kind, body, self.job_uid):
+            return False
+        self.children[kind][body["metadata"]["name"]] = body
+        return True
+
+    @property
+    def job_uid(self) -> str | None:
+        """The uid of the view's job (None without one)."""
+        return _uid(self.job) or None
+
+    def job_gone(self) -> bool:
+        """Whether the job was deleted (or is being deleted) since the view was taken."""
+        return self.cache is not None and self.cache.is_gone(self.job_uid)
 
     def deleted(self, kind: Kind, name: str) -> None:
         """The pass deleted child ``name``."""

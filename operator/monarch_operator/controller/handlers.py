@@ -178,11 +178,18 @@ async def on_job_event(type: str | None, namespace: str, name: str, meta: kopf.M
     """The job appeared (or was listed at start-up), changed, or was deleted; our own status
     patch of a spec the pass had seen wakes nobody (the pass that wrote it was complete)."""
     key = (namespace, name)
+    uid = str(meta.get("uid") or "")
     if type == "DELETED":
         WAKEUPS.forget(key)
         metrics.JOB_PHASES.set(key, None)
-        CACHE.forget(key)
+        # A pass that raced the deletion stops creating; what it and earlier passes created
+        # goes now, not when garbage collection gets to it.
+        known = CACHE.job_deleted(key, uid)
+        await asyncio.get_running_loop().run_in_executor(
+            _PASS_THREADS, passes.delete_leftovers, namespace, name, uid, known)
         return
+    if meta.get("deletionTimestamp"):
+        CACHE.mark_gone(uid)  # foreground deletion: passes create nothing more
     if CACHE.is_own_write(key, meta.get("resourceVersion")):
         return
     WAKEUPS.wake(key)

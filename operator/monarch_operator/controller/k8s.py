@@ -24,6 +24,7 @@ import urllib3
 from kubernetes.client.rest import ApiException
 
 from monarch_operator import __version__, constants
+from monarch_operator.controller import cache
 from monarch_operator.controller.cache import JobView
 
 # How the operator's own requests show up in the API server's audit log (kopf's watches say
@@ -53,6 +54,11 @@ class RefusedError(RuntimeError):
 
 class NotOwnedError(RuntimeError):
     """A child's name is taken by an object that the job does not control (field case C6)."""
+
+
+class JobGoneError(RuntimeError):
+    """The job of the running pass was deleted (or is being deleted) meanwhile: the pass
+    stops; it created nothing more (see :meth:`.cache.JobCache.job_deleted`)."""
 
 
 _shared_client: kubernetes.client.ApiClient | None = None
@@ -141,10 +147,7 @@ def _read_api(api_version: str, kind: str, namespace: str, name: str) -> dict[st
 
 def controller_uid(obj: dict[str, Any]) -> str | None:
     """uid of the object's controller owner reference, if any."""
-    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return str(ref.get("uid"))
-    return None
+    return cache.controller_uid(obj)
 
 
 def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], bool]:
@@ -158,6 +161,8 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
             (e.g. a leftover of a deleted job of the same name that GC has not removed yet).
         RefusedError: the API server refused to create it as invalid (400/422), or the client
             could not send it.
+        JobGoneError: in a pass (:func:`reading_from`), the job was deleted: nothing is
+            created, and an object whose create raced the deletion is deleted again.
         kubernetes.client.rest.ApiException: any other API error.
     """
     api_version, kind = desired["apiVersion"], desired["kind"]
@@ -165,6 +170,9 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
     observed = read(api_version, kind, namespace, name)
     created = False
     if observed is None:
+        pass_view = _local.view
+        if pass_view is not None and pass_view.job_gone():
+            raise JobGoneError(f"not creating {kind} {namespace}/{name}: its job was deleted")
         api, suffix = _api(api_version, kind)
         try:
             observed = _to_dict(getattr(api, f"create_{suffix}")(namespace, desired))
@@ -182,9 +190,10 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
             observed = _read_api(api_version, kind, namespace, name)
             if observed is None:  # deleted between the 409 and the read; next pass retries
                 raise
-        view = _view(api_version, kind)
-        if view is not None:
-            view.created((api_version, kind), observed)
+        if pass_view is not None and not pass_view.created((api_version, kind), observed):
+            if created:  # the job went while we created it: nobody else knows of this one
+                delete_exact(api_version, kind, namespace, name, str(observed["metadata"]["uid"]))
+            raise JobGoneError(f"{kind} {namespace}/{name}: its job was deleted meanwhile")
     check_owner(observed, owner_uid)
     return observed, created
 
@@ -215,6 +224,44 @@ def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
     if view is not None:
         view.deleted((api_version, kind), name)
     return deleted
+
+
+def delete_exact(api_version: str, kind: str, namespace: str, name: str, uid: str) -> bool:
+    """Delete object ``uid``, a child of a job (background propagation), never a namesake that
+    replaced it: the uid is a precondition of the DELETE (``DeleteOptions.preconditions``).
+    One typed call per kind, so that the chart's RBAC rules can be derived from this code.
+    Returns False when it was gone already (404) or is another object now (409).
+
+    Raises:
+        ValueError: ``kind`` is not one the operator creates.
+        kubernetes.client.rest.ApiException: any other API error.
+    """
+    options = kubernetes.client.V1DeleteOptions(
+        propagation_policy="Background", preconditions=kubernetes.client.V1Preconditions(uid=uid))
+    core = kubernetes.client.CoreV1Api(_client())
+    apps = kubernetes.client.AppsV1Api(_client())
+    networking = kubernetes.client.NetworkingV1Api(_client())
+    try:
+        match (api_version, kind):
+            case ("v1", "Pod"):
+                core.delete_namespaced_pod(name, namespace, body=options)
+            case ("v1", "Secret"):
+                core.delete_namespaced_secret(name, namespace, body=options)
+            case ("v1", "Service"):
+                core.delete_namespaced_service(name, namespace, body=options)
+            case ("v1", "ConfigMap"):
+                core.delete_namespaced_config_map(name, namespace, body=options)
+            case ("apps/v1", "StatefulSet"):
+                apps.delete_namespaced_stateful_set(name, namespace, body=options)
+            case ("networking.k8s.io/v1", "NetworkPolicy"):
+                networking.delete_namespaced_network_policy(name, namespace, body=options)
+            case _:
+                raise ValueError(f"{api_version} {kind} is not a kind of child of a job")
+    except ApiException as error:
+        if error.status in (404, 409):
+            return False
+        raise
+    return True
 
 
 def delete_if_present(api_version: str, kind: str, namespace: str, name: str) -> bool:
@@ -396,10 +443,21 @@ def api_error_message(error: ApiException) -> str:
 
 def patch_job_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
     """Merge-patch the MonarchJob's status subresource with ``status``; returns the job as the
-    API server stored it (and tells the pass's view, see :func:`reading_from`)."""
-    job: dict[str, Any] = kubernetes.client.CustomObjectsApi(
-        _client()).patch_namespaced_custom_object_status(
-        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status})
+    API server stored it (and tells the pass's view, see :func:`reading_from`).
+
+    Raises:
+        JobGoneError: the job does not exist (404).
+        kubernetes.client.rest.ApiException: any other API error.
+    """
+    try:
+        job: dict[str, Any] = kubernetes.client.CustomObjectsApi(
+            _client()).patch_namespaced_custom_object_status(
+            constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name,
+            {"status": status})
+    except ApiException as error:
+        if error.status == 404:  # deleted during the pass; its DELETED event is on its way
+            raise JobGoneError(f"MonarchJob {namespace}/{name} was deleted") from error
+        raise
     view = _local.view
     if view is not None and view.key == (namespace, name):
         view.status_written(job)

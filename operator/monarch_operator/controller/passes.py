@@ -18,7 +18,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.controller import deadlines, k8s, metrics, reconcile
+from monarch_operator.controller import cache, deadlines, k8s, metrics, reconcile
 from monarch_operator.controller import status as st
 from monarch_operator.controller.cache import JobView
 from monarch_operator.controller.progress import ProgressWrites
@@ -67,6 +67,14 @@ class PassRunner:
         try:
             with k8s.reading_from(view) if view is not None else contextlib.nullcontext():
                 report = self._run(namespace, name)
+        except k8s.JobGoneError as error:
+            # Deleted while the pass ran: not an error, nothing to retry (the DELETED event
+            # deletes what the pass had created, see cache.JobCache.job_deleted).
+            metrics.record_pass(metrics.RESULT_OK, time.monotonic() - started)
+            metrics.JOB_PHASES.set(key, None)
+            self._forget(key)
+            logger.info("%s/%s: pass stopped: %s", namespace, name, error)
+            return PassReport(None)
         except ApiException as error:
             metrics.record_pass(metrics.RESULT_API_ERROR, time.monotonic() - started,
                                 error.status)
@@ -89,10 +97,9 @@ class PassRunner:
     def _run(self, namespace: str, name: str) -> PassReport:
         body = k8s.read_monarchjob(namespace, name)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
-            # Gone or going: garbage collection removes the children; nothing of ours blocks it.
-            self._failures.pop((namespace, name), None)
-            self._blocked.pop((namespace, name), None)
-            self._progress.forget((namespace, name))
+            # Gone or going: its children are deleted (garbage collection, and the operator on
+            # the job's DELETED event); nothing of ours blocks it.
+            self._forget((namespace, name))
             return PassReport(None)
         now = dt.datetime.now(dt.UTC)
         try:
@@ -113,6 +120,12 @@ class PassRunner:
         return PassReport(body, outcome.events, min(delays) if delays else None,
                           phase=None if outcome.deleted else outcome.status.get("phase"))
 
+    def _forget(self, key: tuple[str, str]) -> None:
+        """What is remembered of a job that is gone."""
+        self._failures.pop(key, None)
+        self._blocked.pop(key, None)
+        self._progress.forget(key)
+
     def _retry_delay(self, key: tuple[str, str], first: float | None) -> float | None:
         if first is None:
             self._blocked.pop(key, None)
@@ -125,6 +138,32 @@ class PassRunner:
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
         return float(min(ERROR_BACKOFF_FIRST_SECONDS * 2**failures, ERROR_BACKOFF_MAX_SECONDS))
+
+
+def delete_leftovers(namespace: str, name: str, job_uid: str,
+                     known: list[tuple[tuple[str, str], dict[str, Any]]]) -> int:
+    """Delete the children of deleted job ``job_uid`` (``namespace/name``) among ``known``
+    (:meth:`.cache.JobCache.job_deleted`): those it controls and that are not being deleted
+    yet, each by uid (a job of the same name created since keeps its own). Garbage collection
+    would delete them too, but late when it does not know the job's kind yet, and a pass that
+    raced the deletion may have created some just now. Never raises: errors are logged (the
+    garbage collector is still there). Returns how many were deleted."""
+    deleted = []
+    for (api_version, kind), body in cache.leftover_children(job_uid, known):
+        metadata = body["metadata"]
+        try:
+            if k8s.delete_exact(api_version, kind, namespace, metadata["name"],
+                                str(metadata.get("uid"))):
+                deleted.append(f"{kind} {metadata['name']}")
+        except ApiException as error:
+            logger.warning("%s/%s: deleting %s %s of the deleted job failed (left to garbage "
+                           "collection): %s %s", namespace, name, kind, metadata["name"],
+                           error.status, k8s.api_error_message(error))
+        except ValueError as error:  # a kind the operator does not delete
+            logger.warning("%s/%s: %s (left to garbage collection)", namespace, name, error)
+    if deleted:
+        logger.info("%s/%s: job deleted; deleted its %s", namespace, name, ", ".join(deleted))
+    return len(deleted)
 
 
 def _fail_invalid(body: dict[str, Any], message: str, now: dt.datetime) -> list[reconcile.Event]:
