@@ -170,7 +170,7 @@ def test_ten_light_jobs_in_a_row_all_succeed_with_finished_pods_kept(kubectl, na
             f"{name}'s workers gone")
         fds_after_job.append(open_fds(pid))
     phases = pod_phases(kubectl, namespace)
-    launchers = {k: v for k, v in phases.items() if "-launcher-" in k}
+    launchers = {k: v for k, v in phases.items() if "-launcher" in k}
     print(f"agent fds after each job: {fds_after_job}; launcher pods kept: {launchers}")
     assert len(launchers) == LIGHT_JOBS and set(launchers.values()) == {"Succeeded"}, phases
     assert max(fds_after_job) - min(fds_after_job) <= FD_SLACK, fds_after_job
