@@ -61,7 +61,7 @@ import peer_mpi_operator as mpi  # noqa: E402  (sits beside this script)
 
 from monarch_operator.localcluster.agent import LABEL_SIMULATE  # noqa: E402
 from monarch_operator.localcluster.cluster import GPU_RESOURCE, LocalCluster  # noqa: E402
-from monarch_operator.localcluster.demo import Kubectl, install_crds  # noqa: E402
+from monarch_operator.localcluster.demo import Kubectl, install_crds, wait_established  # noqa: E402
 from monarch_operator.testing import apiaudit  # noqa: E402
 
 IMAGE = "ghcr.io/monarch-operator/worker:0.1.0"
@@ -497,18 +497,6 @@ def table(results: list[dict[str, Any]]) -> str:
                      f"{idle['cpu_seconds_per_minute']} | "
                      f"{result['peak_rss_mib']:.0f} | {', '.join(result['tcp_peers'])} |")
     return "\n".join(lines)
-
-
-def wait_established(kubectl: Kubectl, crd: str, timeout: float = 60) -> None:
-    """Wait until the CRD is Established (``kubectl wait`` fails while it has no conditions)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        conditions = kubectl.json(f"crd/{crd}").get("status", {}).get("conditions") or []
-        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"CRD {crd} not Established after {timeout:.0f}s")
-        time.sleep(0.5)
 
 
 def _utc(timestamp: float) -> dt.datetime:

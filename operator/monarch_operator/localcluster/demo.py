@@ -44,11 +44,30 @@ class Kubectl:
 
 
 def install_crds(kubectl: Kubectl) -> None:
-    """Apply every CRD under ``crds/`` and wait until they are Established."""
+    """Apply every CRD under ``crds/`` and wait until the MonarchJob CRD is Established."""
     for crd in sorted(CRDS_DIR.glob("*.yaml")):
         kubectl("apply", "--server-side", "-f", str(crd))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s",
-            "crd/monarchjobs.monarch-operator.dev")
+    wait_established(kubectl, "monarchjobs.monarch-operator.dev")
+
+
+def wait_established(kubectl: Kubectl, crd: str, timeout: float = 60) -> None:
+    """Wait until CustomResourceDefinition ``crd`` is Established (its API is served).
+
+    ``kubectl wait --for=condition=Established`` fails at once, instead of waiting, while a
+    just-created CRD has no conditions yet (`.status.conditions accessor error: <nil>`, seen
+    on a loaded machine), so this polls every 0.5 s.
+
+    Raises:
+        RuntimeError: not Established within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        conditions = kubectl.json(f"crd/{crd}").get("status", {}).get("conditions") or []
+        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"CRD {crd} not Established after {timeout:.0f}s")
+        time.sleep(0.5)
 
 
 # Where start_operator records the operator's pid (read by LocalCluster.down()).
