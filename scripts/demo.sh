@@ -4,5 +4,24 @@
 # then stops everything (pass --keep to leave the cluster and operator running).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for arg in "$@"; do
+  case "$arg" in
+    -h|--help)
+      cat <<'USAGE'
+usage: scripts/demo.sh [--keep] [--dir DIR] [--namespace NS] [--timeout SECONDS]
+
+Sets up everything first (scripts/setup.sh: Python packages, control-plane binaries), then runs
+the sample MonarchJob (crds/samples/demo.yaml) on a local control plane to Succeeded.
+
+  --keep            leave the cluster and operator running afterwards (how to use and stop
+                    them is printed)
+  --dir DIR         state directory: kubeconfig, logs, pod output (default .localcluster in
+                    this checkout, or $MONARCH_LOCALCLUSTER_DIR)
+  --namespace NS    namespace of the sample job (default team-a)
+  --timeout SECONDS how long to wait for the job to finish (default 600)
+USAGE
+      exit 0 ;;
+  esac
+done
 scripts/setup.sh
 exec .venv/bin/python -m monarch_operator.localcluster.demo "$@"

@@ -146,9 +146,12 @@ def launcher_log(kubectl: Kubectl, state_dir: Path, namespace: str, job_name: st
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns 0 when the sample job Succeeded."""
     parser = argparse.ArgumentParser(prog="scripts/demo.sh", description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR)
-    parser.add_argument("--namespace", default="team-a")
-    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR,
+                        help="state directory: kubeconfig, logs, pod output (default %(default)s)")
+    parser.add_argument("--namespace", default="team-a",
+                        help="namespace of the sample job (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
+                        help="how long to wait for the job to finish (default %(default)s)")
     parser.add_argument("--keep", action="store_true", help="leave cluster and operator running")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -195,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
                 stop_process(operator)
             cluster.down(quiet=True)
             print("[demo] cluster stopped (use --keep to leave it running)", flush=True)
+        else:
+            where = "" if args.dir == DEFAULT_STATE_DIR else f" --dir {args.dir}"
+            print(f"[demo] cluster and operator left running; use them with\n"
+                  f'  eval "$(.venv/bin/monarch-localcluster{where} env)"\n'
+                  f"and stop both with\n  .venv/bin/monarch-localcluster{where} down",
+                  flush=True)
 
 
 if __name__ == "__main__":
