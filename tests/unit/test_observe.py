@@ -147,12 +147,15 @@ def launcher_pod(*containers: tuple[str, dict[str, Any]], phase: str = "Failed",
         (launcher_pod(("sidecar", {"exitCode": 0, "reason": "Completed", "message": "bye"}),
                       ("launcher", {"exitCode": 4, "message": "Monarch worker lost"})),
          4, "Monarch worker lost"),
+        (launcher_pod(("launcher", {"exitCode": 3, "reason": "Error",
+                                    "message": "about to fail\nstep 2: loss is NaN\n\n"})),
+         3, "step 2: loss is NaN"),
         (launcher_pod(reason="Evicted", message="The node was low on resource: memory."),
          None, "Evicted: The node was low on resource: memory."),
         (launcher_pod(), None, "pod failed"),
     ],
-    ids=["termination-message", "reason-only", "blank-message", "sidecar-ignored", "evicted",
-         "no-reason"],
+    ids=["termination-message", "reason-only", "blank-message", "sidecar-ignored", "log-tail",
+         "evicted", "no-reason"],
 )
 def test_failed_launcher_outcome_prefers_the_termination_message(pod, exit_code, message):
     outcome = launcher_outcome(pod)

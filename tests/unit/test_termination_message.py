@@ -28,6 +28,14 @@ def test_failure_reason_is_the_termination_message(termination_log: Path) -> Non
     assert termination_log.read_text() == reason
 
 
+def test_a_reason_of_several_lines_is_written_on_one(termination_log: Path) -> None:
+    # The operator shows a termination message's last line (a user's command's log tail).
+    reason = "mesh spmd did not attach: the worker on node-1 exited (ssh exit 255):\n  last output"
+    assert quiet_reporter().result(1, reason) == 1
+    assert termination_log.read_text() == (
+        "mesh spmd did not attach: the worker on node-1 exited (ssh exit 255): last output")
+
+
 def test_success_and_reasonless_failures_write_nothing(termination_log: Path) -> None:
     quiet_reporter().result(0)
     quiet_reporter().result(1, None)

@@ -160,8 +160,9 @@ def is_invalid_object_message(message: str) -> bool:
 class LauncherOutcome:
     """How the launcher pod ended: ``finished`` False while it runs.
 
-    ``message`` is the launcher container's termination message (its final failure line, or its
-    log's tail) when the kubelet reported one, else the container's or the pod's reason.
+    ``message`` is the last line of the launcher container's termination message (its final
+    failure line, or its log's last line) when the kubelet reported one, else the container's or
+    the pod's reason.
     """
 
     finished: bool
@@ -195,7 +196,12 @@ def launcher_outcome(pod: dict[str, Any] | None,
         return LauncherOutcome(finished=True, succeeded=True, exit_code=exit_code or 0)
     message = ""
     if terminated is not None:
-        message = (terminated.get("message") or "").strip() or terminated.get("reason") or ""
+        # One line: monarch-launch's final failure line, or (a command of the user's, a crash:
+        # the kubelet's log tail, FallbackToLogsOnError) the tail's last line, e.g. the
+        # exception of a traceback. The whole tail is in status.attempts[].outputTail.
+        lines = [line.strip() for line in (terminated.get("message") or "").splitlines()]
+        message = next((line for line in reversed(lines) if line), "") or str(
+            terminated.get("reason") or "")
     pod_failure = ": ".join(part for part in (status.get("reason"), status.get("message"))
                             if part) or "pod failed"
     return LauncherOutcome(

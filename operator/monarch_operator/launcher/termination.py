@@ -32,14 +32,16 @@ def termination_log_path() -> str | None:
 
 
 def write_termination_message(message: str) -> None:
-    """Replace the termination log's content with ``message`` (UTF-8, at most 4096 bytes).
+    """Replace the termination log's content with ``message`` on one line (line breaks and runs
+    of spaces become one space; UTF-8, at most 4096 bytes): the operator shows the message's
+    last line, which then is all of it.
 
     Best effort: an unwritable path is ignored, so reporting a failure never fails the launcher.
     """
     path = termination_log_path()
     if path is None:
         return
-    data = message.strip().encode("utf-8", "replace")[:MAX_MESSAGE_BYTES]
+    data = " ".join(message.split()).encode("utf-8", "replace")[:MAX_MESSAGE_BYTES]
     data = data.decode("utf-8", "ignore").encode("utf-8")  # no character cut in half
     try:
         with open(path, "wb") as termination_log:

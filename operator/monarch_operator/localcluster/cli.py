@@ -5,8 +5,8 @@ Examples::
     monarch-localcluster up              # build binaries if needed, start, wait for nodes
     eval "$(monarch-localcluster env)"    # KUBECONFIG and kubectl on PATH for this shell
     monarch-localcluster status          # running or not, where, component pids and ports
-    kubectl logs -n team-a demo-launcher-abcde   # or, without the kubelet API:
-    monarch-localcluster logs team-a/demo-launcher-abcde
+    kubectl logs -n team-a demo-launcher         # or, without the kubelet API:
+    monarch-localcluster logs team-a/demo-launcher
     monarch-localcluster logs team-a/demo-worker-0 -c prep --previous
     monarch-localcluster node down kwok-gpu-1              # its kubelet gone: NotReady in ~20 s
     monarch-localcluster node down kwok-gpu-1 --partition  # ... but its pods keep running

@@ -183,14 +183,8 @@ class LocalCluster:
         tests first, then the agent, ..., etcd last) and wait for them."""
         operator_pid = self.state_dir / "operator.pid"
         if operator_pid.exists():
-            try:
-                pid = int(operator_pid.read_text().strip())
-                # Only if that pid is still our operator (pids are reused).
-                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                    ours = b"monarch_operator.controller" in cmdline.read()
-            except (OSError, ValueError):
-                ours = False
-            if ours:
+            pid = self.operator_pid()
+            if pid is not None:
                 _stop_group(pid)
                 if not quiet:
                     print("stopped monarch-operator")
@@ -206,6 +200,17 @@ class LocalCluster:
             if not quiet:
                 print(f"stopped {name}")
         self._record.unlink(missing_ok=True)
+
+    def operator_pid(self) -> int | None:
+        """The pid of the operator the demo or the tests started for this cluster
+        (``<state_dir>/operator.pid``), when that process still runs it; else None (pids are
+        reused: the process's command line must still be the operator's)."""
+        try:
+            pid = int((self.state_dir / "operator.pid").read_text().strip())
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                return pid if b"monarch_operator.controller" in cmdline.read() else None
+        except (OSError, ValueError):
+            return None
 
     def is_running(self) -> bool:
         """Whether every recorded process of this state dir is alive."""

@@ -156,15 +156,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     cluster = LocalCluster(args.dir)
+    # A cluster (and operator) someone already runs here is used and left as it was found.
+    was_running = cluster.is_running()
     cluster.up(progress=lambda message: print(f"[localcluster] {message}", flush=True))
     env = cluster.env()
     kubectl = Kubectl(env)
     operator = None
     try:
         install_crds(kubectl)
-        print("[demo] CRD installed; starting monarch-operator "
-              f"(log: {cluster.state_dir / 'logs' / 'operator.log'})", flush=True)
-        operator = start_operator(cluster.state_dir, env)
+        running = cluster.operator_pid()
+        if running is not None:
+            print(f"[demo] CRD installed; monarch-operator already runs (pid {running}, log: "
+                  f"{cluster.state_dir / 'logs' / 'operator.log'})", flush=True)
+        else:
+            print("[demo] CRD installed; starting monarch-operator "
+                  f"(log: {cluster.state_dir / 'logs' / 'operator.log'})", flush=True)
+            operator = start_operator(cluster.state_dir, env)
         kubectl("create", "namespace", args.namespace, check=False)
         # As a security-minded cluster would: the API server refuses any pod of the namespace
         # that does not pass Pod Security "restricted" (the job's pods do).
@@ -193,13 +200,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[demo] job {phase} in {time.monotonic() - started:.0f}s total", flush=True)
         return 0 if phase == "Succeeded" else 1
     finally:
-        if not args.keep:
+        where = "" if args.dir == DEFAULT_STATE_DIR else f" --dir {args.dir}"
+        if was_running and not args.keep:
+            if operator is not None:
+                stop_process(operator)
+            print(f"[demo] the cluster ran before the demo and is left running (stop it with "
+                  f".venv/bin/monarch-localcluster{where} down)", flush=True)
+        elif not args.keep:
             if operator is not None:
                 stop_process(operator)
             cluster.down(quiet=True)
             print("[demo] cluster stopped (use --keep to leave it running)", flush=True)
         else:
-            where = "" if args.dir == DEFAULT_STATE_DIR else f" --dir {args.dir}"
             print(f"[demo] cluster and operator left running; use them with\n"
                   f'  eval "$(.venv/bin/monarch-localcluster{where} env)"\n'
                   f"and stop both with\n  .venv/bin/monarch-localcluster{where} down",
