@@ -12,7 +12,8 @@ the audit log):
 1. start the operator and wait until it watches its jobs;
 2. for each batch size in ``--batches`` (default 1, 50, 200): submit that many jobs of
    ``--workers`` one-GPU workers at once, wait until every launcher pod Succeeded, every job says
-   so in its status and every worker pod is gone (GPUs released), then delete the jobs;
+   so in its status and every worker pod is gone (GPUs released), then delete the jobs; a batch
+   of fewer than 10 jobs is run ``--small-repeats`` times (default 5) and its rounds pooled;
 3. submit ``--idle-jobs`` jobs whose launcher never ends, wait until they run, and count the
    operator's requests over ``--idle-seconds`` of nobody touching them.
 
@@ -67,6 +68,8 @@ from monarch_operator.testing import apiaudit  # noqa: E402
 IMAGE = "ghcr.io/monarch-operator/worker:0.1.0"
 READY_AFTER = "localcluster.monarch-operator.dev/simulate-ready-after"
 SUCCEED_AFTER = "localcluster.monarch-operator.dev/simulate-succeed-after"
+# Batches smaller than this are run --small-repeats times.
+SMALL_BATCH = 10
 # Set on both operators' pod templates, so that this script tells pods apart the same way.
 LABEL_JOB, LABEL_ROLE = "bench.monarch-operator.dev/job", "bench.monarch-operator.dev/role"
 
@@ -262,6 +265,7 @@ class Bench:
         self.custom = kubernetes.client.CustomObjectsApi()
         self.requests: list[apiaudit.Request] = []
         self.audit_offset = 0
+        self.runs_of_size: Counter[int] = Counter()  # job names stay unique across batches
 
     def audit(self) -> list[apiaudit.Request]:
         """Every request logged so far (reads what was added since the last call)."""
@@ -296,7 +300,8 @@ class Bench:
                     # ~30 writes per job at 5 requests/s: 200 jobs would take ~20 minutes.
                     result.setdefault("skipped_batches", []).append(size)
                     continue
-                result["batches"].append(self._batch(who, seen, proc, size))
+                repeats = self.args.small_repeats if size < SMALL_BATCH else 1
+                result["batches"].append(self._batch(who, seen, proc, size, repeats))
                 proc.sample_peers()
             result["idle"] = self._idle(who, seen, proc)
             result["peak_rss_mib"] = round(proc.peak_rss_mib(), 1)
@@ -353,20 +358,36 @@ class Bench:
                 raise RuntimeError(f"timed out after {self.args.batch_timeout}s waiting for {what}")
             time.sleep(0.5)
 
-    def _batch(self, who: Contender, seen: Seen, proc: Process, size: int) -> dict[str, Any]:
-        names = [f"b{size}-{index}" for index in range(size)]
-        cpu_before, start = proc.cpu_seconds(), time.time()
-        submitted = self._submit(who, names, "succeed")
+    def _batch(self, who: Contender, seen: Seen, proc: Process, size: int,
+               repeats: int) -> dict[str, Any]:
+        """``size`` jobs at once, ``repeats`` times one round after another (each round's jobs
+        deleted before the next); latencies and per-job requests over every round."""
+        names: list[str] = []
+        submitted: dict[str, float] = {}
+        windows: list[tuple[float, float]] = []
+        seconds = cpu = 0.0
+        for _ in range(repeats):
+            run = self.runs_of_size[size]
+            self.runs_of_size[size] += 1
+            batch = [f"b{size}-{index}" + (f"-r{run}" if run else "") for index in range(size)]
+            cpu_before, start = proc.cpu_seconds(), time.time()
+            submitted.update(self._submit(who, batch, "succeed"))
 
-        def finished() -> bool:
-            with seen.lock:
-                launched = all(name in seen.launcher_done for name in names)
-            return (launched and not self._pods(who, "worker")
-                    and sum(1 for job in self._jobs(who) if who.finished(job)) == size)
-        self._wait(f"{size} {who.plural} to succeed", finished)
-        end, cpu = time.time(), proc.cpu_seconds() - cpu_before
-        time.sleep(1)  # the audit log is written as responses complete; let the last land
-        counts = per_job(self.audit(), who.user, start, end, size)
+            def finished(batch: list[str] = batch) -> bool:
+                with seen.lock:
+                    launched = all(name in seen.launcher_done for name in batch)
+                return (launched and not self._pods(who, "worker")
+                        and sum(1 for job in self._jobs(who) if who.finished(job)) == size)
+            self._wait(f"{size} {who.plural} to succeed", finished)
+            end = time.time()
+            cpu += proc.cpu_seconds() - cpu_before
+            seconds += end - start
+            names += batch
+            windows.append((start, end))
+            time.sleep(1)  # the audit log is written as responses complete; let the last land
+            self.audit()
+            self._delete_all(who)
+        counts = per_job(self.audit(), who.user, windows, len(names))
         times = {}
         if self.args.per_job:  # when each job's steps were seen (time.time()), for digging
             with seen.lock:
@@ -374,8 +395,8 @@ class Bench:
                     "submitted": submitted[name], "workers_ready": seen.worker_ready.get(name),
                     "launcher_job": seen.launcher_job.get(name),
                     "launcher_pod": seen.launcher_pod.get(name)} for name in names}}
-        self._delete_all(who)
-        return {"jobs": size, "seconds": round(end - start, 1), "cpu_seconds": round(cpu, 2),
+        return {"jobs": size, "rounds": repeats, "seconds": round(seconds / repeats, 1),
+                "cpu_seconds": round(cpu / repeats, 2),
                 **latencies(names, submitted, seen, self.args.workers), **counts, **times}
 
     def _idle(self, who: Contender, seen: Seen, proc: Process) -> dict[str, Any]:
@@ -441,13 +462,16 @@ def latencies(names: list[str], submitted: dict[str, float], seen: Seen,
 OPERATOR_WIDE = frozenset({"leases"})
 
 
-def per_job(requests: list[apiaudit.Request], user: str, start: float, end: float,
+def per_job(requests: list[apiaudit.Request], user: str, windows: list[tuple[float, float]],
             jobs: int) -> dict[str, Any]:
-    """Requests of ``user`` in ``[start, end)`` per job: writes (events among them), reads,
-    failed ones (HTTP >= 400, e.g. 409 on a create that lost a race), and each ``verb
-    resource``; leader-election leases are counted apart (``operator_wide``)."""
-    window = [r for r in requests if r.user == user and _utc(start) <= r.time < _utc(end)]
-    counts = apiaudit.count_by_verb_resource(window, user, _utc(start), _utc(end))
+    """Requests of ``user`` in the ``[start, end)`` windows (``time.time()``) per job: writes
+    (events among them), reads, failed ones (HTTP >= 400, e.g. 409 on a create that lost a
+    race), and each ``verb resource``; leader-election leases are counted apart
+    (``operator_wide``)."""
+    window = [r for r in requests if r.user == user
+              and any(_utc(start) <= r.time < _utc(end) for start, end in windows)]
+    counts = apiaudit.count_by_verb_resource(window, user, _utc(min(s for s, _ in windows)),
+                                             _utc(max(e for _, e in windows)))
     wide = Counter({key: n for key, n in counts.items() if key[1] in OPERATOR_WIDE})
     counts -= wide
     writes, reads = apiaudit.split_writes(counts)
@@ -476,7 +500,9 @@ def table(results: list[dict[str, Any]]) -> str:
              "|---|---:|---|---|---|---:|---:|---:|---:|---:|"]
     for result in results:
         for batch in result["batches"]:
-            lines.append(f"| {result['operator']} | {batch['jobs']} | "
+            rounds = batch.get("rounds", 1)
+            jobs = f"{batch['jobs']}" + (f" (x{rounds})" if rounds > 1 else "")
+            lines.append(f"| {result['operator']} | {jobs} | "
                          f"{cell(batch['submit_to_workers_ready'])} | "
                          f"{cell(batch['last_ready_to_launcher_job'])} | "
                          f"{cell(batch['last_ready_to_launcher_pod'])} | "
@@ -544,6 +570,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the controller manager's client rate limit (burst: twice "
                         "this); default Kubernetes' own, 20/30, shared by the StatefulSet and "
                         "Job controllers that create both operators' launcher pods")
+    parser.add_argument("--small-repeats", type=int, default=5,
+                        help=f"a batch of fewer than {SMALL_BATCH} jobs is run this many times, "
+                        "one round after another, and its latencies pooled (one job's one "
+                        "sample is mostly noise)")
     parser.add_argument("--per-job", action="store_true",
                         help="also put in the JSON when each job's steps were seen")
     args = parser.parse_args(argv)

@@ -37,8 +37,9 @@ def test_generated_specs_are_refused_naming_the_field_or_get_a_truthful_status(
 
 def test_unknown_field_in_a_template_fails_the_job_naming_it(kubectl, namespace, operator):
     """A field Kubernetes does not know in a pod template (a typo such as ``nodeSelectr``) is
-    never dropped silently: the client checks the StatefulSet against the API's types, and the
-    job fails at once naming the field (a generated flaw, pinned here by name)."""
+    never dropped silently: the operator creates with strict field validation, the API server
+    refuses the StatefulSet, and the job fails at once naming the field (a generated flaw,
+    pinned here by name)."""
     kubectl("apply", "-n", namespace, "-f", "-", stdin=job_manifest(
         "typo", workers={"replicas": 2, "gpusPerWorker": 1,
                          "template": {"spec": {"nodeSelectr": {"pool": "gpu"}}}}))
@@ -50,5 +51,5 @@ def test_unknown_field_in_a_template_fails_the_job_naming_it(kubectl, namespace,
     assert failed["message"].startswith("spec.workers.template: the API server refused "
                                         "StatefulSet typo-worker"), failed["message"]
     assert "spec.template.spec.nodeSelectr" in failed["message"], failed
-    assert "Extra inputs are not permitted" in failed["message"], failed
+    assert "strict decoding error: unknown field" in failed["message"], failed
     assert get_json(kubectl, "statefulset", "typo-worker", "-n", namespace) is None

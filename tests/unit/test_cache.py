@@ -124,7 +124,8 @@ def test_a_status_patch_after_a_spec_edit_is_not_taken_as_our_own_write():
 
 
 class FakeApi:
-    """The typed client's read/create for Secrets; records every call."""
+    """The API's read (typed client) and create (:func:`.k8s._post`) of Secrets; records every
+    call."""
 
     def __init__(self, existing: dict[str, Any] | None = None) -> None:
         self.existing = existing
@@ -148,6 +149,8 @@ class FakeApi:
 def fake_api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     api = FakeApi()
     monkeypatch.setattr(k8s, "_api", lambda api_version, kind: (api, "namespaced_secret"))
+    monkeypatch.setattr(k8s, "_post", lambda desired: api.create_namespaced_secret(
+        desired["metadata"]["namespace"], desired))
     return api
 
 

@@ -2,9 +2,10 @@
 
 "What the operator uses" is read from the code, not written down a second time:
 - the calls in ``controller/k8s.py`` (the only module that talks to the API): the typed client's
-  methods (``list_namespaced_pod`` is ``list`` on ``pods``) and the generic ``read``/``ensure``/
-  ``delete`` helpers, whose kinds come from their call sites in the other controller modules
-  (a literal ``("apps/v1", "StatefulSet")``, or the ``kind`` a ``build_*`` builder returns);
+  methods (``list_namespaced_pod`` is ``list`` on ``pods``), its own JSON requests
+  (``RAW_REQUESTS``) and the generic ``read``/``ensure``/``delete`` helpers, whose kinds come
+  from their call sites in the other controller modules (a literal ``("apps/v1",
+  "StatefulSet")``, or the ``kind`` a ``build_*`` builder returns);
 - kopf's own needs, from the handlers it has registered: a list+watch stream (also for each
   index of the cache) and annotation
   patches on each handled resource, Events for ``kopf.event``/``kopf.warn`` and posted logs,
@@ -27,6 +28,8 @@ CONTROLLER = Path(__file__).resolve().parents[2] / "operator" / "monarch_operato
 # Verbs of the typed client's method prefixes (kubernetes-client/python naming).
 CLIENT_VERBS = {"read": "get", "get": "get", "list": "list", "create": "create", "delete": "delete",
                 "patch": "patch", "replace": "update"}
+# k8s.py's own requests past the typed client, by the verb they are (the kind is the caller's).
+RAW_REQUESTS = {"_post": "create"}
 API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps", "BatchV1Api": "batch",
               "NetworkingV1Api": "networking.k8s.io", "CustomObjectsApi": constants.GROUP}
 
@@ -76,6 +79,8 @@ def k8s_layer_calls() -> tuple[dict[str, set[str]], dict[str, set[Rule]]]:
                  and node.value.func.attr.endswith("Api")
                  for target in node.targets if isinstance(target, ast.Name)}
         for node in ast.walk(function):
+            if isinstance(node, ast.Name) and node.id in RAW_REQUESTS:  # called or handed on
+                generic[name].add(RAW_REQUESTS[node.id])
             if not isinstance(node, ast.Call):
                 continue
             if (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
@@ -161,9 +166,15 @@ def operator_code_rules() -> set[Rule]:
                               for verb in generic[name]}
                 elif (isinstance(first, ast.Call) and isinstance(first.func, ast.Name)
                       and first.func.id in builders):
-                    api_version, kind = builders[first.func.id]
-                    rules |= {(group_of(api_version), plural(kind), verb)
-                              for verb in generic[name]}
+                    # One object, or several (ensure_together(build_a(...), build_b(...))).
+                    for argument in node.args:
+                        if not (isinstance(argument, ast.Call)
+                                and isinstance(argument.func, ast.Name)
+                                and argument.func.id in builders):
+                            continue  # e.g. the owner's uid
+                        api_version, kind = builders[argument.func.id]
+                        rules |= {(group_of(api_version), plural(kind), verb)
+                                  for verb in generic[name]}
                 elif (isinstance(first, ast.Name) and first.id in parameters
                       and isinstance(node.args[1], ast.Name) and node.args[1].id in parameters):
                     verbs, _, _ = helpers.get(function.name, (set(), 0, 0))

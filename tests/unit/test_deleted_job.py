@@ -31,6 +31,8 @@ def fake_api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     """The typed client's read/create of Secrets, recording each call (test_cache.py's)."""
     api = FakeApi()
     monkeypatch.setattr(k8s, "_api", lambda api_version, kind: (api, "namespaced_secret"))
+    monkeypatch.setattr(k8s, "_post", lambda desired: api.create_namespaced_secret(
+        desired["metadata"]["namespace"], desired))
     return api
 
 

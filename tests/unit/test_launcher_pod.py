@@ -128,7 +128,7 @@ def test_spmd_leaves_out_the_mesh_layout():
 
 
 def test_resources_are_used_with_numbers_sent_as_strings():
-    """cpu: 2 is valid Kubernetes, but the typed client only sends strings (field case C12A)."""
+    """cpu: 2 is valid Kubernetes, sent as the string the API server stores (field case C12A)."""
     resources = {"limits": {"cpu": 2, "memory": "4Gi", constants.GPU_RESOURCE: 0},
                  "requests": {"cpu": "500m"}, "claims": [{"name": "c"}]}
     container = launcher_container(make_job(launcher={"resources": copy.deepcopy(resources)}))

@@ -10,6 +10,7 @@ rest (and everything outside such a block) goes to the API server.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -31,16 +32,22 @@ from monarch_operator.controller.cache import JobView
 # "kopf/<version>"). Test of field case C5 counts writes by this agent.
 USER_AGENT = f"{constants.MANAGED_BY}/{__version__}"
 
-# (apiVersion, kind) -> (API class, method suffix) of the typed client.
-_KINDS: dict[tuple[str, str], tuple[type, str]] = {
-    ("v1", "Secret"): (kubernetes.client.CoreV1Api, "namespaced_secret"),
-    ("v1", "Service"): (kubernetes.client.CoreV1Api, "namespaced_service"),
-    ("v1", "ConfigMap"): (kubernetes.client.CoreV1Api, "namespaced_config_map"),
-    ("apps/v1", "StatefulSet"): (kubernetes.client.AppsV1Api, "namespaced_stateful_set"),
-    ("v1", "Pod"): (kubernetes.client.CoreV1Api, "namespaced_pod"),
+# (apiVersion, kind) -> (API class, method suffix) of the typed client, and the resource's
+# plural (its collection's path, where creates are POSTed).
+_KINDS: dict[tuple[str, str], tuple[type, str, str]] = {
+    ("v1", "Secret"): (kubernetes.client.CoreV1Api, "namespaced_secret", "secrets"),
+    ("v1", "Service"): (kubernetes.client.CoreV1Api, "namespaced_service", "services"),
+    ("v1", "ConfigMap"): (kubernetes.client.CoreV1Api, "namespaced_config_map", "configmaps"),
+    ("apps/v1", "StatefulSet"): (kubernetes.client.AppsV1Api, "namespaced_stateful_set",
+                                 "statefulsets"),
+    ("v1", "Pod"): (kubernetes.client.CoreV1Api, "namespaced_pod", "pods"),
     ("networking.k8s.io/v1", "NetworkPolicy"): (kubernetes.client.NetworkingV1Api,
-                                               "namespaced_network_policy"),
+                                               "namespaced_network_policy", "networkpolicies"),
 }
+# Creates sent together (:func:`ensure_together`) go out on these threads, each on its own
+# connection of the client's pool.
+_CREATE_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=4,
+                                                        thread_name_prefix="create")
 
 
 class RefusedError(RuntimeError):
@@ -117,8 +124,40 @@ def _view(api_version: str, kind: str) -> JobView | None:
 
 
 def _api(api_version: str, kind: str) -> tuple[Any, str]:
-    api_class, suffix = _KINDS[(api_version, kind)]
+    api_class, suffix, _ = _KINDS[(api_version, kind)]
     return api_class(_client()), suffix
+
+
+def _post(desired: dict[str, Any]) -> dict[str, Any]:
+    """Create ``desired`` (POST to its kind's collection in its namespace); returns the object
+    as the API server stored it.
+
+    JSON in and JSON out, past the typed client's models: checking a pod against them and
+    building them from the reply cost the operator more CPU than the rest of the pass that
+    starts a launcher. What the models checked, the API server checks itself: an unknown field
+    is refused naming it (``fieldValidation=Strict``, as ``kubectl`` sends; Kubernetes docs,
+    "API Concepts": field validation), never dropped.
+
+    Raises:
+        kubernetes.client.rest.ApiException: the API server's answer was not a success.
+        KeyError: ``desired`` is not of a kind in :data:`_KINDS`.
+    """
+    api_version, kind = desired["apiVersion"], desired["kind"]
+    plural = _KINDS[(api_version, kind)][2]
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    client = _client()
+    request = client.param_serialize(
+        method="POST", resource_path=f"{prefix}/namespaces/{{namespace}}/{plural}",
+        path_params={"namespace": desired["metadata"]["namespace"]},
+        query_params=[("fieldValidation", "Strict")],
+        header_params={"Content-Type": "application/json", "Accept": "application/json"},
+        body=desired, auth_settings=["BearerToken"])
+    response = client.call_api(*request)
+    response.read()
+    if not 200 <= response.status <= 299:
+        raise ApiException.from_response(http_resp=response, body=None, data=None)
+    created: dict[str, Any] = json.loads(response.data)
+    return created
 
 
 def _to_dict(obj: Any) -> dict[str, Any]:
@@ -159,42 +198,97 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
     Raises:
         NotOwnedError: an object of that name exists but its controller is not ``owner_uid``
             (e.g. a leftover of a deleted job of the same name that GC has not removed yet).
-        RefusedError: the API server refused to create it as invalid (400/422), or the client
-            could not send it.
+        RefusedError: the API server refused to create it as invalid (400/422), or it could
+            not even be sent.
         JobGoneError: in a pass (:func:`reading_from`), the job was deleted: nothing is
             created, and an object whose create raced the deletion is deleted again.
         kubernetes.client.rest.ApiException: any other API error.
     """
+    (result,) = ensure_together(desired, owner_uid=owner_uid)
+    return result
+
+
+def ensure_together(*desired: dict[str, Any], owner_uid: str) -> list[tuple[dict[str, Any],
+                                                                          bool]]:
+    """:func:`ensure` for objects that do not need each other to be created (the hostfile
+    ConfigMap and the launcher pod that mounts it: a kubelet retries a volume whose source is
+    not there yet). The creates needed are sent at once, each on its own connection, so that
+    the last one exists one round trip after the first, not one per object later.
+
+    Returns:
+        ``(observed, created)`` per object, in order.
+
+    Raises:
+        What :func:`ensure` raises, for the first object (in order) that failed; the others
+        were created or found all the same.
+    """
+    observed = [read(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"],
+                     obj["metadata"]["name"]) for obj in desired]
+    missing = [index for index, found in enumerate(observed) if found is None]
+    pass_view = _local.view
+    if missing and pass_view is not None and pass_view.job_gone():
+        metadata = desired[missing[0]]["metadata"]
+        raise JobGoneError(f"not creating {desired[missing[0]]['kind']} {metadata['namespace']}/"
+                           f"{metadata['name']}: its job was deleted")
+    # All but the last on other threads, the last on this one; each reply or error is kept.
+    sent = [_CREATE_THREADS.submit(_attempt, desired[index]) for index in missing[:-1]]
+    last = [_attempt(desired[index]) for index in missing[-1:]]
+    replies = [future.result() for future in sent] + last
+    created = [False] * len(desired)
+    failures: list[Exception] = []
+    for index, reply in zip(missing, replies, strict=True):
+        try:
+            observed[index], created[index] = _settle(desired[index], reply)
+        except Exception as error:
+            failures.append(error)
+    if failures:
+        raise failures[0]
+    results = []
+    for found, made in zip(observed, created, strict=True):
+        assert found is not None
+        check_owner(found, owner_uid)
+        results.append((found, made))
+    return results
+
+
+def _attempt(desired: dict[str, Any]) -> dict[str, Any] | Exception:
+    """:func:`_post`, its error returned rather than raised (for :func:`_settle`)."""
+    try:
+        return _post(desired)
+    except Exception as error:
+        return error
+
+
+def _settle(desired: dict[str, Any], reply: dict[str, Any] | Exception
+            ) -> tuple[dict[str, Any], bool]:
+    """What a create's ``reply`` (the object created, or the error raised) means for ``desired``:
+    ``(observed, created)``; tells the pass's view. Raises as :func:`ensure` does."""
     api_version, kind = desired["apiVersion"], desired["kind"]
     namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
-    observed = read(api_version, kind, namespace, name)
-    created = False
-    if observed is None:
-        pass_view = _local.view
-        if pass_view is not None and pass_view.job_gone():
-            raise JobGoneError(f"not creating {kind} {namespace}/{name}: its job was deleted")
-        api, suffix = _api(api_version, kind)
-        try:
-            observed = _to_dict(getattr(api, f"create_{suffix}")(namespace, desired))
-            created = True
-            if os.environ.get(CRASH_AFTER_CREATE_ENV) == kind:
-                os.kill(os.getpid(), signal.SIGKILL)
-        except (ValueError, TypeError) as error:  # the typed client refused to send it
-            raise RefusedError(kind, name, str(error)) from error
-        except ApiException as error:
-            if error.status in (400, 422):
-                raise RefusedError(kind, name, api_error_message(error)) from error
-            if error.status != 409:
-                raise
-            # Exists, though the cache did not show it yet: the API server says what it is.
-            observed = _read_api(api_version, kind, namespace, name)
-            if observed is None:  # deleted between the 409 and the read; next pass retries
-                raise
-        if pass_view is not None and not pass_view.created((api_version, kind), observed):
-            if created:  # the job went while we created it: nobody else knows of this one
-                delete_exact(api_version, kind, namespace, name, str(observed["metadata"]["uid"]))
-            raise JobGoneError(f"{kind} {namespace}/{name}: its job was deleted meanwhile")
-    check_owner(observed, owner_uid)
+    created = not isinstance(reply, Exception)
+    if isinstance(reply, dict):
+        observed = reply
+        if os.environ.get(CRASH_AFTER_CREATE_ENV) == kind:
+            os.kill(os.getpid(), signal.SIGKILL)
+    elif isinstance(reply, (ValueError, TypeError)):  # it could not even be sent
+        raise RefusedError(kind, name, str(reply)) from reply
+    elif not isinstance(reply, ApiException):
+        raise reply
+    elif reply.status in (400, 422):
+        raise RefusedError(kind, name, api_error_message(reply)) from reply
+    elif reply.status != 409:
+        raise reply
+    else:
+        # Exists, though the cache did not show it yet: the API server says what it is.
+        found = _read_api(api_version, kind, namespace, name)
+        if found is None:  # deleted between the 409 and the read; next pass retries
+            raise reply
+        observed = found
+    pass_view = _local.view
+    if pass_view is not None and not pass_view.created((api_version, kind), observed):
+        if created:  # the job went while we created it: nobody else knows of this one
+            delete_exact(api_version, kind, namespace, name, str(observed["metadata"]["uid"]))
+        raise JobGoneError(f"{kind} {namespace}/{name}: its job was deleted meanwhile")
     return observed, created
 
 

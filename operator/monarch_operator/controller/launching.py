@@ -45,6 +45,11 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
                 or _backing_off(state, record)):
             return None
         launcher = _launch(state, settings, worker_pods, launcher_name)
+    elif (not launcher["metadata"].get("deletionTimestamp")
+          and not observe.launcher_outcome(launcher).finished):
+        # Its hostfile, whose create may have failed while the pod's went through (they are
+        # sent together); found in the cache, it costs no request.
+        k8s.ensure(build_hostfile_configmap(job, settings), job.uid)
     launcher_name = launcher["metadata"]["name"]
     state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
                     f"launcher {launcher_name} running (attempt {attempt})")
@@ -152,12 +157,14 @@ def _waiting_for_earlier_launcher(state: Pass) -> bool:
 
 def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
             launcher_name: str) -> dict[str, Any]:
-    """Hostfile (from the Ready workers, never rewritten mid-run), then the launcher pod; the
-    worker pods it starts on are recorded so that losing one is noticed."""
+    """Hostfile (from the Ready workers, never rewritten mid-run) and the launcher pod, created
+    at once (its kubelet waits for the hostfile volume should the pod come first); the worker
+    pods it starts on are recorded so that losing one is noticed."""
     job = state.job
     attempt = int(state.status["attempt"])
-    k8s.ensure(build_hostfile_configmap(job, settings), job.uid)
-    launcher, created = k8s.ensure(build_launcher_pod(job, settings, attempt), job.uid)
+    _, (launcher, created) = k8s.ensure_together(
+        build_hostfile_configmap(job, settings), build_launcher_pod(job, settings, attempt),
+        owner_uid=job.uid)
     state.status["attemptWorkers"] = attempts.worker_snapshot(job.name, job.replicas, worker_pods)
     state.status = attempts.update_current(state.status, launchTime=state.now_text,
                                            launcherPod=launcher_name)

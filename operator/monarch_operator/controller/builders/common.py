@@ -84,10 +84,12 @@ def child_metadata(job: JobSpec, name: str, role: str | None = None) -> dict[str
 def quantities_as_strings(pod_spec: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``pod_spec`` whose resource quantities written as numbers are strings.
 
-    ``cpu: 2`` is valid Kubernetes (a quantity may be a JSON number), but the typed client
-    refuses to send anything but a string for a quantity, so a user's integer would fail every
-    reconcile before reaching the API server (field case C12A). Covers the pod's own
-    ``resources`` and those of its containers and init containers.
+    ``cpu: 2`` is valid Kubernetes (a quantity may be a JSON number), but the typed client's
+    models take only strings, so a user's integer once failed every reconcile before reaching
+    the API server (field case C12A). Creates now go as JSON (:func:`.k8s.ensure`); the
+    strings stay, as the API server stores and returns quantities, so that a built object reads
+    as the stored one does. Covers the pod's own ``resources`` and those of its containers and
+    init containers.
     """
     converted = copy.deepcopy(pod_spec)
     holders = [converted, *(converted.get("containers") or []),

@@ -1,0 +1,153 @@
+"""Creates sent together (k8s.ensure_together: the hostfile ConfigMap and the launcher pod) and
+the JSON create itself (k8s._post), no cluster: the POST is faked at the HTTP layer or above.
+
+The cluster tests cover what the API server does with them (test_generated_specs.py: an unknown
+field refused by strict field validation, naming it).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+from kubernetes.client.rest import ApiException
+
+from monarch_operator.controller import k8s
+from tests.unit.test_cache import KEY, SECRET, make_cache, obj
+
+CONFIG_MAP, POD = ("v1", "ConfigMap"), ("v1", "Pod")
+
+
+def owned(kind: tuple[str, str], name: str) -> dict[str, Any]:
+    body = obj(kind, name, "")
+    body["metadata"]["ownerReferences"] = [{"uid": "job-uid", "controller": True}]
+    return body
+
+
+@pytest.fixture()
+def posts(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Replaces k8s._post: each create waits until every create of the test has been sent (a
+    create sent only after another's reply never gets there: the test fails on the timeout)."""
+    state: dict[str, Any] = {"sent": [], "expected": 2, "all_sent": threading.Event(),
+                             "fail": {}}
+    lock = threading.Lock()
+
+    def post(desired: dict[str, Any]) -> dict[str, Any]:
+        name = desired["metadata"]["name"]
+        with lock:
+            state["sent"].append(name)
+            if len(state["sent"]) == state["expected"]:
+                state["all_sent"].set()
+        assert state["all_sent"].wait(5), f"{name} waited for a create that was never sent"
+        if name in state["fail"]:
+            raise state["fail"][name]
+        return {**desired, "metadata": {**desired["metadata"], "uid": f"uid-{name}"}}
+
+    monkeypatch.setattr(k8s, "_post", post)
+    return state
+
+
+def test_both_creates_are_on_the_wire_before_either_reply(posts):
+    job_cache, _, _ = make_cache()
+    job_cache.attach(CONFIG_MAP, {})
+    with k8s.reading_from(job_cache.view(KEY)):
+        (hostfile, made_hostfile), (launcher, made_launcher) = k8s.ensure_together(
+            owned(CONFIG_MAP, "demo-hostfile"), owned(POD, "demo-launcher"), owner_uid="job-uid")
+    assert sorted(posts["sent"]) == ["demo-hostfile", "demo-launcher"]
+    assert (hostfile["metadata"]["uid"], launcher["metadata"]["uid"]) == (
+        "uid-demo-hostfile", "uid-demo-launcher")
+    assert made_hostfile and made_launcher
+    view = job_cache.view(KEY)  # both expected by the next pass, before their watch events
+    assert view.get(CONFIG_MAP, "demo-hostfile")["metadata"]["uid"] == "uid-demo-hostfile"
+    assert view.get(POD, "demo-launcher")["metadata"]["uid"] == "uid-demo-launcher"
+
+
+def test_one_failed_create_raises_and_the_other_is_still_known(posts):
+    """The ConfigMap refused, the pod created: the pass fails on the first error in order, and
+    the pod is in the view (the next pass finds it and creates the hostfile again)."""
+    posts["fail"]["demo-hostfile"] = ApiException(status=500, reason="etcd timeout")
+    job_cache, _, _ = make_cache()
+    job_cache.attach(CONFIG_MAP, {})
+    with k8s.reading_from(job_cache.view(KEY)), pytest.raises(ApiException) as raised:
+        k8s.ensure_together(owned(CONFIG_MAP, "demo-hostfile"), owned(POD, "demo-launcher"),
+                            owner_uid="job-uid")
+    assert raised.value.status == 500
+    view = job_cache.view(KEY)
+    assert view.get(POD, "demo-launcher")["metadata"]["uid"] == "uid-demo-launcher"
+    assert view.get(CONFIG_MAP, "demo-hostfile") is None
+
+
+def test_only_what_is_missing_is_created(posts):
+    posts["expected"] = 1
+    job_cache, _, _ = make_cache(secrets=[{**owned(SECRET, "demo-ssh"),
+                                           "metadata": {**owned(SECRET, "demo-ssh")["metadata"],
+                                                        "uid": "s1"}}])
+    with k8s.reading_from(job_cache.view(KEY)):
+        results = k8s.ensure_together(owned(SECRET, "demo-ssh"), owned(POD, "demo-launcher"),
+                                      owner_uid="job-uid")
+    assert posts["sent"] == ["demo-launcher"]
+    assert [(found["metadata"]["uid"], made) for found, made in results] == [
+        ("s1", False), ("uid-demo-launcher", True)]
+
+
+class FakeResponse:
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status, self.reason = status, "Bad Request" if status == 400 else "Created"
+        self.data = json.dumps(body).encode()
+        self.headers: dict[str, str] = {}
+
+    def read(self) -> bytes:
+        return self.data
+
+    def getheaders(self) -> dict[str, str]:
+        return self.headers
+
+
+@pytest.fixture()
+def http(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], list[FakeResponse]]:
+    """The client's HTTP call, faked: records each request and answers the next reply."""
+    requests: list[dict[str, Any]] = []
+    replies: list[FakeResponse] = []
+    client = k8s._client()
+
+    def call_api(method: str, url: str, header_params: Any = None, body: Any = None,
+                 post_params: Any = None, _request_timeout: Any = None) -> FakeResponse:
+        requests.append({"method": method, "url": url, "body": body,
+                         "content_type": (header_params or {}).get("Content-Type")})
+        return replies.pop(0)
+
+    monkeypatch.setattr(client, "call_api", call_api)
+    return requests, replies
+
+
+def test_post_sends_json_with_strict_field_validation_and_returns_the_stored_object(http):
+    requests, replies = http
+    desired = owned(("apps/v1", "StatefulSet"), "demo-worker")
+    replies.append(FakeResponse(201, {**desired, "metadata": {**desired["metadata"],
+                                                              "uid": "ss1"}}))
+    created = k8s._post(desired)
+    assert created["metadata"]["uid"] == "ss1"
+    [request] = requests
+    assert request["method"] == "POST" and request["content_type"] == "application/json"
+    assert request["url"].endswith(
+        "/apis/apps/v1/namespaces/ns/statefulsets?fieldValidation=Strict"), request["url"]
+    assert request["body"] == desired
+
+
+def test_a_refused_create_is_an_api_exception_with_the_servers_message(http):
+    """What ensure() turns into RefusedError naming the field (C12)."""
+    _, replies = http
+    message = ('Pod in version "v1" cannot be handled as a Pod: strict decoding error: '
+               'unknown field "spec.nodeSelectr"')
+    replies.append(FakeResponse(400, {"kind": "Status", "message": message}))
+    with pytest.raises(ApiException) as raised:
+        k8s._post(owned(POD, "demo-launcher"))
+    assert raised.value.status == 400
+    assert k8s.api_error_message(raised.value) == message
+    replies.append(FakeResponse(400, {"kind": "Status", "message": message}))
+    job_cache, _, _ = make_cache()
+    with k8s.reading_from(job_cache.view(KEY)), pytest.raises(
+            k8s.RefusedError, match='refused Pod demo-launcher: .*unknown field "spec.nodeSelectr"'):
+        k8s.ensure(owned(POD, "demo-launcher"), "job-uid")

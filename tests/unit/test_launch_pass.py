@@ -1,0 +1,150 @@
+"""The pass that starts a launcher, over a cache view and without a cluster (creates and the
+status patch are recorded): the hostfile ConfigMap and the launcher pod are created together, and
+a launcher whose hostfile create failed gets its hostfile from the next pass.
+
+The objects in the view are what the builders make, as the API server would return them (a uid,
+owner references); tests/cluster runs the same passes against a real control plane.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from monarch_operator import constants, names
+from monarch_operator.controller import cache, k8s, passes
+from monarch_operator.controller import status as st
+from monarch_operator.controller.builders.launcher import build_launcher_pod
+from monarch_operator.controller.builders.networkpolicy import build_network_policy
+from monarch_operator.controller.builders.service import build_worker_service
+from monarch_operator.controller.builders.statefulset import build_worker_statefulset
+from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec import JobSpec
+
+JOB_KIND = (f"{constants.GROUP}/{constants.VERSION}", constants.KIND)
+KINDS = [("v1", "Pod"), ("v1", "Secret"), ("v1", "Service"), ("v1", "ConfigMap"),
+         ("apps/v1", "StatefulSet"), ("networking.k8s.io/v1", "NetworkPolicy"),
+         ("v1", "Event")]
+NAMESPACE, NAME, JOB_UID, SET_UID = "team-a", "demo", "job-uid", "set-uid"
+REPLICAS = 2
+
+
+def job_body(status: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"apiVersion": JOB_KIND[0], "kind": JOB_KIND[1],
+            "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": JOB_UID, "generation": 1,
+                         "resourceVersion": "10"},
+            "spec": {"image": "img:1", "workers": {"replicas": REPLICAS, "gpusPerWorker": 1},
+                     "meshes": {"trainer": {"hosts": REPLICAS}}},
+            "status": status or {}}
+
+
+def stored(obj: dict[str, Any], uid: str) -> dict[str, Any]:
+    """``obj`` as the API server returns it: with a uid and a resourceVersion."""
+    return {**obj, "metadata": {**obj["metadata"], "uid": uid, "resourceVersion": "1"}}
+
+
+def ready_worker(ordinal: int) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": names.worker_pod(NAME, ordinal), "namespace": NAMESPACE,
+                         "uid": f"w{ordinal}", "resourceVersion": "1",
+                         "labels": {constants.LABEL_JOB: NAME,
+                                    constants.LABEL_ROLE: constants.ROLE_WORKER},
+                         "ownerReferences": [{"uid": SET_UID, "controller": True}]},
+            "spec": {"nodeName": f"node-{ordinal}"},
+            "status": {"phase": "Running", "podIP": f"127.100.0.{ordinal + 1}",
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def make_view(settings: Settings, status: dict[str, Any] | None = None,
+              extra_pods: list[dict[str, Any]] = ()) -> cache.JobView:  # type: ignore[assignment]
+    """A view of a job whose Secret, Service, policy, StatefulSet and Ready workers exist."""
+    job = JobSpec.from_body(job_body())
+    secret = {"apiVersion": "v1", "kind": "Secret",
+              "metadata": {"name": names.ssh_secret(NAME), "namespace": NAMESPACE,
+                           "labels": {constants.LABEL_JOB: NAME},
+                           "ownerReferences": [{"uid": JOB_UID, "controller": True}]}}
+    children = {
+        ("v1", "Pod"): [ready_worker(i) for i in range(REPLICAS)] + list(extra_pods),
+        ("v1", "Secret"): [stored(secret, "s1")],
+        ("v1", "Service"): [stored(build_worker_service(job), "svc1")],
+        ("apps/v1", "StatefulSet"): [stored(build_worker_statefulset(job, settings), SET_UID)],
+        ("networking.k8s.io/v1", "NetworkPolicy"): [stored(build_network_policy(job), "np1")],
+    }
+    job_cache = cache.JobCache(JOB_KIND)
+    job_cache.attach(JOB_KIND, {(NAMESPACE, NAME): [job_body(status)]})
+    for kind in KINDS:
+        job_cache.attach(kind, {(NAMESPACE, NAME): children.get(kind, [])})
+    return job_cache.view((NAMESPACE, NAME))
+
+
+@pytest.fixture()
+def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+    """Records the creates (``kind name``) and status patches a pass sends."""
+    sent: dict[str, list[Any]] = {"creates": [], "status": []}
+
+    def post(desired: dict[str, Any]) -> dict[str, Any]:
+        sent["creates"].append(f"{desired['kind']} {desired['metadata']['name']}")
+        return stored(desired, f"uid-{desired['metadata']['name']}")
+
+    def patch_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        sent["status"].append(status)
+        return job_body(status)
+
+    monkeypatch.setattr(k8s, "_post", post)
+    monkeypatch.setattr(k8s, "patch_job_status", patch_status)
+    monkeypatch.setattr(k8s, "node_is_ready", lambda node: True)
+    return sent
+
+
+def run_pass(settings: Settings, view: cache.JobView) -> passes.PassReport:
+    return passes.PassRunner(settings).run(NAMESPACE, NAME, view)
+
+
+def test_every_worker_ready_creates_the_hostfile_and_launcher_in_one_pass(api):
+    settings = Settings.from_env()
+    report = run_pass(settings, make_view(settings))
+    assert sorted(api["creates"]) == [f"ConfigMap {names.hostfile_configmap(NAME)}",
+                                      f"Pod {names.launcher_pod(NAME, 1)}"]
+    [status] = api["status"]
+    assert st.is_true(status, st.RUNNING), status
+    assert status["attempts"][-1]["launcherPod"] == names.launcher_pod(NAME, 1)
+    assert st.REASON_LAUNCHER_STARTED in [event.reason for event in report.events]
+
+
+def running_status(settings: Settings) -> dict[str, Any]:
+    """The status the launching pass above wrote."""
+    sent: dict[str, list[Any]] = {"creates": [], "status": []}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(k8s, "_post", lambda desired: stored(desired, "x"))
+        patch.setattr(k8s, "patch_job_status",
+                      lambda namespace, name, status: sent["status"].append(status) or {})
+        patch.setattr(k8s, "node_is_ready", lambda node: True)
+        run_pass(settings, make_view(settings))
+    return sent["status"][-1]
+
+
+def launcher_pod(settings: Settings, **metadata: Any) -> dict[str, Any]:
+    pod = stored(build_launcher_pod(JobSpec.from_body(job_body()), settings, 1), "l1")
+    pod["metadata"].update(metadata)
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    return pod
+
+
+def test_a_running_launcher_without_its_hostfile_gets_it_back(api):
+    """The two creates went together and only the pod's succeeded: the next pass creates
+    the hostfile (the same one: worker FQDNs by ordinal) and nothing else."""
+    settings = Settings.from_env()
+    status = running_status(settings)
+    run_pass(settings, make_view(settings, status, [launcher_pod(settings)]))
+    assert api["creates"] == [f"ConfigMap {names.hostfile_configmap(NAME)}"]
+
+
+def test_a_launcher_being_deleted_gets_no_hostfile(api):
+    settings = Settings.from_env()
+    status = running_status(settings)
+    stopping = launcher_pod(settings, deletionTimestamp=dt.datetime(
+        2026, 11, 30, tzinfo=dt.UTC).isoformat())
+    run_pass(settings, make_view(settings, status, [stopping]))
+    assert api["creates"] == []
