@@ -1,8 +1,9 @@
 """Performance at scale: our operator and Kubeflow's MPI Operator on the same local cluster.
 
 Starts the local control plane with ``--nodes`` kwok nodes of ``--gpus-per-node`` GPUs, the
-API server's audit log recording every request of the operators and no node agent: every benchmark pod is *simulated* (label
-``localcluster.monarch-operator.dev/simulate``, kwok Stages in ``localcluster/kwok-stages.yaml``):
+API server's audit log recording every request of the operators and no node agent: every
+benchmark pod is *simulated* (label ``localcluster.monarch-operator.dev/simulate``, kwok Stages
+in ``localcluster/kwok-stages.yaml``):
 workers become Ready ``--ready-after`` after they get an IP, launchers Succeed
 ``--succeed-after`` after they are Ready, the same for both operators. Then, for each operator
 in turn (ours; the MPI Operator v0.8.2 at its default client and work-queue rate limits; and at
@@ -12,15 +13,17 @@ the audit log):
 1. start the operator and wait until it watches its jobs;
 2. for each batch size in ``--batches`` (default 1, 50, 200): submit that many jobs of
    ``--workers`` one-GPU workers at once, wait until every launcher pod Succeeded, every job says
-   so in its status and every worker pod is gone (GPUs released), then delete the jobs; a batch
-   of fewer than 10 jobs is run ``--small-repeats`` times (default 5) and its rounds pooled;
+   so in its status and every worker pod is gone (GPUs released), then delete the jobs and wait
+   until their children are gone too; a batch of fewer than 10 jobs is run ``--small-repeats``
+   times (default 5), one round after another, and its rounds pooled;
 3. submit ``--idle-jobs`` jobs whose launcher never ends, wait until they run, and count the
    operator's requests over ``--idle-seconds`` of nobody touching them.
 
 Per batch it prints, with percentiles over the batch's jobs: submit -> all workers Ready; last
 worker Ready -> launcher pod created (what the issue's target is on: ours creates the pod itself;
-the MPI Operator creates a batch Job, also shown, whose pod the Job controller creates); API requests per job lifecycle from the audit log (writes and reads, and
-by verb and resource in the JSON); operator CPU seconds. Per operator: requests per minute for
+the MPI Operator creates a batch Job, also shown, whose pod the Job controller creates); API
+requests per job lifecycle from the audit log (writes and reads, and by verb and resource in
+the JSON); operator CPU seconds. Per operator: requests per minute for
 untouched running jobs, peak RSS (``VmHWM``), and the TCP peers the operator process had (all
 must be on 127.0.0.0/8). Times are taken by this script's watches on pods and batch Jobs.
 
@@ -262,6 +265,8 @@ class Bench:
         kubernetes.config.load_kube_config(str(cluster.kubeconfig))
         self.core = kubernetes.client.CoreV1Api()
         self.batch = kubernetes.client.BatchV1Api()
+        self.apps = kubernetes.client.AppsV1Api()
+        self.networking = kubernetes.client.NetworkingV1Api()
         self.custom = kubernetes.client.CustomObjectsApi()
         self.requests: list[apiaudit.Request] = []
         self.audit_offset = 0
@@ -427,11 +432,33 @@ class Bench:
                                                 for (verb, resource), n in counts.most_common()}}
 
     def _delete_all(self, who: Contender) -> None:
+        """Delete every job and wait until they and all their children are gone, then a little
+        longer: requests an operator sends about a deleted job (deletes of its children, some
+        answered 404 after garbage collection got there first) fall in no batch's window."""
         self.custom.delete_collection_namespaced_custom_object(
             who.group, who.version, who.namespace, who.plural)
+        self._wait(f"{who.plural} and their children to go",
+                   lambda: not self._jobs(who) and not self._children(who))
+        time.sleep(1)
 
-        self._wait(f"{who.plural} and their pods to go",
-                   lambda: not self._jobs(who) and not self._pods(who))
+    def _children(self, who: Contender) -> list[str]:
+        """What the namespace holds besides what Kubernetes puts in every namespace: pods,
+        Services, StatefulSets, batch Jobs, Secrets, ConfigMaps, NetworkPolicies."""
+        namespace = who.namespace
+        lists = [("pod", self.core.list_namespaced_pod),
+                 ("service", self.core.list_namespaced_service),
+                 ("secret", self.core.list_namespaced_secret),
+                 ("configmap", self.core.list_namespaced_config_map),
+                 ("statefulset", self.apps.list_namespaced_stateful_set),
+                 ("job", self.batch.list_namespaced_job),
+                 ("networkpolicy", self.networking.list_namespaced_network_policy)]
+        left = []
+        for kind, list_call in lists:
+            response = list_call(namespace, _preload_content=False)
+            left += [f"{kind}/{item['metadata']['name']}"
+                     for item in json.loads(response.data)["items"]
+                     if item["metadata"]["name"] != "kube-root-ca.crt"]
+        return left
 
 
 def latencies(names: list[str], submitted: dict[str, float], seen: Seen,
