@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from monarch_operator.testing import speccheck, specgen
+from monarch_operator.testing import apiaudit, speccheck, specgen
 from tests.cluster.helpers import get_json, wait_until
 from tests.cluster.test_operator import job_manifest
 
@@ -53,3 +53,27 @@ def test_unknown_field_in_a_template_fails_the_job_naming_it(kubectl, namespace,
     assert "spec.template.spec.nodeSelectr" in failed["message"], failed
     assert "strict decoding error: unknown field" in failed["message"], failed
     assert get_json(kubectl, "statefulset", "typo-worker", "-n", namespace) is None
+
+
+def test_a_launcher_template_kubernetes_refuses_fails_the_job_before_any_worker(
+        kubectl, namespace, operator, local_cluster):
+    """The launcher pod is made only once every worker is Ready; a typo in its template is
+    found by a dry run before the workers' StatefulSet exists (field case C12), so the job
+    fails at once naming the field and no worker ever holds a GPU."""
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=job_manifest(
+        "ltypo", launcher={"template": {"spec": {"containers": [
+            {"name": "launcher", "imagePullPolicyy": "Always"}]}}}))
+    job = wait_until(lambda: (found := get_json(kubectl, "monarchjob", "ltypo", "-n", namespace))
+                     and (found.get("status") or {}).get("phase") == "Failed" and found,
+                     60, "job Failed")
+    (failed,) = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
+    assert failed["reason"] == "TemplateRefused", failed
+    assert failed["message"].startswith("spec.launcher: the API server refused Pod "
+                                        "ltypo-launcher"), failed["message"]
+    assert 'unknown field "spec.containers[0].imagePullPolicyy"' in failed["message"], failed
+    creates = [request for request in apiaudit.read_log(local_cluster.audit_log, 0)[0]
+               if request.verb == "create" and request.namespace == namespace
+               and request.resource in ("statefulsets", "pods")]
+    # The refused dry run (its request is in the audit log, so the log covers the operator),
+    # and nothing else: no StatefulSet was ever created.
+    assert [(request.resource, request.code) for request in creates] == [("pods", 400)], creates

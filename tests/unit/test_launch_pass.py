@@ -1,6 +1,7 @@
 """The pass that starts a launcher, over a cache view and without a cluster (creates and the
 status patch are recorded): the hostfile ConfigMap and the launcher pod are created together, and
-a launcher whose hostfile create failed gets its hostfile from the next pass.
+a launcher whose hostfile create failed gets its hostfile from the next pass; a launcher
+template is tried (a dry run) before the workers start.
 
 The objects in the view are what the builders make, as the API server would return them (a uid,
 owner references); tests/cluster runs the same passes against a real control plane.
@@ -9,9 +10,11 @@ owner references); tests/cluster runs the same passes against a real control pla
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 from monarch_operator import constants, names
 from monarch_operator.controller import cache, k8s, passes
@@ -31,12 +34,13 @@ NAMESPACE, NAME, JOB_UID, SET_UID = "team-a", "demo", "job-uid", "set-uid"
 REPLICAS = 2
 
 
-def job_body(status: dict[str, Any] | None = None) -> dict[str, Any]:
+def job_body(status: dict[str, Any] | None = None,
+             launcher: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"apiVersion": JOB_KIND[0], "kind": JOB_KIND[1],
             "metadata": {"name": NAME, "namespace": NAMESPACE, "uid": JOB_UID, "generation": 1,
                          "resourceVersion": "10"},
             "spec": {"image": "img:1", "workers": {"replicas": REPLICAS, "gpusPerWorker": 1},
-                     "meshes": {"trainer": {"hosts": REPLICAS}}},
+                     "meshes": {"trainer": {"hosts": REPLICAS}}, "launcher": launcher or {}},
             "status": status or {}}
 
 
@@ -58,22 +62,25 @@ def ready_worker(ordinal: int) -> dict[str, Any]:
 
 
 def make_view(settings: Settings, status: dict[str, Any] | None = None,
-              extra_pods: list[dict[str, Any]] = ()) -> cache.JobView:  # type: ignore[assignment]
-    """A view of a job whose Secret, Service, policy, StatefulSet and Ready workers exist."""
-    job = JobSpec.from_body(job_body())
+              extra_pods: list[dict[str, Any]] = (),  # type: ignore[assignment]
+              launcher: dict[str, Any] | None = None, workers: bool = True) -> cache.JobView:
+    """A view of a job whose Secret, Service and policy exist, and (``workers``) its
+    StatefulSet and Ready workers."""
+    job = JobSpec.from_body(job_body(launcher=launcher))
     secret = {"apiVersion": "v1", "kind": "Secret",
               "metadata": {"name": names.ssh_secret(NAME), "namespace": NAMESPACE,
                            "labels": {constants.LABEL_JOB: NAME},
                            "ownerReferences": [{"uid": JOB_UID, "controller": True}]}}
     children = {
-        ("v1", "Pod"): [ready_worker(i) for i in range(REPLICAS)] + list(extra_pods),
+        ("v1", "Pod"): [ready_worker(i) for i in range(REPLICAS) if workers] + list(extra_pods),
         ("v1", "Secret"): [stored(secret, "s1")],
         ("v1", "Service"): [stored(build_worker_service(job), "svc1")],
-        ("apps/v1", "StatefulSet"): [stored(build_worker_statefulset(job, settings), SET_UID)],
+        ("apps/v1", "StatefulSet"): [stored(build_worker_statefulset(job, settings), SET_UID)
+                                     ] if workers else [],
         ("networking.k8s.io/v1", "NetworkPolicy"): [stored(build_network_policy(job), "np1")],
     }
     job_cache = cache.JobCache(JOB_KIND)
-    job_cache.attach(JOB_KIND, {(NAMESPACE, NAME): [job_body(status)]})
+    job_cache.attach(JOB_KIND, {(NAMESPACE, NAME): [job_body(status, launcher)]})
     for kind in KINDS:
         job_cache.attach(kind, {(NAMESPACE, NAME): children.get(kind, [])})
     return job_cache.view((NAMESPACE, NAME))
@@ -148,3 +155,59 @@ def test_a_launcher_being_deleted_gets_no_hostfile(api):
         2026, 11, 30, tzinfo=dt.UTC).isoformat())
     run_pass(settings, make_view(settings, status, [stopping]))
     assert api["creates"] == []
+
+
+TYPO = {"template": {"spec": {"containers": [{"name": "launcher", "imagePullPolicyy": "Always"}]}}}
+REFUSED = ('Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown '
+           'field "spec.containers[0].imagePullPolicyy"')
+
+
+@pytest.fixture()
+def dry_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Records ``(kind, dry_run)`` per create; a dry run of a pod whose template has the typo
+    above is refused as the API server refuses it (400, strict field validation)."""
+    sent: dict[str, Any] = {"creates": [], "status": []}
+
+    def post(desired: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        sent["creates"].append((desired["kind"], dry_run))
+        containers = desired["spec"].get("template", desired)["spec"].get("containers", [])
+        if any("imagePullPolicyy" in container for container in containers):
+            error = ApiException(status=400, reason="Bad Request")
+            error.body = json.dumps({"kind": "Status", "message": REFUSED})
+            raise error
+        return stored(desired, f"uid-{desired['metadata']['name']}")
+
+    monkeypatch.setattr(k8s, "_post", post)
+    monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: (
+        sent["status"].append(status) or job_body(status)))
+    return sent
+
+
+def test_a_launcher_template_kubernetes_refuses_fails_the_job_before_any_worker(dry_runs):
+    """Field case C12: the launcher pod is made only once every worker is Ready; its template
+    is tried (a dry run) before the workers' StatefulSet exists, and the job fails at once."""
+    settings = Settings.from_env()
+    run_pass(settings, make_view(settings, launcher=TYPO, workers=False))
+    assert dry_runs["creates"] == [("Pod", True)]  # no StatefulSet: no worker holds a GPU
+    [status] = dry_runs["status"]
+    [failed] = [c for c in status["conditions"] if c["type"] == st.FAILED]
+    assert failed["reason"] == st.REASON_TEMPLATE_REFUSED
+    assert failed["message"] == (f"spec.launcher: the API server refused Pod "
+                                 f"{names.launcher_pod(NAME, 1)}: {REFUSED}")
+
+
+def test_a_launcher_template_is_tried_once_before_the_workers_start(dry_runs):
+    settings = Settings.from_env()
+    fine = {"template": {"spec": {"containers": [{"name": "launcher", "workingDir": "/w"}]}}}
+    run_pass(settings, make_view(settings, launcher=fine, workers=False))
+    assert dry_runs["creates"] == [("Pod", True), ("StatefulSet", False)]
+    dry_runs["creates"].clear()
+    run_pass(settings, make_view(settings, launcher=fine))  # the set exists: no second try
+    assert ("Pod", True) not in dry_runs["creates"]
+
+
+def test_without_a_launcher_template_nothing_is_tried(dry_runs):
+    """What the operator builds alone from the checked spec needs no dry run."""
+    settings = Settings.from_env()
+    run_pass(settings, make_view(settings, workers=False))
+    assert dry_runs["creates"] == [("StatefulSet", False)]

@@ -10,6 +10,7 @@ from typing import Any
 from monarch_operator import constants, names
 from monarch_operator.controller import attempts, deadlines, endings, k8s, observe, policy, release
 from monarch_operator.controller import status as st
+from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
 from monarch_operator.controller.builders.secret import build_ssh_secret
 from monarch_operator.controller.builders.service import build_worker_service
@@ -39,6 +40,11 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
     k8s.ensure(build_worker_service(job), job.uid)
     if settings.network_policy:  # before any pod exists, so no pod is ever open to others
         k8s.ensure(build_network_policy(job), job.uid)
+    if job.launcher_template and k8s.read("apps/v1", "StatefulSet", job.namespace,
+                                          names.worker_set(job.name)) is None:
+        # A launcher template Kubernetes refuses fails the job now, before any worker holds a
+        # GPU, rather than once every worker is Ready (C12): one dry run per worker set.
+        k8s.check_creatable(build_launcher_pod(job, settings, int(state.status["attempt"])))
     worker_set, _ = k8s.ensure(build_worker_statefulset(job, settings), job.uid)
     pods = _worker_pods(state, worker_set)
     ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)

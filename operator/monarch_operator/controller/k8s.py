@@ -128,9 +128,10 @@ def _api(api_version: str, kind: str) -> tuple[Any, str]:
     return api_class(_client()), suffix
 
 
-def _post(desired: dict[str, Any]) -> dict[str, Any]:
+def _post(desired: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
     """Create ``desired`` (POST to its kind's collection in its namespace); returns the object
-    as the API server stored it.
+    as the API server stored it (with ``dry_run``, as it would have: validated and admitted,
+    nothing stored; ``dryRun=All``).
 
     JSON in and JSON out, past the typed client's models: checking a pod against them and
     building them from the reply cost the operator more CPU than the rest of the pass that
@@ -149,7 +150,7 @@ def _post(desired: dict[str, Any]) -> dict[str, Any]:
     request = client.param_serialize(
         method="POST", resource_path=f"{prefix}/namespaces/{{namespace}}/{plural}",
         path_params={"namespace": desired["metadata"]["namespace"]},
-        query_params=[("fieldValidation", "Strict")],
+        query_params=[("fieldValidation", "Strict"), *([("dryRun", "All")] if dry_run else [])],
         header_params={"Content-Type": "application/json", "Accept": "application/json"},
         body=desired, auth_settings=["BearerToken"])
     response = client.call_api(*request)
@@ -249,6 +250,28 @@ def ensure_together(*desired: dict[str, Any], owner_uid: str) -> list[tuple[dict
         check_owner(found, owner_uid)
         results.append((found, made))
     return results
+
+
+def check_creatable(desired: dict[str, Any]) -> None:
+    """Ask the API server whether it would create ``desired`` now, creating nothing (a
+    server-side dry run: validation and admission, field case C12). For an object made only
+    later (the launcher pod, once every worker is Ready) whose template a user wrote.
+
+    Raises:
+        RefusedError: it would be refused as invalid (400/422), naming the field.
+        kubernetes.client.rest.ApiException: any other error but 403 (e.g. a quota that has no
+            room now, which may change by then) and 409 (the name is taken now).
+    """
+    try:
+        _post(desired, dry_run=True)
+    except (ValueError, TypeError) as error:
+        raise RefusedError(desired["kind"], desired["metadata"]["name"], str(error)) from error
+    except ApiException as error:
+        if error.status in (400, 422):
+            raise RefusedError(desired["kind"], desired["metadata"]["name"],
+                               api_error_message(error)) from error
+        if error.status not in (403, 409):
+            raise
 
 
 def _attempt(desired: dict[str, Any]) -> dict[str, Any] | Exception:

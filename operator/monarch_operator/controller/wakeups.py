@@ -1,10 +1,10 @@
 """When a job's reconcile pass runs: on a wake-up from a watch event, or at the job's deadline.
 
 The operator does not poll. A watch event on the job or on one of its children (its pods,
-the launcher among them, and the worker StatefulSet) wakes the job; the pass itself says when the job next
-needs looking at even if nothing happens (its startup timeout, ``activeDeadlineSeconds``,
-``ttlSecondsAfterFinished``), and only then does a timer fire. An idle job therefore costs one
-sleeping timer at most, and no API calls at all (field case C5).
+the launcher among them, and the worker StatefulSet) wakes the job; the pass itself says when
+the job next needs looking at even if nothing happens (its startup timeout,
+``activeDeadlineSeconds``, ``ttlSecondsAfterFinished``), and only then does a timer fire. An
+idle job therefore costs one sleeping timer at most, and no API calls at all (field case C5).
 
 Per job, one pass runs at a time: wake-ups that arrive during a pass are coalesced into one more
 pass after it, so a burst of pod events costs one or two passes, never one each. Same idea as

@@ -12,7 +12,8 @@ from monarch_operator.hostfile import Host, format_hostfile
 
 
 def hostfile_hosts(job: JobSpec, settings: Settings) -> list[Host]:
-    """Hosts of the job in ordinal order (worker-2 before worker-10), ``gpusPerWorker`` slots each."""
+    """Hosts of the job in ordinal order (worker-2 before worker-10), ``gpusPerWorker`` slots
+    each."""
     return [
         Host(
             name=names.worker_fqdn(job.name, job.namespace, ordinal, settings.cluster_domain),
