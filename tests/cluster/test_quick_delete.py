@@ -135,3 +135,38 @@ def test_job_deleted_while_starting_leaves_no_children(kubectl, custom, namespac
     complaints = [line for line in lines if f"{namespace}/quick-" in line
                   and ("WARNING" in line or "ERROR" in line)]
     assert not complaints, complaints
+
+
+def test_a_job_deleted_with_orphan_propagation_leaves_its_children(kubectl, custom, namespace,
+                                                                    operator, operator_process):
+    """``kubectl delete monarchjob --cascade=orphan`` keeps the children (their owner
+    references taken off by the garbage collector): the operator's quick delete of a deleted
+    job's children must not take them, whatever its cache still shows. The operator is stopped
+    (SIGSTOP) while the deletion happens, so that it sees the job's events and its children's
+    at once, in no set order, as a busy operator would."""
+    names = [f"orphan-{index}" for index in range(3)]  # the race differs a little each time
+    for name in names:
+        custom.create_namespaced_custom_object(
+            "monarch-operator.dev", "v1alpha1", namespace, "monarchjobs",
+            yaml.safe_load(job_manifest(name, launcher=LONG_LAUNCHER)))
+    for name in names:
+        wait_until(lambda name=name: _has("StatefulSet")(labelled(kubectl, namespace, name,
+                                                                  OWN_KINDS)),
+                   90, f"{name}'s StatefulSet", interval=0.2)
+        before = sorted(labelled(kubectl, namespace, name, OWN_KINDS, deleting=False))
+        pid = operator_process.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            custom.delete_namespaced_custom_object(
+                "monarch-operator.dev", "v1alpha1", namespace, "monarchjobs", name,
+                propagation_policy="Orphan")
+            wait_until(lambda name=name: not kubectl.json(
+                "monarchjobs", "-n", namespace, "--field-selector",
+                f"metadata.name={name}")["items"], 60, f"{name} deleted", interval=0.2)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(3)  # what the operator would do on the DELETED event, it has done by now
+        after = sorted(labelled(kubectl, namespace, name, OWN_KINDS, deleting=False))
+        # Everything the job had when it was deleted is still there, none owned by it.
+        assert set(before) <= set(after), (name, before, after)
+        assert not labelled(kubectl, namespace, name, OWN_KINDS, owner_kind="MonarchJob"), name

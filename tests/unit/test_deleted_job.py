@@ -111,6 +111,21 @@ def test_leftovers_are_the_deleted_jobs_own_children_not_yet_being_deleted():
     assert cache.leftover_children("", known) == []
 
 
+def test_a_job_deleted_with_orphan_propagation_leaves_its_children():
+    """``kubectl delete --cascade=orphan``: the job carried the ``orphan`` finalizer while
+    the garbage collector took its owner references off the children; the cache may still
+    show them owned when the DELETED event comes, and nothing is deleted."""
+    secret = owned(SECRET, "demo-ssh", "s1", "job-uid")
+    job_cache, _, _ = make_cache(secrets=[secret])
+    job_cache.mark_gone("job-uid", orphaning=True)
+    assert job_cache.job_deleted(KEY, "job-uid") == []
+    # The same, deleted in the background: its Secret is a leftover to delete.
+    job_cache, _, _ = make_cache(secrets=[secret])
+    job_cache.mark_gone("job-uid")
+    assert [body["metadata"]["uid"] for _, body in cache.leftover_children(
+        "job-uid", job_cache.job_deleted(KEY, "job-uid"))] == ["s1"]
+
+
 def test_gone_uids_are_forgotten_after_a_while():
     job_cache, _, clock = make_cache()
     job_cache.mark_gone("old-uid")

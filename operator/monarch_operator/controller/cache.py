@@ -48,6 +48,9 @@ Index = Mapping[JobKey, Iterable[Body]]
 EXPECTATION_SECONDS = 60.0
 # How long a deleted job's uid is remembered as gone: longer than any pass of it can still run.
 GONE_SECONDS = 600.0
+# How long a job deleted with orphan propagation is remembered as such when its DELETED event
+# does not come (the garbage collector orphans its children first, which may take a while).
+ORPHANING_SECONDS = 86400.0
 
 
 @dataclass
@@ -95,6 +98,7 @@ class JobCache:
         self._written: dict[JobKey, Body] = {}  # the job as our last status patch returned it
         self._own_versions: dict[JobKey, str] = {}
         self._gone: dict[str, float] = {}  # uid of a deleted (or deleting) job -> when seen
+        self._orphaning: dict[str, float] = {}  # ... deleted with propagation "Orphan"
 
     def attach(self, kind: Kind, index: Index) -> None:
         """Read ``kind`` from ``index`` from now on."""
@@ -204,9 +208,11 @@ class JobCache:
             self._written.pop(key, None)
             self._own_versions.pop(key, None)
 
-    def mark_gone(self, job_uid: str) -> None:
+    def mark_gone(self, job_uid: str, orphaning: bool = False) -> None:
         """Job ``job_uid`` is deleted or being deleted: a pass of it creates nothing more
-        (:meth:`is_gone`). Any thread."""
+        (:meth:`is_gone`). ``orphaning``: it is being deleted with propagation ``Orphan``
+        (``kubectl delete --cascade=orphan``: the ``orphan`` finalizer), so its children are to
+        stay (:meth:`job_deleted` then names none). Any thread."""
         if not job_uid:
             return
         now = self._clock()
@@ -214,6 +220,11 @@ class JobCache:
             self._gone[job_uid] = now
             for uid in [uid for uid, at in self._gone.items() if now - at > GONE_SECONDS]:
                 del self._gone[uid]
+            if orphaning:
+                self._orphaning[job_uid] = now
+            for uid in [uid for uid, at in self._orphaning.items()
+                        if now - at > ORPHANING_SECONDS]:
+                del self._orphaning[uid]
 
     def is_gone(self, job_uid: str | None) -> bool:
         """Whether job ``job_uid`` was deleted (or is being deleted). Any thread."""
@@ -226,8 +237,12 @@ class JobCache:
         ones and those a pass created that the watch has not shown yet. On the event loop.
 
         Which of them are the deleted job's own is :func:`leftover_children`'s to say (a job
-        of the same name created since may own some)."""
+        of the same name created since may own some). None for a job deleted with orphan
+        propagation (:meth:`mark_gone`): the garbage collector has just taken the job's owner
+        references off its children, though the cache may not show that yet."""
         self.mark_gone(job_uid)
+        with self._lock:
+            orphaned = self._orphaning.pop(job_uid, None) is not None
         known: dict[tuple[Kind, str, str], tuple[Kind, Body]] = {}
         for kind, index in self._indexes.items():
             if kind != self.job_kind:
@@ -239,7 +254,7 @@ class JobCache:
                     known[(kind, name, expectation.uid)] = (kind, expectation.body)
             self._written.pop(key, None)
             self._own_versions.pop(key, None)
-        return list(known.values())
+        return [] if orphaned else list(known.values())
 
 
 def controller_uid(body: Mapping[str, Any]) -> str | None:

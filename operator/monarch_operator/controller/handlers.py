@@ -188,8 +188,8 @@ async def on_job_event(type: str | None, namespace: str, name: str, meta: kopf.M
         await asyncio.get_running_loop().run_in_executor(
             _PASS_THREADS, passes.delete_leftovers, namespace, name, uid, known)
         return
-    if meta.get("deletionTimestamp"):
-        CACHE.mark_gone(uid)  # foreground deletion: passes create nothing more
+    if meta.get("deletionTimestamp"):  # passes create nothing more; children stay if orphaned
+        CACHE.mark_gone(uid, orphaning="orphan" in (meta.get("finalizers") or []))
     if CACHE.is_own_write(key, meta.get("resourceVersion")):
         return
     WAKEUPS.wake(key)
