@@ -11,6 +11,7 @@ A derandomized set of specs (hypothesis, the same every run) keeps CI reproducib
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from monarch_operator.testing import apiaudit, speccheck, specgen
 from tests.cluster.helpers import get_json, wait_until
@@ -35,19 +36,27 @@ def test_generated_specs_are_refused_naming_the_field_or_get_a_truthful_status(
     assert (report.tracebacks, report.without_status, report.orphans) == (0, 0, 0)
 
 
+def refused_job(kubectl, namespace: str, manifest: str) -> dict:
+    """Apply ``manifest`` (one MonarchJob), wait until it is Failed with reason
+    ``TemplateRefused``; returns its Failed condition."""
+    name = yaml.safe_load(manifest)["metadata"]["name"]
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest)
+    job = wait_until(lambda: (found := get_json(kubectl, "monarchjob", name, "-n", namespace))
+                     and (found.get("status") or {}).get("phase") == "Failed" and found,
+                     60, f"{name} Failed")
+    (failed,) = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
+    assert failed["reason"] == "TemplateRefused", failed
+    return failed
+
+
 def test_unknown_field_in_a_template_fails_the_job_naming_it(kubectl, namespace, operator):
     """A field Kubernetes does not know in a pod template (a typo such as ``nodeSelectr``) is
     never dropped silently: the operator creates with strict field validation, the API server
     refuses the StatefulSet, and the job fails at once naming the field (a generated flaw,
     pinned here by name)."""
-    kubectl("apply", "-n", namespace, "-f", "-", stdin=job_manifest(
+    failed = refused_job(kubectl, namespace, job_manifest(
         "typo", workers={"replicas": 2, "gpusPerWorker": 1,
                          "template": {"spec": {"nodeSelectr": {"pool": "gpu"}}}}))
-    job = wait_until(lambda: (found := get_json(kubectl, "monarchjob", "typo", "-n", namespace))
-                     and (found.get("status") or {}).get("phase") == "Failed" and found,
-                     60, "job Failed")
-    (failed,) = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
-    assert failed["reason"] == "TemplateRefused", failed
     assert failed["message"].startswith("spec.workers.template: the API server refused "
                                         "StatefulSet typo-worker"), failed["message"]
     assert "spec.template.spec.nodeSelectr" in failed["message"], failed
@@ -60,14 +69,9 @@ def test_a_launcher_template_kubernetes_refuses_fails_the_job_before_any_worker(
     """The launcher pod is made only once every worker is Ready; a typo in its template is
     found by a dry run before the workers' StatefulSet exists (field case C12), so the job
     fails at once naming the field and no worker ever holds a GPU."""
-    kubectl("apply", "-n", namespace, "-f", "-", stdin=job_manifest(
+    failed = refused_job(kubectl, namespace, job_manifest(
         "ltypo", launcher={"template": {"spec": {"containers": [
             {"name": "launcher", "imagePullPolicyy": "Always"}]}}}))
-    job = wait_until(lambda: (found := get_json(kubectl, "monarchjob", "ltypo", "-n", namespace))
-                     and (found.get("status") or {}).get("phase") == "Failed" and found,
-                     60, "job Failed")
-    (failed,) = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
-    assert failed["reason"] == "TemplateRefused", failed
     assert failed["message"].startswith("spec.launcher: the API server refused Pod "
                                         "ltypo-launcher"), failed["message"]
     assert 'unknown field "spec.containers[0].imagePullPolicyy"' in failed["message"], failed
