@@ -164,6 +164,9 @@ def test_c10a_created_suspended_then_resumed(kubectl, namespace):
     apply(kubectl, namespace, manifest)
     status = wait_phase(kubectl, namespace, "susp", "Suspended")
     assert condition(status, "Suspended")["reason"] == "JobSuspended"
+    # Nothing was deleted, so nothing says so.
+    assert condition(status, "Suspended")["message"] == (
+        "spec.suspend is true: nothing started; workers start when it is false"), status
     assert get_json(kubectl, "statefulset", "susp-worker", "-n", namespace) is None
     assert not job_pods(kubectl, namespace, "susp")
     assert get_json(kubectl, "configmap", "susp-hostfile", "-n", namespace) is None

@@ -31,11 +31,18 @@ def suspend(state: Pass) -> None:
              and pod["metadata"].get("labels", {}).get(constants.LABEL_ROLE)
              == constants.ROLE_WORKER]
     state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
-    message = ("spec.suspend is true: workers and launcher deleted, GPUs released"
-               if not pods else f"spec.suspend is true: {len(pods)} pod(s) still terminating")
+    # The gate's first step made the Service, which a suspension keeps: without it nothing of
+    # the job ever started (created with spec.suspend: true).
+    started = k8s.read("v1", "Service", job.namespace, names.worker_service(job.name)) is not None
+    if pods:
+        message = f"spec.suspend is true: {len(pods)} pod(s) still terminating"
+    elif started:
+        message = "spec.suspend is true: workers and launcher deleted, GPUs released"
+    else:
+        message = "spec.suspend is true: nothing started; workers start when it is false"
     if not st.is_true(state.status, st.SUSPENDED):
-        state.events.append(Event("Normal", st.REASON_SUSPENDED, "spec.suspend is true: "
-                                  "deleting workers and launcher"))
+        state.events.append(Event("Normal", st.REASON_SUSPENDED, "spec.suspend is true: " + (
+            "deleting workers and launcher" if started else "not starting")))
     state.condition(st.SUSPENDED, True, st.REASON_SUSPENDED, message)
     state.condition(st.RUNNING, False, st.REASON_SUSPENDED, "suspended")
     state.condition(st.WORKERS_READY, False, st.REASON_SUSPENDED, "suspended")
