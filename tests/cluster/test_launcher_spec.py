@@ -32,6 +32,11 @@ def apply(kubectl, namespace: str, text: str, *flags: str) -> subprocess.Complet
 
 
 REFUSED = [
+    # The launcher runs once per attempt; restarts are the run policy's, never the kubelet's.
+    ("launcher-restart-policy",
+     {"launcher": {"template": {"spec": {"restartPolicy": "Always"}}}},
+     ["spec.launcher.template.spec.restartPolicy: Unsupported value: \"Always\"",
+      'supported values: "Never"']),
     ("trainer-gpus-not-colocated",
      {"meshes": {"trainer": {"hosts": 1, "gpus": 2}, "ref": {"hosts": 1}}},
      ["spec.meshes.trainer.gpus: Forbidden", "only allowed with meshes.colocate"]),

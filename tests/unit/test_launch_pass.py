@@ -192,8 +192,10 @@ def test_a_launcher_template_kubernetes_refuses_fails_the_job_before_any_worker(
     [status] = dry_runs["status"]
     [failed] = [c for c in status["conditions"] if c["type"] == st.FAILED]
     assert failed["reason"] == st.REASON_TEMPLATE_REFUSED
+    # The decoding error's preamble (the kind, twice) is left out: the field fits MESSAGE.
     assert failed["message"] == (f"spec.launcher: the API server refused Pod "
-                                 f"{names.launcher_pod(NAME, 1)}: {REFUSED}")
+                                 f"{names.launcher_pod(NAME, 1)}: strict decoding error: unknown "
+                                 'field "spec.containers[0].imagePullPolicyy"')
 
 
 def test_a_launcher_template_is_tried_once_before_the_workers_start(dry_runs):

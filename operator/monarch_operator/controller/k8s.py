@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -50,12 +51,20 @@ _CREATE_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=4,
                                                         thread_name_prefix="create")
 
 
+# The API server's decoding errors name the kind twice before what is wrong ('StatefulSet in
+# version "v1" cannot be handled as a StatefulSet: strict decoding error: unknown field ...').
+_DECODING_PREFIX = re.compile(r'^\w+ in version "[^"]*" cannot be handled as an? \w+: ')
+
+
 class RefusedError(RuntimeError):
     """The API server refused to create a child as invalid (HTTP 400/422), or the client could
-    not even send it: the same object will never be accepted (field case C12)."""
+    not even send it: the same object will never be accepted (field case C12). The message
+    leaves out the decoding error's preamble, so that the field it names fits the job's
+    MESSAGE column."""
 
     def __init__(self, kind: str, name: str, detail: str) -> None:
-        super().__init__(f"the API server refused {kind} {name}: {detail}")
+        super().__init__(f"the API server refused {kind} {name}: "
+                         f"{_DECODING_PREFIX.sub('', detail)}")
         self.kind = kind
 
 

@@ -6,6 +6,7 @@ defaults so that builders and tests can take a bare manifest too.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,13 @@ CLEANUP_DELETE_ALL = "DeleteAll"  # every child goes; the job keeps its status
 CLEANUP_KEEP_ALL = "KeepAll"  # nothing is deleted (debugging; the workers keep their GPUs)
 CLEANUP_POLICIES = (CLEANUP_DELETE_WORKERS, CLEANUP_DELETE_ALL, CLEANUP_KEEP_ALL)
 DEFAULT_CLEANUP_POLICY = CLEANUP_DELETE_WORKERS
+
+# A resource quantity (k8s.io/apimachinery resource.Quantity's syntax), as the CRD's pattern for
+# spec.launcher.resources (a unit test compares them). The API server refuses a malformed one in
+# a template without naming the field ("quantities must match the regular expression ...").
+QUANTITY_PATTERN = re.compile(
+    r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?([0-9]+(\.[0-9]*)?"
+    r"|\.[0-9]+))?$")
 
 
 class InvalidSpecError(ValueError):
@@ -219,7 +227,31 @@ def pod_template(template: Any, path: str) -> dict[str, Any]:
                 isinstance(value, str) for value in entries.values())):
             raise InvalidSpecError(f"{path}.metadata.{key} must map names to strings, "
                                    f"not {_json_type(entries)}")
+    _check_quantities(template.get("spec") or {}, f"{path}.spec")
     return template
+
+
+def _check_quantities(pod_spec: dict[str, Any], path: str) -> None:
+    """Raise InvalidSpecError naming the first resource quantity of ``pod_spec`` (its own
+    ``resources`` and its containers' and init containers') that is not one (``cpu: lots``);
+    numbers are quantities. Shapes that are not lists and objects are left to the API server."""
+    holders = [(path, pod_spec)]
+    for key in ("containers", "initContainers"):
+        containers = pod_spec.get(key)
+        if isinstance(containers, list):
+            holders += [(f"{path}.{key}[{index}]", container)
+                        for index, container in enumerate(containers)]
+    for where, holder in holders:
+        resources = holder.get("resources") if isinstance(holder, dict) else None
+        for kind in ("limits", "requests"):
+            amounts = resources.get(kind) if isinstance(resources, dict) else None
+            if not isinstance(amounts, dict):
+                continue
+            for name, amount in amounts.items():
+                if isinstance(amount, str) and not QUANTITY_PATTERN.match(amount):
+                    raise InvalidSpecError(
+                        f"{where}.resources.{kind}.{name} must be a quantity such as 2, 500m "
+                        f"or 8Gi, not {amount!r}")
 
 
 def _json_type(value: Any) -> str:
