@@ -7,6 +7,7 @@ defaults so that builders and tests can take a bare manifest too.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,11 +232,14 @@ def pod_template(template: Any, path: str) -> dict[str, Any]:
     return template
 
 
-def _check_quantities(pod_spec: dict[str, Any], path: str) -> None:
-    """Raise InvalidSpecError naming the first resource quantity of ``pod_spec`` (its own
-    ``resources`` and its containers' and init containers') that is not one (``cpu: lots``);
-    numbers are quantities. Shapes that are not lists and objects are left to the API server."""
-    holders = [(path, pod_spec)]
+def resource_amounts(pod_spec: dict[str, Any], path: str = "spec"
+                     ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The resource lists of a pod spec: ``(field path, amounts)`` for each ``limits`` and
+    ``requests`` object of its own ``resources`` and of its containers' and init containers'
+    (e.g. ``("spec.containers[0].resources.limits", {"cpu": "2"})``), the objects themselves,
+    so a caller may change them. Shapes that are not lists and objects are skipped (the API
+    server names those)."""
+    holders: list[tuple[str, Any]] = [(path, pod_spec)]
     for key in ("containers", "initContainers"):
         containers = pod_spec.get(key)
         if isinstance(containers, list):
@@ -245,13 +249,18 @@ def _check_quantities(pod_spec: dict[str, Any], path: str) -> None:
         resources = holder.get("resources") if isinstance(holder, dict) else None
         for kind in ("limits", "requests"):
             amounts = resources.get(kind) if isinstance(resources, dict) else None
-            if not isinstance(amounts, dict):
-                continue
-            for name, amount in amounts.items():
-                if isinstance(amount, str) and not QUANTITY_PATTERN.match(amount):
-                    raise InvalidSpecError(
-                        f"{where}.resources.{kind}.{name} must be a quantity such as 2, 500m "
-                        f"or 8Gi, not {amount!r}")
+            if isinstance(amounts, dict):
+                yield f"{where}.resources.{kind}", amounts
+
+
+def _check_quantities(pod_spec: dict[str, Any], path: str) -> None:
+    """Raise InvalidSpecError naming the first resource quantity of ``pod_spec`` that is not
+    one (``cpu: lots``); numbers are quantities."""
+    for where, amounts in resource_amounts(pod_spec, path):
+        for name, amount in amounts.items():
+            if isinstance(amount, str) and not QUANTITY_PATTERN.match(amount):
+                raise InvalidSpecError(f"{where}.{name} must be a quantity such as 2, 500m "
+                                       f"or 8Gi, not {amount!r}")
 
 
 def _json_type(value: Any) -> str:

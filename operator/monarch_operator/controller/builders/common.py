@@ -7,7 +7,7 @@ import copy
 from typing import Any
 
 from monarch_operator import constants
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec import JobSpec, resource_amounts
 
 
 def job_labels(job: JobSpec, role: str | None = None) -> dict[str, str]:
@@ -92,19 +92,8 @@ def quantities_as_strings(pod_spec: dict[str, Any]) -> dict[str, Any]:
     init containers.
     """
     converted = copy.deepcopy(pod_spec)
-    holders = [converted, *(converted.get("containers") or []),
-               *(converted.get("initContainers") or [])]
-    for holder in holders:
-        resources = holder.get("resources") if isinstance(holder, dict) else None
-        if not isinstance(resources, dict):
-            continue
-        for kind in ("limits", "requests"):
-            amounts = resources.get(kind)
-            if isinstance(amounts, dict):
-                resources[kind] = {
-                    name: str(amount)
-                    if isinstance(amount, int | float) and not isinstance(amount, bool)
-                    else amount
-                    for name, amount in amounts.items()
-                }
+    for _, amounts in resource_amounts(converted):
+        for name, amount in amounts.items():
+            if isinstance(amount, int | float) and not isinstance(amount, bool):
+                amounts[name] = str(amount)
     return converted
