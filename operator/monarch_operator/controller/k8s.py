@@ -273,14 +273,24 @@ def check_creatable(desired: dict[str, Any]) -> None:
     """
     try:
         _post(desired, dry_run=True)
-    except (ValueError, TypeError) as error:
-        raise RefusedError(desired["kind"], desired["metadata"]["name"], str(error)) from error
-    except ApiException as error:
-        if error.status in (400, 422):
-            raise RefusedError(desired["kind"], desired["metadata"]["name"],
-                               api_error_message(error)) from error
-        if error.status not in (403, 409):
+    except (ValueError, TypeError, ApiException) as error:
+        refusal = _refusal(desired, error)
+        if refusal is not None:
+            raise refusal from error
+        if not isinstance(error, ApiException) or error.status not in (403, 409):
             raise
+
+
+def _refusal(desired: dict[str, Any], error: Exception) -> RefusedError | None:
+    """The RefusedError a create's ``error`` means (the API server refused the object as
+    invalid, 400/422, or it could not even be sent), else None."""
+    if isinstance(error, (ValueError, TypeError)):
+        detail = str(error)
+    elif isinstance(error, ApiException) and error.status in (400, 422):
+        detail = api_error_message(error)
+    else:
+        return None
+    return RefusedError(desired["kind"], desired["metadata"]["name"], detail)
 
 
 def _attempt(desired: dict[str, Any]) -> dict[str, Any] | Exception:
@@ -298,17 +308,14 @@ def _settle(desired: dict[str, Any], reply: dict[str, Any] | Exception
     api_version, kind = desired["apiVersion"], desired["kind"]
     namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
     created = not isinstance(reply, Exception)
+    refusal = None if isinstance(reply, dict) else _refusal(desired, reply)
     if isinstance(reply, dict):
         observed = reply
         if os.environ.get(CRASH_AFTER_CREATE_ENV) == kind:
             os.kill(os.getpid(), signal.SIGKILL)
-    elif isinstance(reply, (ValueError, TypeError)):  # it could not even be sent
-        raise RefusedError(kind, name, str(reply)) from reply
-    elif not isinstance(reply, ApiException):
-        raise reply
-    elif reply.status in (400, 422):
-        raise RefusedError(kind, name, api_error_message(reply)) from reply
-    elif reply.status != 409:
+    elif refusal is not None:
+        raise refusal from reply
+    elif not isinstance(reply, ApiException) or reply.status != 409:
         raise reply
     else:
         # Exists, though the cache did not show it yet: the API server says what it is.

@@ -45,16 +45,15 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
                 or _backing_off(state, record)):
             return None
         launcher = _launch(state, settings, worker_pods, launcher_name)
-    elif (not launcher["metadata"].get("deletionTimestamp")
-          and not observe.launcher_outcome(launcher).finished):
-        # Its hostfile, whose create may have failed while the pod's went through (they are
-        # sent together); found in the cache, it costs no request.
-        k8s.ensure(build_hostfile_configmap(job, settings), job.uid)
     launcher_name = launcher["metadata"]["name"]
     state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
                     f"launcher {launcher_name} running (attempt {attempt})")
     pods = [launcher]
     outcome = observe.launcher_outcome(launcher)
+    if not outcome.finished and not launcher["metadata"].get("deletionTimestamp"):
+        # Its hostfile, whose create may have failed while the pod's went through (they are
+        # sent together); found in the cache (or just created), it costs no request.
+        k8s.ensure(build_hostfile_configmap(job, settings), job.uid)
     if outcome.finished and outcome.succeeded:  # final, whatever happened to a worker since
         endings.succeed(state, outcome)
         return None

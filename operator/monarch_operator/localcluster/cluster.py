@@ -181,14 +181,12 @@ class LocalCluster:
     def down(self, quiet: bool = False) -> None:
         """Stop every process of the cluster (an operator started for it by the demo or the
         tests first, then the agent, ..., etcd last) and wait for them."""
-        operator_pid = self.state_dir / "operator.pid"
-        if operator_pid.exists():
-            pid = self.operator_pid()
-            if pid is not None:
-                _stop_group(pid)
-                if not quiet:
-                    print("stopped monarch-operator")
-            operator_pid.unlink(missing_ok=True)
+        pid = self.operator_pid()
+        if pid is not None:
+            _stop_group(pid)
+            if not quiet:
+                print("stopped monarch-operator")
+        (self.state_dir / "operator.pid").unlink(missing_ok=True)
         if not self._record.exists():
             return
         record = json.loads(self._record.read_text())
