@@ -22,16 +22,21 @@ from tests.chart import CHART_NAMESPACE_PREFIX
 OPERATOR_NAMESPACES = (f"!{CHART_NAMESPACE_PREFIX}*",)
 
 
-@pytest.fixture(scope="session")
-def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # stop_with_owner: a test run killed by SIGKILL leaves no cluster running behind it.
-    cluster = LocalCluster(tmp_path_factory.mktemp("localcluster"), nodes=3, gpus_per_node=8,
-                           stop_with_owner=True)
+def run_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """Bring ``cluster`` up, yield it, bring it down (the body of a cluster fixture)."""
     cluster.up(progress=lambda message: print(f"[localcluster] {message}", flush=True))
     try:
         yield cluster
     finally:
         cluster.down(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    # stop_with_owner: a test run killed by SIGKILL leaves no cluster running behind it.
+    cluster = LocalCluster(tmp_path_factory.mktemp("localcluster"), nodes=3, gpus_per_node=8,
+                           stop_with_owner=True)
+    yield from run_cluster(cluster)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Build the pinned upstream binaries of the local control plane from the Go module proxy:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok; with the
-# argument `helm`, only the Helm client the chart tests use.
+# argument `helm`, only the Helm client the chart tests use; with `node`, what a real node runs:
+# kubelet and kube-proxy (same Kubernetes version), containerd 2.x with its runc shim and ctr,
+# CoreDNS, and our fake GPU device plugin (localcluster/node/gpuplugin).
 # Binaries land in ~/.cache/monarch-operator/bin/<versions>/ and are rebuilt only when missing.
-# Prints the directory that holds them (`helm`: ~/.cache/monarch-operator/bin/helm-<version>/).
+# Prints the directory that holds them (`helm`: ~/.cache/monarch-operator/bin/helm-<version>/,
+# `node`: ~/.cache/monarch-operator/bin/node-<versions>/).
 # Why wrapper modules: k8s.io/kubernetes and etcd's server module carry replace directives, so
 # `go install pkg@version` refuses them (kubernetes/kubernetes#79384, #113302); a module of our own
 # that requires them and maps each staging module to its published version builds fine.
@@ -13,6 +16,8 @@ KUBE_VERSION="${KUBE_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 CACHE="${MONARCH_OPERATOR_CACHE:-$HOME/.cache/monarch-operator}"
 BIN="$CACHE/bin/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
 WORK="$CACHE/build"
@@ -23,16 +28,23 @@ mkdir -p "$BIN" "$WORK"
 log() { printf '[build-binaries] %s\n' "$*" >&2; }
 have() { [ -x "$BIN/$1" ]; }
 
+# Every command of k8s.io/kubernetes we build, control plane and node: the wrapper module lists
+# them all as tools, so that its go.sum covers each (a wrapper made before the node commands were
+# added is made again).
+KUBE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+
+# build_kubernetes DEST NAME...: build the named commands of k8s.io/kubernetes into DEST.
 build_kubernetes() {
-  local names=(kube-apiserver kube-controller-manager kube-scheduler kubectl) missing=()
-  for n in "${names[@]}"; do have "$n" || missing+=("$n"); done
+  local dest="$1"; shift
+  local names=("$@") missing=()
+  for n in "${names[@]}"; do [ -x "$dest/$n" ] || missing+=("$n"); done
   [ ${#missing[@]} -eq 0 ] && return 0
   log "building ${missing[*]} $KUBE_VERSION (first time: 10-25 min on 2 cores)"
   local dir="$WORK/kubernetes-$KUBE_VERSION"
   mkdir -p "$dir"
   (
     cd "$dir"
-    if [ ! -f go.mod.done ]; then
+    if [ "$(cat go.mod.done 2>/dev/null)" != "${KUBE_TOOLS[*]}" ]; then
       local gomod
       gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
       {
@@ -47,10 +59,10 @@ build_kubernetes() {
         grep -oE 'k8s.io/[a-z0-9-]+ => \./staging/src/k8s.io/[a-z0-9-]+' "$gomod" |
           awk -v v="$STAGING_VERSION" '{print "\t" $1 " => " $1 " " v}'
         echo ")"
-        for n in "${names[@]}"; do echo "tool k8s.io/kubernetes/cmd/$n"; done
+        for n in "${KUBE_TOOLS[@]}"; do echo "tool k8s.io/kubernetes/cmd/$n"; done
       } > go.mod
       go mod tidy
-      touch go.mod.done
+      echo "${KUBE_TOOLS[*]}" > go.mod.done
     fi
     local ts; ts=$(date -u +%Y-%m-%dT%H:%M:%SZ)
     local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
@@ -61,8 +73,8 @@ build_kubernetes() {
     done
     for n in "${missing[@]}"; do
       local t0=$SECONDS
-      go build -trimpath -ldflags "$ld" -o "$BIN/$n.tmp" "k8s.io/kubernetes/cmd/$n"
-      mv "$BIN/$n.tmp" "$BIN/$n"
+      go build -trimpath -ldflags "$ld" -o "$dest/$n.tmp" "k8s.io/kubernetes/cmd/$n"
+      mv "$dest/$n.tmp" "$dest/$n"
       log "built $n in $((SECONDS - t0)) s"
     done
   )
@@ -119,11 +131,64 @@ print(re.search(r"k8s.io/client-go v0\.(\d+)\.", gomod).group(1))')
   echo "$dir"
 }
 
-if [ "${1:-}" = helm ]; then
-  build_helm
-  exit 0
-fi
-build_etcd
-build_kwok
-build_kubernetes
-echo "$BIN"
+# build_containerd DEST: containerd, its runc shim (v2) and ctr. CGO off: no btrfs snapshotter
+# (we use overlayfs) and a static binary; runc itself is Debian's package.
+build_containerd() {
+  local dest="$1" n missing=()
+  for n in containerd containerd-shim-runc-v2 ctr; do [ -x "$dest/$n" ] || missing+=("$n"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "building containerd $CONTAINERD_VERSION (first time: about 2 min on 2 cores)"
+  local t0=$SECONDS pkg="github.com/containerd/containerd/v2"
+  local ld="-s -w -X $pkg/version.Version=$CONTAINERD_VERSION -X $pkg/version.Package=$pkg"
+  GOBIN="$dest" go install -trimpath -tags no_btrfs -ldflags "$ld" \
+    "$pkg/cmd/containerd@$CONTAINERD_VERSION" "$pkg/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
+    "$pkg/cmd/ctr@$CONTAINERD_VERSION"
+  log "built containerd in $((SECONDS - t0)) s"
+}
+
+# build_coredns DEST: the CoreDNS server (run as a pod behind kube-dns; images/coredns).
+build_coredns() {
+  local dest="$1"
+  [ -x "$dest/coredns" ] && return 0
+  log "building coredns $COREDNS_VERSION (first time: about 4 min on 2 cores)"
+  local t0=$SECONDS
+  GOBIN="$dest" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
+  log "built coredns in $((SECONDS - t0)) s"
+}
+
+# build_gpu_plugin DEST: our fake GPU device plugin, a module in this repository.
+build_gpu_plugin() {
+  local dest="$1" src hash
+  src="$(cd "$(dirname "$0")" && pwd)/node/gpuplugin"
+  hash=$(cat "$src/go.mod" "$src/go.sum" "$src"/*.go | sha256sum | cut -c1-12)
+  [ -x "$dest/fake-gpu-plugin-$hash" ] && { ln -sf "fake-gpu-plugin-$hash" "$dest/fake-gpu-plugin"; return 0; }
+  log "building the fake GPU device plugin"
+  (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$dest/fake-gpu-plugin-$hash.tmp" .)
+  mv "$dest/fake-gpu-plugin-$hash.tmp" "$dest/fake-gpu-plugin-$hash"
+  ln -sf "fake-gpu-plugin-$hash" "$dest/fake-gpu-plugin"
+}
+
+case "${1:-}" in
+  helm)
+    build_helm
+    ;;
+  node)
+    NODE_BIN="$CACHE/bin/node-k8s-$KUBE_VERSION-containerd-$CONTAINERD_VERSION-coredns-$COREDNS_VERSION"
+    mkdir -p "$NODE_BIN"
+    build_containerd "$NODE_BIN"
+    build_kubernetes "$NODE_BIN" kubelet kube-proxy
+    build_coredns "$NODE_BIN"
+    build_gpu_plugin "$NODE_BIN"
+    echo "$NODE_BIN"
+    ;;
+  "")
+    build_etcd
+    build_kwok
+    build_kubernetes "$BIN" kube-apiserver kube-controller-manager kube-scheduler kubectl
+    echo "$BIN"
+    ;;
+  *)
+    echo "usage: $0 [helm|node]" >&2
+    exit 2
+    ;;
+esac

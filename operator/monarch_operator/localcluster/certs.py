@@ -91,12 +91,14 @@ def _sign(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def write_pki(directory: Path) -> None:
+def write_pki(directory: Path, server_names: tuple[str, ...] = ()) -> None:
     """Write ``ca.{crt,key}``, ``apiserver.{crt,key}``, ``admin.{crt,key}``, ``kubelet.{crt,key}``,
     ``apiserver-kubelet-client.{crt,key}`` and ``sa.{key,pub}``.
 
     Args:
         directory: created if missing; existing files are overwritten.
+        server_names: more names and addresses of the API server's certificate (real nodes
+            reach it at the node network's address and at the ``kubernetes`` Service's).
     """
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
@@ -105,7 +107,9 @@ def write_pki(directory: Path) -> None:
     server_key = _key()
     server_cert = _sign(
         _name("kube-apiserver"), server_key.public_key(), ca_name, ca_key,
-        server_names=("localhost", "kubernetes.default.svc", "127.0.0.1"),
+        server_names=("localhost", "kubernetes", "kubernetes.default",
+                      "kubernetes.default.svc", "kubernetes.default.svc.cluster.local",
+                      "127.0.0.1", *server_names),
     )
     admin_key = _key()
     admin_cert = _sign(
@@ -145,9 +149,17 @@ def write_pki(directory: Path) -> None:
         path.chmod(0o600)
 
 
-def write_client_cert(directory: Path, user: str, organization: str | None = None) -> None:
+def write_client_cert(directory: Path, user: str, organization: str | None = None, *,
+                      common_name: str | None = None,
+                      server_names: tuple[str, ...] = ()) -> None:
     """Sign a client certificate for ``user`` (CN) in ``organization`` (O, the Kubernetes group)
     with the CA that ``write_pki`` wrote there; writes ``<user>.crt`` and ``<user>.key``.
+
+    Args:
+        common_name: the CN when it differs from the file name ``user`` (a kubelet's
+            ``system:node:<name>``).
+        server_names: DNS names and IP addresses: the certificate serves them too (a
+            kubelet's serving certificate).
 
     Raises:
         FileNotFoundError: ``ca.crt`` or ``ca.key`` is missing in ``directory``.
@@ -156,7 +168,8 @@ def write_client_cert(directory: Path, user: str, organization: str | None = Non
     ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     key = _key()
-    cert = _sign(_name(user, organization), key.public_key(), ca_cert.subject, ca_key)
+    cert = _sign(_name(common_name or user, organization), key.public_key(), ca_cert.subject,
+                 ca_key, server_names=server_names)
     for file_name, content in ((f"{user}.crt", _pem_cert(cert)), (f"{user}.key", _pem_key(key))):
         path = directory / file_name
         path.write_bytes(content)

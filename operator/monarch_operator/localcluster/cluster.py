@@ -1,8 +1,17 @@
 """Start and stop the local control plane: processes, certificates, kubeconfig, GPU nodes.
 
-Every component binds 127.0.0.1 on a free port; pod IPs come from kwok's ``--cidr`` inside
-127.0.0.0/8, and the service range is inside 127.0.0.0/8 too. ``down`` stops every process it
-started (by process group) and leaves nothing running.
+Two kinds of nodes:
+
+- **real nodes** (``real_nodes=N``): upstream kubelet, containerd with runc, kube-proxy, the CNI
+  bridge, CoreDNS and a fake GPU device plugin, each node in namespaces of its own
+  (:mod:`localcluster.node`), running the images built from ``images/``; the API server then
+  listens on the node network's host address, and the service range is the nodes' own;
+- **kwok nodes** (``nodes=N``, the default): simulated nodes whose pods the node agent runs as
+  host processes on 127/8 addresses (the scale benchmarks use them).
+
+Otherwise every component binds 127.0.0.1 on a free port. ``down`` stops every process it
+started (by process group), removes the real nodes' network, cgroups and folders, and leaves
+nothing running.
 """
 
 from __future__ import annotations
@@ -23,7 +32,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from monarch_operator.localcluster import certs, nodestate
-from monarch_operator.localcluster.binaries import ensure_binaries
+from monarch_operator.localcluster.binaries import ensure_binaries, ensure_node_binaries
+from monarch_operator.localcluster.node import network as node_network
+from monarch_operator.localcluster.node import nodes as real_nodes_mod
 from monarch_operator.localcluster.orphans import stop_with_parent
 
 # Pod IPs (kwok --cidr), inside 127.0.0.0/8. MONARCH_LOCALCLUSTER_POD_CIDR moves them, so that two
@@ -97,20 +108,31 @@ class LocalCluster:
             second; burst twice that); None keeps Kubernetes' default (20, burst 30), which the
             StatefulSet, Job and other controllers share. Benchmarks raise it as large
             clusters do.
+        real_nodes: number of real nodes (``node-0``, ...), each with ``gpus_per_node`` fake
+            GPUs; when set, no kwok node and no node agent run (``nodes`` is ignored).
+        images: with real nodes, the images (names of :mod:`localcluster.images`) imported
+            into every node besides the pause and CoreDNS images; built first if needed.
     """
 
     def __init__(self, state_dir: Path, nodes: int = 3, gpus_per_node: int = 8,
                  node_agent: bool = True, audit_users: tuple[str, ...] = (),
                  stop_with_owner: bool = False,
-                 controller_manager_qps: int | None = None) -> None:
+                 controller_manager_qps: int | None = None, real_nodes: int = 0,
+                 images: tuple[str, ...] = ("worker",)) -> None:
         if not ipaddress.ip_network(POD_CIDR).subnet_of(ipaddress.ip_network("127.0.0.0/8")):
             raise ValueError(f"MONARCH_LOCALCLUSTER_POD_CIDR={POD_CIDR!r} must lie inside "
                              "127.0.0.0/8: the local cluster never uses other addresses")
         self.state_dir = Path(state_dir).resolve()
         self.controller_manager_qps = controller_manager_qps
-        self.nodes = nodes
+        self.real_nodes = real_nodes
+        self.images = tuple(images)
+        self.nodes = 0 if real_nodes else nodes
         self.gpus_per_node = gpus_per_node
-        self.node_agent = node_agent
+        self.node_agent = node_agent and not real_nodes
+        # Where the API server listens: the node network's host address when real nodes must
+        # reach it (and advertise it as the ``kubernetes`` Service's endpoint), else loopback.
+        self.host = str(node_network.HOST_IP) if real_nodes else "127.0.0.1"
+        self.service_cidr = str(node_network.SERVICE_RANGE) if real_nodes else SERVICE_CIDR
         self.audit_users = tuple(audit_users)
         # Components get SIGTERM when this process dies (orphans.stop_with_parent): for tests.
         self.stop_with_owner = stop_with_owner
@@ -135,6 +157,7 @@ class LocalCluster:
             return
         started = time.monotonic()
         bin_dir = ensure_binaries()
+        node_bin, archives = self._real_node_inputs(progress)
         self.down(quiet=True)
         # A new cluster every time: the certificates, ports and node agent are new, so objects
         # kept from an earlier run (nodes advertising its kubelet port, its pods, tokens signed
@@ -142,7 +165,8 @@ class LocalCluster:
         shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
         for sub in ("pki", "logs", "etcd"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
-        certs.write_pki(self.state_dir / "pki")
+        certs.write_pki(self.state_dir / "pki", server_names=(
+            (self.host, str(node_network.KUBERNETES_SERVICE_IP)) if self.real_nodes else ()))
         (self.state_dir / "audit-policy.json").write_text(
             json.dumps(audit_policy(self.audit_users), indent=2))
         ports = {name: free_port() for name in ("etcd", "etcd_peer", "apiserver", "kcm",
@@ -150,33 +174,98 @@ class LocalCluster:
         self._write_kubeconfig(ports["apiserver"])
         pids: dict[str, int] = {}
         self._save(pids, ports)
+        real = self._real_nodes(node_bin)
         try:
+            if real is not None:
+                real.prepare_host(progress)
             pids["etcd"] = self._start("etcd", self._etcd_args(bin_dir, ports))
             self._save(pids, ports)
             self._wait_http(f"http://127.0.0.1:{ports['etcd']}/health", "etcd", pids)
             progress("etcd up")
             pids["kube-apiserver"] = self._start("kube-apiserver", self._apiserver_args(bin_dir, ports))
             self._save(pids, ports)
-            self._wait_http(f"https://127.0.0.1:{ports['apiserver']}/readyz", "kube-apiserver", pids)
+            self._wait_http(f"https://{self.host}:{ports['apiserver']}/readyz", "kube-apiserver",
+                            pids)
             progress("kube-apiserver up")
             components = [
                 ("kube-controller-manager", self._kcm_args(bin_dir, ports)),
                 ("kube-scheduler", self._scheduler_args(bin_dir, ports)),
-                ("kwok", self._kwok_args(bin_dir, ports)),
             ]
+            if real is None:
+                components.append(("kwok", self._kwok_args(bin_dir, ports)))
             if self.node_agent:
                 components.append(("agent", self._agent_args(ports)))
             for name, args in components:
                 pids[name] = self._start(name, args)
                 self._save(pids, ports)
-            self._create_nodes(bin_dir)
-            self._wait_ready(bin_dir, pids)
+            if real is not None:
+                pids.update(self._start_real_nodes(real, bin_dir, ports, archives, progress))
+                self._save(pids, ports)
+                self._wait_real_ready(real, bin_dir, pids, progress)
+            else:
+                self._create_nodes(bin_dir)
+                self._wait_ready(bin_dir, pids)
         except BaseException:
             self.down(quiet=True)
             raise
+        kind = "real nodes" if self.real_nodes else "nodes"
         progress(f"local cluster up in {time.monotonic() - started:.0f}s: "
-                 f"{self.nodes} nodes x {self.gpus_per_node} GPUs; "
+                 f"{self.real_nodes or self.nodes} {kind} x {self.gpus_per_node} GPUs; "
                  f"export KUBECONFIG={self.kubeconfig}")
+
+    # -- real nodes (localcluster/node) --------------------------------------------------------
+    def _real_node_inputs(self, progress: Progress) -> tuple[Path | None, dict[str, Path]]:
+        """With real nodes: the node binaries' folder and image ref -> docker-archive for
+        every image the nodes get (built first if needed); else ``(None, {})``."""
+        if not self.real_nodes:
+            return None, {}
+        from monarch_operator.localcluster import images  # buildah: only for real nodes
+
+        node_bin = ensure_node_binaries()
+        names = ("pause", "coredns", *self.images)
+        archives = {images.ref(name): images.ensure_image(name, progress=progress)
+                    for name in names}
+        return node_bin, archives
+
+    def _real_nodes(self, node_bin: Path | None) -> real_nodes_mod.RealNodes | None:
+        if not self.real_nodes or node_bin is None:
+            return None
+        return real_nodes_mod.RealNodes(self.state_dir, self.real_nodes, self.gpus_per_node,
+                                        node_bin, images_cache())
+
+    def _start_real_nodes(self, real: real_nodes_mod.RealNodes, bin_dir: Path,
+                          ports: dict[str, int], archives: dict[str, Path],
+                          progress: Progress) -> dict[str, int]:
+        from monarch_operator.localcluster import images
+
+        real.write_certs()
+        self._kubectl(bin_dir, "apply", "-f", "-", stdin=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": real.node_objects()}))
+        pids = real.start(f"https://{self.host}:{ports['apiserver']}", self._start, archives,
+                          images.ref("pause"), progress)
+        self._kubectl(bin_dir, "apply", "-f", "-",
+                      stdin=real_nodes_mod.addon_manifests(images.ref("coredns")))
+        return pids
+
+    def _wait_real_ready(self, real: real_nodes_mod.RealNodes, bin_dir: Path,
+                         pids: dict[str, int], progress: Progress) -> None:
+        def nodes_problems() -> list[str]:
+            self._check_alive(pids)
+            items = json.loads(self._kubectl(bin_dir, "get", "nodes", "-o", "json"))["items"]
+            return real.ready_problems(items)
+
+        def dns_problems() -> list[str]:
+            self._check_alive(pids)
+            deployment = json.loads(self._kubectl(bin_dir, "get", "deployment", "-n",
+                                                  "kube-system", "coredns", "-o", "json"))
+            if not (deployment.get("status") or {}).get("readyReplicas"):
+                return ["coredns not Ready"]
+            accounts = self._kubectl(bin_dir, "get", "serviceaccounts", "-n", "default",
+                                     "-o", "name")
+            return [] if "serviceaccount/default" in accounts else ["no default ServiceAccount"]
+
+        real_nodes_mod.wait(nodes_problems, "real nodes", 180, progress)
+        real_nodes_mod.wait(dns_problems, "cluster DNS", 120, progress)
 
     def down(self, quiet: bool = False) -> None:
         """Stop every process of the cluster (an operator started for it by the demo or the
@@ -187,6 +276,7 @@ class LocalCluster:
             if not quiet:
                 print("stopped monarch-operator")
         (self.state_dir / "operator.pid").unlink(missing_ok=True)
+        self._stop_real_nodes(quiet)
         if not self._record.exists():
             return
         record = json.loads(self._record.read_text())
@@ -198,6 +288,20 @@ class LocalCluster:
             if not quiet:
                 print(f"stopped {name}")
         self._record.unlink(missing_ok=True)
+
+    def _stop_real_nodes(self, quiet: bool) -> None:
+        """Remove real nodes of this cluster, or left by a killed run that no live cluster
+        owns: their processes, cgroups, network and folders (``node.teardown_all``)."""
+        from monarch_operator.localcluster.node import node as node_mod
+
+        running = real_nodes_mod.owner()
+        if running is not None and Path(str(running["state_dir"])) != self.state_dir:
+            return
+        removed = node_mod.teardown_all()
+        real_nodes_mod.OWNER.unlink(missing_ok=True)
+        shutil.rmtree(self.state_dir / "nodes", ignore_errors=True)
+        if removed and not quiet:
+            print(f"stopped real nodes; removed {len(removed)} items of theirs")
 
     def operator_pid(self) -> int | None:
         """The pid of the operator the demo or the tests started for this cluster
@@ -340,7 +444,7 @@ class LocalCluster:
         pki = self.state_dir / "pki"
         return [str(bin_dir / "kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                f"--bind-address={self.host}", f"--advertise-address={self.host}",
                 f"--secure-port={ports['apiserver']}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
@@ -348,7 +452,7 @@ class LocalCluster:
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={self.service_cidr}",
                 "--authorization-mode=Node,RBAC", "--allow-privileged=true",
                 # The kubelet API (logs, exec) is the node agent's, at the node's InternalIP
                 # (127.0.0.1) and the port its status advertises; TLS both ways with our CA.
@@ -357,7 +461,8 @@ class LocalCluster:
                 f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
                 # Endpoint validation refuses 127/8 addresses; nothing here routes to them anyway.
-                "--endpoint-reconciler-type=none",
+                # Real nodes' pods reach the API server through the ``kubernetes`` Service.
+                *(() if self.real_nodes else ("--endpoint-reconciler-type=none",)),
                 "--enable-priority-and-fairness=false",
                 f"--audit-policy-file={self.state_dir / 'audit-policy.json'}",
                 f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
@@ -425,7 +530,7 @@ class LocalCluster:
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "local",
             "clusters": [{"name": "local", "cluster": {
-                "server": f"https://127.0.0.1:{apiserver_port}",
+                "server": f"https://{self.host}:{apiserver_port}",
                 "certificate-authority": str(pki / "ca.crt")}}],
             "users": [{"name": "admin", "user": {
                 "client-certificate": str(cert or pki / "admin.crt"),
@@ -505,11 +610,20 @@ class LocalCluster:
             time.sleep(0.5)
 
 
+def images_cache() -> Path:
+    """Where real nodes keep containerd's images between runs (one folder per node):
+    ``~/.cache/monarch-operator/containerd`` (or under ``$MONARCH_OPERATOR_CACHE``)."""
+    base = os.environ.get("MONARCH_OPERATOR_CACHE") or str(Path.home() / ".cache" /
+                                                           "monarch-operator")
+    return Path(base) / "containerd"
+
+
 def _component_env() -> dict[str, str]:
-    # No proxy for loopback traffic, and nothing from the caller's kube context.
+    # No proxy for loopback or node-network traffic, nothing from the caller's kube context.
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy")}
     env.pop("KUBECONFIG", None)
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    local = f"127.0.0.1,localhost,{node_network.NODE_RANGE},{node_network.SERVICE_RANGE}"
+    env["NO_PROXY"] = env["no_proxy"] = local
     return env
 
 

@@ -24,6 +24,9 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 CRDS_DIR = REPO_ROOT / "crds"
 SAMPLE = REPO_ROOT / "crds" / "samples" / "demo.yaml"
 FINAL_PHASES = ("Succeeded", "Failed")
+# The demo's real nodes: two, so that the sample's three workers spread over both.
+DEMO_NODES = 2
+DEMO_GPUS_PER_NODE = 4
 
 
 class Kubectl:
@@ -133,13 +136,17 @@ def wait_for_phase(kubectl: Kubectl, namespace: str, name: str, phases: tuple[st
 
 
 def launcher_log(kubectl: Kubectl, state_dir: Path, namespace: str, job_name: str) -> str:
-    """Output of the job's launcher process, as the node agent captured it."""
+    """Output of the job's launcher: as the node agent captured it (kwok nodes), else what
+    ``kubectl logs`` gets from the kubelet (real nodes); "" when there is none."""
     pods = kubectl.json("pods", "-n", namespace, "-l", f"{constants.LABEL_JOB}={job_name},"
                         f"{constants.LABEL_ROLE}={constants.ROLE_LAUNCHER}")["items"]
-    for pod in pods:
+    for pod in sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"], reverse=True):
         path = pod_log_path(state_dir, namespace, pod["metadata"]["name"])
         if path is not None:
             return path.read_text(errors="replace")
+        log = kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False)
+        if log:
+            return log
     return ""
 
 
@@ -153,9 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
                         help="how long to wait for the job to finish (default %(default)s)")
     parser.add_argument("--keep", action="store_true", help="leave cluster and operator running")
+    parser.add_argument("--nodes", type=int, default=DEMO_NODES, metavar="N",
+                        help="real nodes (kubelet, containerd, images built from images/; "
+                             "default %(default)s)")
+    parser.add_argument("--simulated", action="store_true",
+                        help="kwok nodes whose pods the node agent runs as host processes "
+                             "instead of real nodes (no images built)")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    cluster = LocalCluster(args.dir)
+    cluster = LocalCluster(args.dir, real_nodes=0 if args.simulated else args.nodes,
+                           gpus_per_node=DEMO_GPUS_PER_NODE if not args.simulated else 8)
     # A cluster (and operator) someone already runs here is used and left as it was found.
     was_running = cluster.is_running()
     cluster.up(progress=lambda message: print(f"[localcluster] {message}", flush=True))

@@ -1,0 +1,358 @@
+"""A real node: containerd, kubelet, kube-proxy and the fake GPU plugin in namespaces of its own.
+
+Each node gets a network namespace (:mod:`.network`), a private mount namespace held by a
+``sleep`` process (its *holder*) in which the node's folders are bound over the paths a kubelet
+and containerd hard-code (``/var/lib/kubelet`` with its fixed ``device-plugins/``,
+``/var/lib/cni``, ``/run/containerd``, ``/var/log/pods``, ``/var/log/containers``), and a cgroup
+root ``/mlc-<node>`` in every cgroup v1 hierarchy. Components are started with ``nsenter``
+into the holder's namespaces (never ``ip netns exec``: it mounts a fresh sysfs, and the
+kubelet then finds no cgroups).
+
+Stopping a node, or cleaning up after a run that was killed, ends every process in its
+cgroups and namespaces, then removes the cgroups and the node's runtime folders: the host is
+left as it was (:func:`leftovers` says what would remain).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from monarch_operator.localcluster.node import configs, network
+from monarch_operator.localcluster.node.network import NodeAddresses
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Host paths that each node sees as its own folder (created empty on the host when missing,
+# and removed again by teardown when we created them).
+BINDS = {"kubelet": "/var/lib/kubelet", "cni": "/var/lib/cni", "run": "/run/containerd",
+         "pod-logs": "/var/log/pods", "container-logs": "/var/log/containers"}
+COMPONENTS = ("containerd", "kubelet", "kube-proxy", "gpu-plugin")
+
+Progress = Callable[[str], None]
+
+
+def cgroup_hierarchies() -> list[Path]:
+    """The mounted cgroup v1 hierarchies (``/sys/fs/cgroup/cpu``, ...), without the unified one."""
+    found = []
+    for entry in sorted(CGROUP_ROOT.iterdir()):
+        if entry.is_dir() and not entry.is_symlink() and (entry / "cgroup.procs").exists() \
+                and entry.name != "unified":
+            found.append(entry)
+    return found
+
+
+class RealNode:
+    """One node's folders, processes and cgroups.
+
+    Args:
+        addresses: the node's name and addresses.
+        state_dir: the node's runtime folder (``<cluster state>/nodes/<name>``), removed on stop.
+        images_root: containerd's persistent root (content and snapshots), kept between runs.
+        logs: where each component's log goes (``<name>-<component>.log``).
+        bin_dir: kubelet, kube-proxy, containerd, containerd-shim-runc-v2, ctr, fake-gpu-plugin.
+        gpus: ``nvidia.com/gpu`` devices the fake plugin advertises.
+    """
+
+    def __init__(self, addresses: NodeAddresses, state_dir: Path, images_root: Path,
+                 logs: Path, bin_dir: Path, gpus: int) -> None:
+        self.addresses = addresses
+        self.name = addresses.name
+        self.state_dir = state_dir
+        self.images_root = images_root
+        self.logs = logs
+        self.bin_dir = bin_dir
+        self.gpus = gpus
+        self.cgroup = f"/{network.PREFIX}{self.name}"
+        self.pids: dict[str, int] = {}
+
+    # -- folders and configuration ------------------------------------------------------------
+    def write_files(self, pki: Path, server: str, pause_image: str) -> None:
+        """Write the node's configuration files (the client certificates are already in
+        ``pki``: ``<node>.{crt,key}``, ``<node>-serving.{crt,key}``, ``kube-proxy.{crt,key}``)."""
+        for sub in (*BINDS, "containerd-state", "cni-conf"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.images_root.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "containerd.toml").write_text(configs.containerd_config(
+            self.images_root, self.state_dir / "containerd-state", self.state_dir / "cni-conf",
+            pause_image))
+        (self.state_dir / "cni-conf" / "10-monarch.conflist").write_text(
+            json.dumps(configs.cni_config(self.addresses), indent=2))
+        (self.state_dir / "kubelet.yaml").write_text(json.dumps(
+            configs.kubelet_config(self.addresses, pki, self.cgroup), indent=2))
+        (self.state_dir / "kubelet.kubeconfig").write_text(configs.kubeconfig(
+            server, pki / "ca.crt", pki / f"{self.name}.crt", pki / f"{self.name}.key"))
+        (self.state_dir / "kube-proxy.kubeconfig").write_text(configs.kubeconfig(
+            server, pki / "ca.crt", pki / "kube-proxy.crt", pki / "kube-proxy.key"))
+        (self.state_dir / "kube-proxy.yaml").write_text(json.dumps(
+            configs.kube_proxy_config(self.addresses, self.state_dir / "kube-proxy.kubeconfig"),
+            indent=2))
+
+    def make_cgroups(self) -> None:
+        """Create ``/mlc-<node>`` in every hierarchy (cpuset: with its parent's CPUs and memory
+        nodes, as v1 cpuset children start empty)."""
+        for hierarchy in cgroup_hierarchies():
+            path = hierarchy / self.cgroup.lstrip("/")
+            path.mkdir(exist_ok=True)
+            if hierarchy.name == "cpuset":
+                for name in ("cpuset.cpus", "cpuset.mems"):
+                    (path / name).write_text((hierarchy / name).read_text())
+
+    # -- processes ----------------------------------------------------------------------------
+    def start_holder(self, start: Callable[[str, list[str]], int]) -> int:
+        """Start the holder: a ``sleep`` in the node's network namespace and a private mount
+        namespace in which the node's folders are bound over :data:`BINDS`. Returns its pid."""
+        network.ensure_host_dirs(BINDS.values())
+        binds = " && ".join(f"mount --bind {self.state_dir / sub} {target}"
+                            for sub, target in BINDS.items())
+        pid = start(f"{self.name}-holder", [
+            "nsenter", f"--net=/run/netns/{self.addresses.netns}", "--",
+            "unshare", "--mount", "--propagation", "private", "--",
+            "sh", "-c", f"{binds} && exec sleep infinity"])
+        self.pids["holder"] = pid
+        deadline = time.monotonic() + 10
+        while not self._bound(pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {self.name}: its mount namespace was not ready in 10 s;"
+                                   f" see {self.logs / (self.name + '-holder.log')}")
+            time.sleep(0.05)
+        return pid
+
+    def _bound(self, pid: int) -> bool:
+        try:
+            mounts = Path(f"/proc/{pid}/mountinfo").read_text()
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            return False
+        return comm == "sleep" and all(f" {target} " in mounts for target in BINDS.values())
+
+    def enter(self, *command: str) -> list[str]:
+        """``command`` run inside the node's namespaces (through its holder)."""
+        return ["nsenter", "-t", str(self.pids["holder"]), "-m", "-n", "--", *command]
+
+    def start_components(self, start: Callable[[str, list[str]], int]) -> None:
+        """Start containerd, then the kubelet, kube-proxy and the fake GPU plugin."""
+        bins = self.bin_dir
+        self.pids["containerd"] = start(f"{self.name}-containerd", self.enter(
+            str(bins / "containerd"), "--config", str(self.state_dir / "containerd.toml")))
+        self.wait_containerd()
+
+    def start_kubelet(self, start: Callable[[str, list[str]], int]) -> None:
+        """Start the kubelet, kube-proxy and the fake GPU plugin (containerd runs)."""
+        bins = self.bin_dir
+        self.pids["kubelet"] = start(f"{self.name}-kubelet", self.enter(
+            str(bins / "kubelet"), f"--config={self.state_dir / 'kubelet.yaml'}",
+            f"--kubeconfig={self.state_dir / 'kubelet.kubeconfig'}",
+            f"--hostname-override={self.name}", f"--node-ip={self.addresses.ip}",
+            "--v=1"))
+        self.pids["kube-proxy"] = start(f"{self.name}-kube-proxy", self.enter(
+            str(bins / "kube-proxy"), f"--config={self.state_dir / 'kube-proxy.yaml'}"))
+        self.pids["gpu-plugin"] = start(f"{self.name}-gpu-plugin", self.enter(
+            str(bins / "fake-gpu-plugin"), f"-count={self.gpus}",
+            f"-dir={configs.DEVICE_PLUGIN_DIR}"))
+
+    def ctr(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Run ``ctr`` against this node's containerd (namespace ``k8s.io``, the CRI's)."""
+        return subprocess.run(self.enter(str(self.bin_dir / "ctr"), "--address",
+                                         configs.CONTAINERD_SOCKET, "--namespace", "k8s.io",
+                                         *args),
+                              capture_output=True, text=True, check=False, timeout=timeout)
+
+    def wait_containerd(self, timeout: float = 60) -> None:
+        """Wait until containerd answers ``ctr version``.
+
+        Raises:
+            RuntimeError: it did not within ``timeout`` seconds (or it exited).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.ctr("version", timeout=10).returncode == 0:
+                return
+            if time.monotonic() > deadline or not _alive(self.pids["containerd"]):
+                log = self.logs / f"{self.name}-containerd.log"
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise RuntimeError(f"node {self.name}: containerd not answering after "
+                                   f"{timeout:.0f}s; end of {log}:\n{tail}")
+            time.sleep(0.2)
+
+    def import_image(self, archive: Path, progress: Progress) -> None:
+        """Import a docker-archive into the node's containerd unless this very archive (its
+        file name carries its content hash) was imported before into the kept root.
+
+        Raises:
+            RuntimeError: ``ctr images import`` failed; its output is in the message.
+        """
+        record = self.images_root / "monarch-imported.json"
+        imported = json.loads(record.read_text()) if record.exists() else []
+        if archive.name in imported:
+            return
+        started = time.monotonic()
+        size = archive.stat().st_size / 2**30
+        progress(f"{self.name}: importing {archive.name} ({size:.1f} GiB)")
+        result = self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
+        if result.returncode != 0:
+            raise RuntimeError(f"node {self.name}: ctr images import {archive} failed: "
+                               f"{(result.stderr or result.stdout).strip()[-2000:]}")
+        record.write_text(json.dumps(sorted({*imported, archive.name})))
+        progress(f"{self.name}: imported {archive.name} in {time.monotonic() - started:.0f}s")
+
+    def stop_kubelet(self) -> None:
+        """Kill the kubelet alone (SIGKILL): the node stops heartbeating and its pods keep
+        running unseen, as when a kubelet crashes."""
+        pid = self.pids.pop("kubelet", None)
+        if pid is not None:
+            _kill(pid)
+
+    def stop(self) -> None:
+        """End every process of the node (containers, components, shims, holder), remove its
+        cgroups and runtime folder. Idempotent."""
+        stop_node(self.name, self.pids.values())
+        self.pids.clear()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return state != "Z"
+    except (ProcessLookupError, OSError):
+        return False
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def processes_of(name: str) -> set[int]:
+    """Pids of every process of node ``name``: in its cgroups (containers) or in its network
+    namespace (components, shims, the holder)."""
+    pids: set[int] = set()
+    cgroup = f"{network.PREFIX}{name}"
+    for hierarchy in cgroup_hierarchies():
+        root = hierarchy / cgroup
+        if root.is_dir():
+            for procs in root.rglob("cgroup.procs"):
+                try:
+                    pids.update(int(p) for p in procs.read_text().split())
+                except OSError:
+                    pass
+    inode = network.netns_inode(f"{network.PREFIX}{name}")
+    if inode is not None:
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if (proc / "ns" / "net").stat().st_ino == inode:
+                        pids.add(int(proc.name))
+                except OSError:
+                    pass
+    pids.discard(os.getpid())
+    return pids
+
+
+def stop_node(name: str, known: object = ()) -> None:
+    """Kill every process of node ``name`` (``known`` pids too), repeatedly until none is left
+    (a shim may start a process while others die), then remove its cgroups deepest first."""
+    deadline = time.monotonic() + 20
+    while True:
+        pids = processes_of(name) | {int(p) for p in known if _alive(int(p))}  # type: ignore[attr-defined]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in pids:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"node {name}: processes {sorted(pids)} survive SIGKILL")
+        time.sleep(0.1)
+    remove_cgroups(name)
+
+
+def remove_cgroups(name: str) -> None:
+    """Remove ``/mlc-<name>`` and everything below it in every hierarchy (empty by now)."""
+    for hierarchy in cgroup_hierarchies():
+        root = hierarchy / f"{network.PREFIX}{name}"
+        if not root.is_dir():
+            continue
+        for path in sorted((p for p in root.rglob("*") if p.is_dir()),
+                           key=lambda p: len(p.parts), reverse=True):
+            _rmdir(path)
+        _rmdir(root)
+
+
+def _rmdir(path: Path) -> None:
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def leftover_node_names() -> list[str]:
+    """Names of nodes whose cgroups or network namespace still exist (ours: :data:`PREFIX`)."""
+    names = {ns[len(network.PREFIX):] for ns in network.leftover_namespaces()}
+    for hierarchy in cgroup_hierarchies():
+        names.update(p.name[len(network.PREFIX):] for p in hierarchy.glob(f"{network.PREFIX}*"))
+    return sorted(names)
+
+
+def host_state() -> dict[str, object]:
+    """What a cluster with real nodes may change on this machine, as comparable data: the
+    sysctls a kubelet or node changes, links, routes of every table, mount points, iptables
+    rules, ipset names, cgroups, the bind folders, network namespaces. ``LocalCluster.up``
+    saves it before it changes anything; a test compares it after ``down``."""
+    def read(*command: str) -> str:
+        return subprocess.run(command, capture_output=True, text=True, check=False).stdout
+
+    sysctls = {name: Path("/proc/sys", *name.split(".")).read_text().strip()
+               for name in (*network.SAVED_SYSCTLS, "net.ipv4.ip_forward")}
+    mounts = sorted(line.split()[4] for line in Path("/proc/self/mountinfo").read_text()
+                    .splitlines())
+    rules = sorted(line for line in read("iptables-save").splitlines()
+                   if line.strip() and not line.startswith(("#", ":")))
+    cgroups = sorted(str(p) for h in cgroup_hierarchies() for p in h.iterdir() if p.is_dir())
+    folders = {path: Path(path).exists()
+               for path in (*BINDS.values(), "/run/netns", str(network.RUN_DIR))}
+    return {"sysctls": sysctls, "links": read("ip", "-br", "link").split("\n"),
+            "routes": read("ip", "route", "show", "table", "all").split("\n"),
+            "mounts": mounts, "iptables": rules, "ipsets": read("ipset", "list", "-n").split(),
+            "cgroups": cgroups, "folders": folders, "netns": read("ip", "netns", "list").split()}
+
+
+def teardown_all(progress: Progress = print) -> list[str]:
+    """Remove every node of ours on this machine, live or left by a killed run, and the host
+    network (:func:`network.teardown`); then the host folders made for binds. Returns what
+    was removed."""
+    removed = []
+    for name in leftover_node_names():
+        stop_node(name)
+        removed.append(f"node {name}")
+    removed += network.teardown()
+    removed += network.remove_created_dirs()
+    if network.RUN_DIR.is_dir() and not any(network.RUN_DIR.iterdir()):
+        network.RUN_DIR.rmdir()
+    return removed

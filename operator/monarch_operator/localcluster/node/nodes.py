@@ -1,0 +1,223 @@
+"""Bring the real nodes of a local cluster up and down (:class:`RealNodes`).
+
+``LocalCluster`` (``cluster.py``) starts the control plane, then hands over here: the host
+network, per node its certificates, Node object, namespaces, containerd (with the images
+imported), kubelet, kube-proxy and fake GPU plugin, then CoreDNS; and waits until every node is
+Ready with its GPUs allocatable and DNS answers. One cluster with real nodes runs on a machine
+at a time (the addresses and interface names are fixed); ``up`` first removes what a killed
+run left behind.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from monarch_operator.localcluster import certs
+from monarch_operator.localcluster.node import addons, network
+from monarch_operator.localcluster.node import node as nodemod
+from monarch_operator.localcluster.node.network import NodeAddresses
+
+NODE_NAME = "node-{index}"
+GPU_RESOURCE = "nvidia.com/gpu"
+OWNER = network.RUN_DIR / "owner.json"
+
+Progress = Callable[[str], None]
+Start = Callable[[str, list[str]], int]
+Kubectl = Callable[..., str]
+
+
+def owner() -> dict[str, object] | None:
+    """The running cluster with real nodes on this machine (``{"state_dir", "pid"}``: its
+    first node's holder), or None when none runs (a record whose holder is gone is stale)."""
+    try:
+        record = json.loads(OWNER.read_text())
+        os.kill(int(record["pid"]), 0)
+        return dict(record)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+class RealNodes:
+    """The real nodes of one local cluster.
+
+    Args:
+        state_dir: the cluster's state folder; nodes live in ``nodes/<name>``.
+        count: how many nodes (``node-0``, ``node-1``, ...).
+        gpus_per_node: ``nvidia.com/gpu`` devices each node's fake plugin advertises.
+        bin_dir: the node binaries (``build-binaries.sh node``).
+        images_cache: containerd roots kept between runs, one folder per node.
+    """
+
+    def __init__(self, state_dir: Path, count: int, gpus_per_node: int, bin_dir: Path,
+                 images_cache: Path) -> None:
+        self.state_dir = state_dir
+        self.pki = state_dir / "pki"
+        self.logs = state_dir / "logs"
+        self.nodes = [
+            nodemod.RealNode(addresses, state_dir / "nodes" / addresses.name,
+                             images_cache / addresses.name, self.logs, bin_dir, gpus_per_node)
+            for addresses in (NodeAddresses(NODE_NAME.format(index=i), i) for i in range(count))]
+        self.gpus_per_node = gpus_per_node
+
+    @property
+    def addresses(self) -> list[NodeAddresses]:
+        return [n.addresses for n in self.nodes]
+
+    def node(self, name: str) -> nodemod.RealNode:
+        """The node called ``name``.
+
+        Raises:
+            KeyError: no such node (the message lists the nodes).
+        """
+        for candidate in self.nodes:
+            if candidate.name == name:
+                return candidate
+        raise KeyError(f"no real node {name!r}; nodes: {', '.join(n.name for n in self.nodes)}")
+
+    def prepare_host(self, progress: Progress) -> None:
+        """Remove what an earlier run left (unless a live cluster owns it: then raise), and
+        create the host network and the nodes' network namespaces.
+
+        Raises:
+            RuntimeError: another cluster with real nodes runs on this machine.
+        """
+        running = owner()
+        if running is not None and Path(str(running["state_dir"])) != self.state_dir:
+            raise RuntimeError(
+                f"a local cluster with real nodes already runs on this machine (state dir "
+                f"{running['state_dir']}); stop it first: monarch-localcluster down "
+                f"--dir {running['state_dir']}")
+        removed = nodemod.teardown_all()
+        (self.state_dir / "host-before.json").write_text(json.dumps(nodemod.host_state()))
+        if removed:
+            progress(f"removed what an earlier run left: {len(removed)} items "
+                     f"({', '.join(removed[:4])}{', ...' if len(removed) > 4 else ''})")
+        addresses = self.addresses
+        network.host_up(addresses)
+        for address in addresses:
+            network.node_up(address, [o for o in addresses if o != address])
+
+    def write_certs(self) -> None:
+        """Per node a client certificate (``CN=system:node:<name>``, ``O=system:nodes``: the
+        Node authorizer needs that exact name) and a serving certificate for its address; and
+        kube-proxy's (``CN=system:kube-proxy``, bound to ``system:node-proxier`` by default)."""
+        for node in self.nodes:
+            certs.write_client_cert(self.pki, node.name, "system:nodes",
+                                    common_name=f"system:node:{node.name}")
+            certs.write_client_cert(self.pki, f"{node.name}-serving", "system:nodes",
+                                    common_name=f"system:node:{node.name}",
+                                    server_names=(node.name, str(node.addresses.ip)))
+        certs.write_client_cert(self.pki, "kube-proxy", common_name="system:kube-proxy")
+
+    def node_objects(self) -> list[dict[str, object]]:
+        """The Node objects, created before the kubelets register: ``spec.podCIDR`` must be
+        the node's CNI subnet (the range allocator is off; a policy engine reads it)."""
+        return [{
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node.name,
+                         "labels": {"kubernetes.io/os": "linux", "kubernetes.io/hostname":
+                                    node.name, "nvidia.com/gpu.present": "true",
+                                    "localcluster.monarch-operator.dev/real-node": "true"}},
+            "spec": {"podCIDR": str(node.addresses.pod_cidr),
+                     "podCIDRs": [str(node.addresses.pod_cidr)]},
+        } for node in self.nodes]
+
+    def start(self, server: str, start: Start, images: dict[str, Path], pause_image: str,
+              progress: Progress) -> dict[str, int]:
+        """Start every node: holder, containerd, images imported (in parallel, one thread per
+        node), kubelet, kube-proxy and GPU plugin. Returns ``{"<node>-<component>": pid}``.
+
+        Args:
+            server: the API server's URL as the nodes reach it.
+            images: image ref -> docker-archive to import (the pause image among them).
+
+        Raises:
+            RuntimeError: a component did not start or an import failed (with the reason).
+        """
+        network.RUN_DIR.mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            node.write_files(self.pki, server, pause_image)
+            node.make_cgroups()
+            node.start_holder(start)
+            if node is self.nodes[0]:
+                OWNER.write_text(json.dumps({"state_dir": str(self.state_dir),
+                                             "pid": node.pids["holder"]}))
+            node.start_components(start)
+        with concurrent.futures.ThreadPoolExecutor(len(self.nodes)) as pool:
+            futures = [pool.submit(node.import_image, archive, progress)
+                       for node in self.nodes for archive in images.values()]
+            for future in futures:
+                future.result()
+        pids = {}
+        for node in self.nodes:
+            node.start_kubelet(start)
+            pids.update({f"{node.name}-{name}": pid for name, pid in node.pids.items()})
+        return pids
+
+    def ready_problems(self, nodes: list[dict[str, object]]) -> list[str]:
+        """Why the nodes are not ready for jobs yet (empty when they are): each node Ready,
+        untainted, with its GPUs allocatable (a pod created earlier fails scheduling)."""
+        problems = []
+        by_name = {n["metadata"]["name"]: n for n in nodes}  # type: ignore[index]
+        for node in self.nodes:
+            item = by_name.get(node.name)
+            if item is None:
+                problems.append(f"{node.name}: no Node object")
+                continue
+            status = item.get("status") or {}
+            conditions = {c["type"]: c for c in status.get("conditions") or []}  # type: ignore[union-attr]
+            ready = conditions.get("Ready", {})
+            if ready.get("status") != "True":
+                problems.append(f"{node.name}: Ready={ready.get('status', 'unknown')} "
+                                f"{ready.get('message', '')}".strip())
+            elif (item.get("spec") or {}).get("taints"):  # type: ignore[union-attr]
+                problems.append(f"{node.name}: tainted")
+            gpus = (status.get("allocatable") or {}).get(GPU_RESOURCE, "0")  # type: ignore[union-attr]
+            if str(gpus) != str(self.gpus_per_node):
+                problems.append(f"{node.name}: {gpus}/{self.gpus_per_node} GPUs allocatable")
+        return problems
+
+    def stop(self, progress: Progress | None = None) -> list[str]:
+        """Stop every node and remove the host network (also a killed run's leftovers)."""
+        for node in self.nodes:
+            node.stop()
+        OWNER.unlink(missing_ok=True)
+        removed = nodemod.teardown_all()
+        if progress:
+            progress(f"real nodes stopped; host network removed ({len(removed)} items)")
+        return removed
+
+
+def addon_manifests(coredns_image: str) -> str:
+    """The add-ons' objects (CoreDNS, the API server's kubelet access) as one JSON List."""
+    return json.dumps({"apiVersion": "v1", "kind": "List",
+                       "items": [addons.kubelet_api_access(certs.KUBELET_CLIENT_NAME),
+                                 *addons.coredns_manifests(coredns_image)]})
+
+
+def wait(check: Callable[[], list[str]], what: str, timeout: float, progress: Progress,
+         every: float = 15) -> None:
+    """Poll ``check`` (the reasons it is not so yet) until it returns none, printing what it
+    waits for every ``every`` seconds.
+
+    Raises:
+        RuntimeError: still not so after ``timeout`` seconds; the message has the reasons.
+    """
+    started = time.monotonic()
+    said = started
+    while True:
+        problems = check()
+        if not problems:
+            return
+        now = time.monotonic()
+        if now - started > timeout:
+            raise RuntimeError(f"{what} not ready after {timeout:.0f}s: {'; '.join(problems)}")
+        if now - said > every:
+            progress(f"waiting for {what} ({now - started:.0f}s): {'; '.join(problems)}")
+            said = now
+        time.sleep(0.5)
