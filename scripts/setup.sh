@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh Debian/Ubuntu machine (idempotent, safe to re-run):
-# openssh (sshd for worker pods and SSH tests), util-linux (unshare), a virtualenv in .venv with
-# monarch-operator and its pinned dependencies, and the control-plane binaries built from the
-# Go module proxy into ~/.cache/monarch-operator (10-25 min the first time, seconds after), and
-# the pinned helm client the chart's tests use, and the pinned linters and scanners
-# (hadolint, shellcheck, checkov: scripts/scanners.txt) in their own virtualenv there.
+# openssh (sshd for worker pods and SSH tests), util-linux (unshare), what the real nodes need
+# from Debian (runc, the CNI plugins, iptables, ipset, conntrack; buildah, debootstrap and gcc
+# to build the images), a virtualenv in .venv with monarch-operator and its pinned
+# dependencies, and the control-plane and node binaries built from the Go module proxy into
+# ~/.cache/monarch-operator (15-30 min the first time, seconds after), and the pinned helm
+# client the chart's tests use, and the pinned linters and scanners (hadolint, shellcheck,
+# checkov: scripts/scanners.txt) in their own virtualenv there. The images themselves are
+# built on first use (monarch-localcluster up --real-nodes, the demo, the e2e tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +18,18 @@ need_apt=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 command -v ssh >/dev/null 2>&1 || need_apt+=(openssh-client)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
+# Real nodes (localcluster/node) and the images they run (localcluster/images.py).
+[ -x /usr/sbin/runc ] || need_apt+=(runc)
+[ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
+command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
+command -v ipset >/dev/null 2>&1 || need_apt+=(ipset)
+command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
+command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v buildah >/dev/null 2>&1 || need_apt+=(buildah)
+command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
+dpkg -s libc6-dev >/dev/null 2>&1 || need_apt+=(libc6-dev)  # the pause image is linked static
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   $SUDO apt-get update -qq
@@ -42,6 +57,8 @@ fi
 
 log "control-plane binaries"
 bash operator/monarch_operator/localcluster/build-binaries.sh >/dev/null
+log "node binaries (kubelet, kube-proxy, containerd, CoreDNS, fake GPU plugin)"
+bash operator/monarch_operator/localcluster/build-binaries.sh node >/dev/null
 log "helm (the chart's tests)"
 bash operator/monarch_operator/localcluster/build-binaries.sh helm >/dev/null
 log "linters and scanners (tests/scan)"

@@ -24,6 +24,10 @@ WORK="$CACHE/build"
 STAGING_VERSION="v0.${KUBE_VERSION#v1.}"
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 mkdir -p "$BIN" "$WORK"
+# One build at a time on this machine (setup, a test fixture and an image build may ask at once,
+# and two builds of one binary would write the same file).
+exec 9>"$CACHE/bin/.build.lock"
+flock 9
 
 log() { printf '[build-binaries] %s\n' "$*" >&2; }
 have() { [ -x "$BIN/$1" ]; }

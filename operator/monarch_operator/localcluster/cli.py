@@ -3,6 +3,7 @@
 Examples::
 
     monarch-localcluster up              # build binaries if needed, start, wait for nodes
+    monarch-localcluster up --real-nodes 2   # real kubelets + containerd, images built here
     eval "$(monarch-localcluster env)"    # KUBECONFIG and kubectl on PATH for this shell
     monarch-localcluster status          # running or not, where, component pids and ports
     kubectl logs -n team-a demo-launcher         # or, without the kubelet API:
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from monarch_operator.localcluster import nodestate
 from monarch_operator.localcluster.cluster import LocalCluster
+from monarch_operator.localcluster.node.network import HOST_IP
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -67,7 +69,11 @@ def print_status(cluster: LocalCluster) -> int:
     print(f"status:      {'running' if running else 'broken (some components exited)'}")
     ports = record.get("ports", {})
     if "apiserver" in ports:
-        print(f"apiserver:   https://127.0.0.1:{ports['apiserver']}")
+        host = str(HOST_IP) if record.get("real_nodes") else "127.0.0.1"
+        print(f"apiserver:   https://{host}:{ports['apiserver']}")
+    if record.get("real_nodes"):
+        print(f"real nodes:  {record['real_nodes']} x {record.get('gpus_per_node')} GPUs "
+              "(kubectl get nodes -o wide)")
     if "kubelet" in ports:
         print(f"kubelet API: https://127.0.0.1:{ports['kubelet']} (the node agent, every node)")
     for name in record["pids"]:
@@ -85,8 +91,14 @@ def main(argv: list[str] | None = None) -> int:
                              f"{DEFAULT_STATE_DIR})")
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the cluster")
-    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--nodes", type=int, default=3, help="kwok nodes (default %(default)s)")
+    up.add_argument("--real-nodes", type=int, default=0, metavar="N",
+                    help="real nodes instead (kubelet, containerd, kube-proxy, CoreDNS; images "
+                         "built from images/): node-0 ... node-<N-1>")
     up.add_argument("--gpus-per-node", type=int, default=8)
+    up.add_argument("--images", default="worker", metavar="NAMES",
+                    help="with real nodes: images imported into every node, comma separated "
+                         "(worker, operator, examples; default %(default)s)")
     sub.add_parser("down", help="stop the cluster")
     sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
     sub.add_parser("status", help="whether the cluster runs (exit 0) or not (exit 1), and where")
@@ -99,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                           description=nodestate.__doc__,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     node.add_argument("action", choices=("down", "up"))
-    node.add_argument("name", help="node name, e.g. kwok-gpu-1")
+    node.add_argument("name", help="node name, e.g. kwok-gpu-1 or (real nodes) node-1")
     node.add_argument("--partition", action="store_true",
                       help="down: the node's pods keep running (network partition) instead of "
                            "dying with it (crash)")
@@ -108,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                            "Ready=True without taints (up)")
     args = parser.parse_args(argv)
     cluster = LocalCluster(args.dir, nodes=getattr(args, "nodes", 3),
-                           gpus_per_node=getattr(args, "gpus_per_node", 8))
+                           gpus_per_node=getattr(args, "gpus_per_node", 8),
+                           real_nodes=getattr(args, "real_nodes", 0),
+                           images=tuple(filter(None, getattr(args, "images", "").split(","))))
     if args.command == "up":
         cluster.up(progress=lambda message: print(f"[localcluster] {message}", flush=True))
     elif args.command == "down":

@@ -29,6 +29,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 from monarch_operator.localcluster import certs, nodestate
@@ -223,7 +224,7 @@ class LocalCluster:
 
         node_bin = ensure_node_binaries()
         names = ("pause", "coredns", *self.images)
-        archives = {images.ref(name): images.ensure_image(name, progress=progress)
+        archives = {images.IMAGES[name].ref: images.ensure_image(name, progress=progress)
                     for name in names}
         return node_bin, archives
 
@@ -242,9 +243,9 @@ class LocalCluster:
         self._kubectl(bin_dir, "apply", "-f", "-", stdin=json.dumps(
             {"apiVersion": "v1", "kind": "List", "items": real.node_objects()}))
         pids = real.start(f"https://{self.host}:{ports['apiserver']}", self._start, archives,
-                          images.ref("pause"), progress)
+                          images.IMAGES["pause"].ref, progress)
         self._kubectl(bin_dir, "apply", "-f", "-",
-                      stdin=real_nodes_mod.addon_manifests(images.ref("coredns")))
+                      stdin=real_nodes_mod.addon_manifests(images.IMAGES["coredns"].ref))
         return pids
 
     def _wait_real_ready(self, real: real_nodes_mod.RealNodes, bin_dir: Path,
@@ -321,9 +322,10 @@ class LocalCluster:
         pids = json.loads(self._record.read_text()).get("pids", {})
         return bool(pids) and all(_alive(pid) for pid in pids.values())
 
-    def record(self) -> dict[str, dict[str, int]]:
-        """What ``up`` recorded: ``{"pids": {component: pid}, "ports": {name: port}}``, or
-        ``{}`` when no cluster was started in this state dir."""
+    def record(self) -> dict[str, Any]:
+        """What ``up`` recorded: ``{"pids": {component: pid}, "ports": {name: port},
+        "real_nodes": N, "gpus_per_node": G}``, or ``{}`` when no cluster was started in this
+        state dir."""
         if not self._record.exists():
             return {}
         return dict(json.loads(self._record.read_text()))
@@ -357,6 +359,13 @@ class LocalCluster:
         if mode not in nodestate.MODES:
             raise ValueError(f"node down mode must be one of {', '.join(nodestate.MODES)}, "
                              f"not {mode!r}")
+        real = self._recorded_real_nodes()
+        if real is not None:
+            record = self.record()
+            for key in real.lose(node, mode):
+                record["pids"].pop(key, None)
+            self._save(record["pids"], record["ports"])
+            return
         self._kubectl(ensure_binaries(), "label", "node", node, "--overwrite",
                       f"{nodestate.LABEL_NODE_DOWN}={mode}")
 
@@ -367,7 +376,24 @@ class LocalCluster:
         Raises:
             RuntimeError: kubectl failed (e.g. no such node); the message is kubectl's.
         """
+        real = self._recorded_real_nodes()
+        if real is not None:
+            record = self.record()
+            record["pids"].update(real.restore(node, self._start))
+            self._save(record["pids"], record["ports"])
+            return
         self._kubectl(ensure_binaries(), "label", "node", node, f"{nodestate.LABEL_NODE_DOWN}-")
+
+    def _recorded_real_nodes(self) -> real_nodes_mod.RealNodes | None:
+        """The running cluster's real nodes, with their recorded pids; None with kwok nodes."""
+        record = self.record()
+        count = record.get("real_nodes", 0)
+        if not count:
+            return None
+        real = real_nodes_mod.RealNodes(self.state_dir, int(count), int(record["gpus_per_node"]),
+                                        ensure_node_binaries(), images_cache())
+        real.adopt(record.get("pids", {}))
+        return real
 
     @contextlib.contextmanager
     def node_lost(self, node: str, mode: str = nodestate.CRASH, wait: bool = True
@@ -541,7 +567,9 @@ class LocalCluster:
         path.chmod(0o600)
 
     def _save(self, pids: dict[str, int], ports: dict[str, int]) -> None:
-        self._record.write_text(json.dumps({"pids": pids, "ports": ports}, indent=2))
+        self._record.write_text(json.dumps({"pids": pids, "ports": ports,
+                                            "real_nodes": self.real_nodes,
+                                            "gpus_per_node": self.gpus_per_node}, indent=2))
 
     def _check_alive(self, pids: dict[str, int]) -> None:
         for name, pid in pids.items():

@@ -262,12 +262,14 @@ def processes_of(name: str) -> set[int]:
     return pids
 
 
-def stop_node(name: str, known: object = ()) -> None:
-    """Kill every process of node ``name`` (``known`` pids too), repeatedly until none is left
-    (a shim may start a process while others die), then remove its cgroups deepest first."""
+def stop_node(name: str, known: object = (), keep: set[int] | None = None) -> None:
+    """Kill every process of node ``name`` (``known`` pids too) but those in ``keep``,
+    repeatedly until none is left (a shim may start a process while others die); then, when
+    nothing is kept, remove its cgroups deepest first."""
     deadline = time.monotonic() + 20
     while True:
         pids = processes_of(name) | {int(p) for p in known if _alive(int(p))}  # type: ignore[attr-defined]
+        pids -= keep or set()
         if not pids:
             break
         for pid in pids:
@@ -283,7 +285,8 @@ def stop_node(name: str, known: object = ()) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"node {name}: processes {sorted(pids)} survive SIGKILL")
         time.sleep(0.1)
-    remove_cgroups(name)
+    if not keep:
+        remove_cgroups(name)
 
 
 def remove_cgroups(name: str) -> None:

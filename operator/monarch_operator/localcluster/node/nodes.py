@@ -182,6 +182,50 @@ class RealNodes:
                 problems.append(f"{node.name}: {gpus}/{self.gpus_per_node} GPUs allocatable")
         return problems
 
+    def adopt(self, pids: dict[str, int]) -> None:
+        """Take over the running nodes' pids from a record (``{"<node>-<component>": pid}``)."""
+        for node in self.nodes:
+            prefix = f"{node.name}-"
+            node.pids = {key[len(prefix):]: pid for key, pid in pids.items()
+                         if key.startswith(prefix)}
+
+    def lose(self, name: str, mode: str) -> list[str]:
+        """Take node ``name`` away. ``"crash"``: every process of the node dies (containerd,
+        kubelet, kube-proxy, GPU plugin, every container) as in a machine crash; its network
+        namespace and folders stay for :meth:`restore`. ``"partition"``: its link to the rest
+        is cut (the host end of its veth down): it runs on, unseen. Returns the record keys
+        of the components that died.
+
+        Raises:
+            KeyError: no such node.
+            ValueError: ``mode`` is neither.
+        """
+        node = self.node(name)
+        if mode == "partition":
+            network.run("ip", "link", "set", node.addresses.host_veth, "down")
+            return []
+        if mode != "crash":
+            raise ValueError(f"node down mode must be crash or partition, not {mode!r}")
+        holder = node.pids.get("holder")
+        dead = [f"{name}-{component}" for component in node.pids if component != "holder"]
+        nodemod.stop_node(name, [pid for component, pid in node.pids.items()
+                                 if component != "holder"], keep={holder} if holder else set())
+        node.pids = {"holder": holder} if holder else {}
+        return dead
+
+    def restore(self, name: str, start: Start) -> dict[str, int]:
+        """Bring node ``name`` back after :meth:`lose`: its link up, and after a crash its
+        components started again (images are still in containerd's kept root). Returns the
+        new ``{"<node>-<component>": pid}``."""
+        node = self.node(name)
+        network.run("ip", "link", "set", node.addresses.host_veth, "up")
+        if "kubelet" in node.pids:
+            return {}
+        node.make_cgroups()
+        node.start_components(start)
+        node.start_kubelet(start)
+        return {f"{name}-{component}": pid for component, pid in node.pids.items()}
+
     def stop(self, progress: Progress | None = None) -> list[str]:
         """Stop every node and remove the host network (also a killed run's leftovers)."""
         for node in self.nodes:
