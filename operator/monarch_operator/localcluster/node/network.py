@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import contextlib
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,6 +258,8 @@ def remove_created_dirs() -> list[str]:
                              key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
                 folder.rmdir()
+        if os.path.ismount(path):  # /run/netns: `ip netns` binds it over itself
+            run("umount", path, check=False)
         with contextlib.suppress(OSError):
             Path(path).rmdir()
             removed.append(f"folder {path}")

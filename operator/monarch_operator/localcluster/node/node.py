@@ -194,7 +194,8 @@ class RealNode:
         started = time.monotonic()
         size = archive.stat().st_size / 2**30
         progress(f"{self.name}: importing {archive.name} ({size:.1f} GiB)")
-        result = self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
+        result = self.ctr("images", "import", "--snapshotter", "overlayfs",
+                          "--local", "--discard-unpacked-layers", str(archive))
         if result.returncode != 0:
             raise RuntimeError(f"node {self.name}: ctr images import {archive} failed: "
                                f"{(result.stderr or result.stdout).strip()[-2000:]}")
