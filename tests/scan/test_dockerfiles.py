@@ -1,4 +1,5 @@
-"""The images' Dockerfiles: hadolint clean, base images pinned, a non-root user at the end."""
+"""The images' Dockerfiles: hadolint clean, base images pinned (a base named by a build argument:
+its default), a non-root user at the end."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def _instructions(dockerfile: Path, keyword: str) -> list[str]:
 
 def test_every_dockerfile_is_found():
     assert [p.relative_to(ROOT).as_posix() for p in DOCKERFILES] == [
-        "examples/Dockerfile", "images/operator/Dockerfile", "images/worker/Dockerfile"]
+        "examples/Dockerfile", "images/coredns/Dockerfile", "images/operator/Dockerfile",
+        "images/pause/Dockerfile", "images/worker/Dockerfile"]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
@@ -41,11 +43,26 @@ def test_hadolint_reports_what_it_should(tmp_path):
     assert "DL3006" in result.stdout and "DL3008" in result.stdout, result.stdout
 
 
+def _resolve(base: str, defaults: dict[str, str]) -> str:
+    """``base`` with ``${NAME}`` / ``$NAME`` replaced by the ARG defaults before FROM."""
+    return re.sub(r"\$\{?(\w+)\}?", lambda match: defaults.get(match.group(1), match.group(0)),
+                  base)
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_base_images_are_pinned(dockerfile):
-    bases = [spec.split()[-1] if " AS " not in spec.upper() else spec.split()[-3]
-             for spec in _instructions(dockerfile, "FROM")]
-    assert bases and all(PINNED.match(base) for base in bases), bases
+    """Every FROM is an exact reference (by default, when a build argument names it), or
+    ``scratch`` (no base at all)."""
+    defaults = dict(arg.split("=", 1) for arg in _instructions(dockerfile, "ARG") if "=" in arg)
+    bases = [_resolve(spec.split()[-1] if " AS " not in spec.upper() else spec.split()[-3],
+                      defaults) for spec in _instructions(dockerfile, "FROM")]
+    assert bases and all(base == "scratch" or PINNED.match(base) for base in bases), bases
+
+
+def test_an_unpinned_default_is_caught():
+    defaults = {"BASE_IMAGE": "python:3.11-slim"}
+    assert not PINNED.match(_resolve("${BASE_IMAGE}", defaults))
+    assert PINNED.match(_resolve("$BASE_IMAGE", {"BASE_IMAGE": "python:3.11.14-slim-bookworm"}))
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
