@@ -29,5 +29,6 @@ echo "== checkov $("$tools/checkov" --version) (manifests in $out)"
   --compact --quiet) || status=1
 (cd "$out" && "$tools/checkov" --config-file "$root/.checkov-images.yaml" --compact --quiet \
   -f "$root/images/operator/Dockerfile" -f "$root/images/worker/Dockerfile" \
-  -f "$root/examples/Dockerfile") || status=1
+  -f "$root/examples/Dockerfile" -f "$root/images/pause/Dockerfile" \
+  -f "$root/images/coredns/Dockerfile") || status=1
 exit "$status"

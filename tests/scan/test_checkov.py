@@ -19,7 +19,8 @@ CONFIGS = {"chart": ROOT / ".checkov.yaml", "children": ROOT / ".checkov-childre
            "images": ROOT / ".checkov-images.yaml"}
 FRAMEWORKS = {"chart": "kubernetes", "children": "kubernetes", "images": "dockerfile"}
 DOCKERFILES = [ROOT / "images" / "operator" / "Dockerfile",
-               ROOT / "images" / "worker" / "Dockerfile", ROOT / "examples" / "Dockerfile"]
+               ROOT / "images" / "worker" / "Dockerfile", ROOT / "examples" / "Dockerfile",
+               ROOT / "images" / "pause" / "Dockerfile", ROOT / "images" / "coredns" / "Dockerfile"]
 # The objects each scan must see, so that a rendering that silently lost one fails (checkov has
 # no check of a NetworkPolicy itself; CKV2_K8S_6 fails every pod that none selects).
 EXPECTED_KINDS = {
