@@ -137,11 +137,15 @@ def content_hash(spec: ImageSpec, context: Path, base_identity: str,
 # --- Building --------------------------------------------------------------------------------
 
 @contextmanager
-def _lock() -> Iterator[None]:
+def _lock(progress: Callable[[str], None]) -> Iterator[None]:
     """One image build at a time on this machine (tests and a node may ask together)."""
     images_dir().mkdir(parents=True, exist_ok=True)
     with (images_dir() / ".lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"waiting for another image build to finish ({images_dir() / '.lock'})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
 
@@ -289,7 +293,7 @@ def ensure_images(names: list[str] | None = None,
     if unknown:
         raise KeyError(f"unknown images {unknown}; known: {sorted(IMAGES)}")
     buildah = storage()
-    with _lock(), tempfile.TemporaryDirectory(prefix="monarch-images-") as staging:
+    with _lock(progress), tempfile.TemporaryDirectory(prefix="monarch-images-") as staging:
         plans: dict[str, _Plan] = {}
         for name in wanted:
             _plan(name, Path(staging), plans)
