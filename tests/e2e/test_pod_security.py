@@ -1,9 +1,8 @@
 """The sample MonarchJob end to end in a namespace that enforces the Pod Security "restricted"
 level (labels enforce, warn and audit): the API server refuses a privileged pod there, and
-admits every worker and launcher pod of the job, which then Succeeds with sshd, the Monarch
-workers and the launcher running non-root, with no_new_privs and no capabilities (the node
-agent applies both, as a look at the workers' sshd shows; seccomp RuntimeDefault is not
-emulated locally, see the README)."""
+admits every worker and launcher pod of the job, which then Succeeds on the real nodes with
+sshd, the Monarch workers and the launcher running non-root, with no_new_privs, no
+capabilities and runc's RuntimeDefault seccomp filter, as a look at the workers' sshd shows."""
 
 from __future__ import annotations
 
@@ -85,8 +84,8 @@ def test_sample_job_succeeds_in_a_restricted_namespace(kubectl, namespace, local
         assert f"{PSA}/audit-violations" not in admission, admission
 
     # Inside a worker: sshd (the main process; its pid file is in the entrypoint's state
-    # directory) runs as uid 1000 with no_new_privs and no capabilities, as the node agent
-    # applied them from the pod's securityContext.
+    # directory) runs as uid 1000 with no_new_privs, no capabilities and a seccomp filter, as
+    # runc applied them from the pod's securityContext.
     # (The entrypoint's state directory is in the user's passwd home.)
     sshd_status = kubectl(
         "exec", "-n", namespace, "demo-worker-0", "-c", "worker", "--", "sh", "-c",
@@ -98,3 +97,10 @@ def test_sample_job_succeeds_in_a_restricted_namespace(kubectl, namespace, local
     assert seen["Uid"].split()[:2] == ["1000", "1000"], seen
     assert seen["NoNewPrivs"] == "1", seen
     assert seen["CapBnd"] == seen["CapEff"] == "0000000000000000", seen
+    assert seen["Seccomp"] == "2", seen  # SECCOMP_MODE_FILTER
+    # Field case C25: the ranks (sshd's children, in this container) get a memory-backed
+    # /dev/shm larger than the runtime's 64 MiB default: the kubelet sizes it (no memory limit
+    # here: the node's allocatable memory).
+    shm = kubectl("exec", "-n", namespace, "demo-worker-0", "-c", "worker", "--",
+                  "df", "-k", "/dev/shm").splitlines()[-1].split()
+    assert shm[0] == "tmpfs" and int(shm[1]) > 64 * 1024, shm

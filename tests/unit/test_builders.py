@@ -204,3 +204,40 @@ def test_the_crds_image_rule_admits_references_and_refuses_the_rest():
     for image in ["Bad Image!!:::", "MyImage", "img:", "img:1:2", "-img", "img/",
                   "ghcr.io//x", "img@sha256:xyz", "img tag"]:
         assert not re.match(pattern, image), image
+
+
+def _shm_mounts(job):
+    """(mounts at /dev/shm in the worker container, volumes named by them) of the worker pod."""
+    spec = build_worker_statefulset(job, SETTINGS)["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    mounts = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    names = {m["name"] for m in mounts}
+    return mounts, [v for v in spec["volumes"] if v["name"] in names]
+
+
+def test_worker_gets_a_memory_backed_dev_shm_sized_by_the_kubelet():
+    # Field case C25: not the runtime's 64 MiB; no sizeLimit of ours (pod memory limit, else
+    # the node's allocatable memory).
+    mounts, volumes = _shm_mounts(make_job())
+    assert [m["name"] for m in mounts] == ["dshm"]
+    assert volumes == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+
+
+def test_a_template_sizes_dev_shm_by_the_volume_name():
+    job = make_job(workers={"replicas": 1, "gpusPerWorker": 2, "template": {"spec": {
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]}}})
+    mounts, volumes = _shm_mounts(job)
+    assert len(mounts) == 1
+    assert volumes == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]
+
+
+def test_the_users_own_dev_shm_mount_wins_and_is_the_only_one():
+    job = make_job(workers={"replicas": 1, "gpusPerWorker": 2, "template": {"spec": {
+        "containers": [{"name": "worker", "volumeMounts": [
+            {"name": "bigshm", "mountPath": "/dev/shm"}]}],
+        "volumes": [{"name": "bigshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]}}})
+    mounts, volumes = _shm_mounts(job)
+    assert [m["name"] for m in mounts] == ["bigshm"]
+    assert [v["name"] for v in volumes] == ["bigshm"]
+    spec = build_worker_statefulset(job, SETTINGS)["spec"]["template"]["spec"]
+    assert "dshm" not in {v["name"] for v in spec["volumes"]}

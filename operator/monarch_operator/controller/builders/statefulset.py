@@ -23,6 +23,14 @@ from monarch_operator.controller.spec import JobSpec
 
 WORKER_CONTAINER = "worker"
 SSH_VOLUME = "ssh"
+# Field case C25: a container's /dev/shm is 64 MiB unless something is mounted there, and NCCL,
+# torch DataLoader workers and Monarch's shared-memory transport need far more. Each worker gets a
+# memory-backed emptyDir there with no sizeLimit of ours: the kubelet then sizes the tmpfs to the
+# pod's memory limit when it has one, else to the node's allocatable memory, and its pages count
+# against the container's memory. A template changes it by name (a `sizeLimit` on volume
+# "dshm"), or replaces it by mounting its own volume at /dev/shm.
+SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
 # Entrypoint of images/worker: prepares sshd's runtime paths and host keys, then runs sshd.
 WORKER_ENTRYPOINT = "/usr/local/bin/monarch-worker-entrypoint"
 
@@ -41,6 +49,7 @@ def build_worker_statefulset(job: JobSpec, settings: Settings) -> dict[str, Any]
         "spec": _worker_pod_spec(job, settings),
     }
     template = merge_pod_template(template, job.worker_template)
+    _keep_one_shm_mount(template["spec"])
     # `cpu: 2` in the user's template is valid Kubernetes; the client must send it as "2" (C12A).
     template["spec"] = quantities_as_strings(template["spec"])
     # The selector labels win over the user's template: the StatefulSet must find its pods.
@@ -99,11 +108,13 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
                 },
                 "resources": {"limits": {constants.GPU_RESOURCE: str(job.gpus_per_worker)}},
                 "volumeMounts": [
-                    {"name": SSH_VOLUME, "mountPath": constants.SSH_DIR, "readOnly": True}
+                    {"name": SSH_VOLUME, "mountPath": constants.SSH_DIR, "readOnly": True},
+                    {"name": SHM_VOLUME, "mountPath": SHM_PATH},
                 ],
             }
         ],
         "volumes": [
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
             {
                 "name": SSH_VOLUME,
                 "secret": {
@@ -117,6 +128,21 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
             }
         ],
     }
+
+
+def _keep_one_shm_mount(spec: dict[str, Any]) -> None:
+    """When the user's template mounts a volume of its own at ``/dev/shm`` in the worker
+    container, drop ours (mount and volume): the user's wins, never two mounts on one path."""
+    for container in spec.get("containers") or []:
+        if container.get("name") != WORKER_CONTAINER:
+            continue
+        mounts = container.get("volumeMounts") or []
+        theirs = [m for m in mounts if m.get("mountPath") == SHM_PATH
+                  and m.get("name") != SHM_VOLUME]
+        if theirs:
+            container["volumeMounts"] = [m for m in mounts if m.get("name") != SHM_VOLUME]
+            spec["volumes"] = [v for v in spec.get("volumes") or []
+                               if v.get("name") != SHM_VOLUME]
 
 
 def merge_pod_template(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

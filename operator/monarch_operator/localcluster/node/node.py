@@ -334,8 +334,11 @@ def host_state() -> dict[str, object]:
 
     sysctls = {name: Path("/proc/sys", *name.split(".")).read_text().strip()
                for name in (*network.SAVED_SYSCTLS, "net.ipv4.ip_forward")}
-    mounts = sorted(line.split()[4] for line in Path("/proc/self/mountinfo").read_text()
-                    .splitlines())
+    # Not the image builder's: buildah keeps its storage mounted between builds, and may build
+    # while a cluster runs.
+    mounts = sorted(point for point in (line.split()[4] for line in
+                                        Path("/proc/self/mountinfo").read_text().splitlines())
+                    if "buildah" not in point)
     rules = sorted(line for line in read("iptables-save").splitlines()
                    if line.strip() and not line.startswith(("#", ":")))
     cgroups = sorted(str(p) for h in cgroup_hierarchies() for p in h.iterdir() if p.is_dir())

@@ -1,0 +1,38 @@
+"""End-to-end tests run on real nodes: a local control plane whose two nodes run the upstream
+kubelet, containerd with runc, kube-proxy, the CNI bridge and CoreDNS, with the worker,
+operator and example images built from ``images/`` and ``examples/`` (issue 19).
+
+The fixtures of ``tests/conftest.py`` are registered again here, so that in this folder
+``kubectl``, ``operator``, ``namespace`` ... use this cluster; the kwok cluster of the other
+cluster tests is a different fixture and may run at the same time. One cluster with real nodes
+runs on a machine at a time (fixed addresses): run e2e tests in one pytest process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from monarch_operator.localcluster.cluster import LocalCluster
+from tests.conftest import (  # noqa: F401  (fixtures re-registered for this cluster)
+    chart_namespace,
+    helm_env,
+    kubectl,
+    namespace,
+    operator,
+    operator_process,
+    run_cluster,
+)
+
+REAL_NODES = 2
+GPUS_PER_NODE = 4
+# Every image an end-to-end test runs: the sample job's, the chart's operator, the examples'.
+IMAGES = ("worker", "operator", "examples")
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("realcluster"), real_nodes=REAL_NODES,
+                           gpus_per_node=GPUS_PER_NODE, images=IMAGES, stop_with_owner=True)
+    yield from run_cluster(cluster)
