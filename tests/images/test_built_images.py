@@ -94,8 +94,10 @@ def test_a_second_ensure_is_only_a_hash_check(built_images):
     started = time.monotonic()
     again = images.ensure_images(progress=lines.append)
     elapsed = time.monotonic() - started
-    assert again == built_images and lines == []
-    assert elapsed < 30, f"a warm ensure took {elapsed:.1f} s"
+    assert again == built_images
+    assert not [line for line in lines if "building" in line or "writing" in line], lines
+    waited = any(line.startswith("waiting for another image build") for line in lines)
+    assert waited or elapsed < 30, f"a warm ensure took {elapsed:.1f} s"
 
 
 def _secret_files(job_name: str) -> dict[str, bytes]:
