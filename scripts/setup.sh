@@ -48,6 +48,10 @@ stamp=".venv/.installed-$(cat pyproject.toml examples/pyproject.toml | sha256sum
 if [ ! -f "$stamp" ]; then
   log "installing monarch-operator[dev] into .venv (first time: torch + CUDA wheels, several minutes)"
   .venv/bin/pip install -q --upgrade pip
+  # torch and its CUDA wheels (about 3 GB) come from the machine's wheelhouse, which the image
+  # builds read too (localcluster/wheelhouse.py): downloaded once per machine, not per clone.
+  wheels=$(PYTHONPATH=operator .venv/bin/python -m monarch_operator.localcluster.wheelhouse)
+  .venv/bin/pip install -q --no-index --find-links "$wheels" -r "$wheels/requirements.txt"
   .venv/bin/pip install -q -e '.[dev]'
   # The example programs (examples/: rl_kl, torchrun_demo), as their image has them: importable by the
   # launcher and by every worker (loopback test hosts and local-cluster pods share this venv).

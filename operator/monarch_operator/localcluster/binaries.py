@@ -53,13 +53,14 @@ def ensure_helm() -> Path:
 
 
 NODE_NAMES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr", "coredns",
-              "fake-gpu-plugin")
+              "kube-router", "fake-gpu-plugin")
 
 
 def ensure_node_binaries() -> Path:
     """Return the directory holding what a real node runs (:data:`NODE_NAMES`), building
     missing ones: kubelet and kube-proxy (the control plane's Kubernetes version), containerd
-    2.x, CoreDNS and our fake GPU device plugin (``localcluster/node/gpuplugin``).
+    2.x, CoreDNS, kube-router (its NetworkPolicy firewall) and our fake GPU device plugin
+    (``localcluster/node/gpuplugin``).
 
     Built once by ``build-binaries.sh node`` into ``~/.cache/monarch-operator/bin/node-<versions>/``
     (or under ``$MONARCH_OPERATOR_CACHE``): about 10 minutes on 2 cores from an empty cache.

@@ -3,7 +3,8 @@
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok; with the
 # argument `helm`, only the Helm client the chart tests use; with `node`, what a real node runs:
 # kubelet and kube-proxy (same Kubernetes version), containerd 2.x with its runc shim and ctr,
-# CoreDNS, and our fake GPU device plugin (localcluster/node/gpuplugin).
+# CoreDNS, kube-router (its NetworkPolicy firewall) and our fake GPU device plugin
+# (localcluster/node/gpuplugin).
 # Binaries land in ~/.cache/monarch-operator/bin/<versions>/ and are rebuilt only when missing.
 # Prints the directory that holds them (`helm`: ~/.cache/monarch-operator/bin/helm-<version>/,
 # `node`: ~/.cache/monarch-operator/bin/node-<versions>/).
@@ -18,6 +19,7 @@ KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
+KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
 CACHE="${MONARCH_OPERATOR_CACHE:-$HOME/.cache/monarch-operator}"
 BIN="$CACHE/bin/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
 WORK="$CACHE/build"
@@ -160,6 +162,23 @@ build_coredns() {
   log "built coredns in $((SECONDS - t0)) s"
 }
 
+# build_kube_router DEST: kube-router, of which the nodes run only the NetworkPolicy firewall
+# (iptables and ipset in each node's network namespace); `kube-router` links to the pinned one.
+build_kube_router() {
+  local dest="$1" versioned="kube-router-$KUBE_ROUTER_VERSION"
+  if [ ! -x "$dest/$versioned" ]; then
+    log "building kube-router $KUBE_ROUTER_VERSION (first time: about 5 min on 2 cores)"
+    local t0=$SECONDS tmp
+    tmp=$(mktemp -d)
+    GOBIN="$tmp" go install -trimpath -ldflags "-s -w" \
+      "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+    mv "$tmp/kube-router" "$dest/$versioned"
+    rmdir "$tmp"
+    log "built kube-router in $((SECONDS - t0)) s"
+  fi
+  ln -sf "$versioned" "$dest/kube-router"
+}
+
 # build_gpu_plugin DEST: our fake GPU device plugin, a module in this repository.
 build_gpu_plugin() {
   local dest="$1" src hash
@@ -182,6 +201,7 @@ case "${1:-}" in
     build_containerd "$NODE_BIN"
     build_kubernetes "$NODE_BIN" kubelet kube-proxy
     build_coredns "$NODE_BIN"
+    build_kube_router "$NODE_BIN"
     build_gpu_plugin "$NODE_BIN"
     echo "$NODE_BIN"
     ;;

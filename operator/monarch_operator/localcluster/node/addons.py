@@ -1,5 +1,6 @@
-"""Cluster add-ons the real nodes need: CoreDNS as a pod behind the ``kube-dns`` Service, and
-the API server's right to use the kubelets' API (logs, exec), as kubeadm grants it.
+"""Cluster add-ons the real nodes need: CoreDNS as a pod behind the ``kube-dns`` Service, the
+API server's right to use the kubelets' API (logs, exec), as kubeadm grants it, and what
+kube-router's NetworkPolicy firewall may read.
 
 CoreDNS answers for the cluster domain from the API server (Services, StatefulSet pod names)
 with its usual 30 s cache, and has no ``forward`` plugin: a name outside the cluster gets
@@ -39,6 +40,32 @@ def kubelet_api_access(user: str) -> dict[str, object]:
                         "name": "system:kubelet-api-admin"},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
                           "name": user}]}
+
+
+KUBE_ROUTER_USER = "monarch-localcluster:kube-router"
+
+
+def kube_router_access() -> list[dict[str, object]]:
+    """What kube-router's NetworkPolicy firewall reads (user :data:`KUBE_ROUTER_USER`, its
+    client certificate's CN): pods, namespaces, nodes, services, endpoints and policies."""
+    name = "monarch-localcluster:kube-router"
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": name},
+         "rules": [{"apiGroups": [""], "resources": ["namespaces", "pods", "services", "nodes",
+                                                     "endpoints"],
+                    "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+                    "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                    "verbs": ["get", "list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": name},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                       "name": KUBE_ROUTER_USER}]},
+    ]
 
 
 def coredns_manifests(image: str) -> list[dict[str, object]]:

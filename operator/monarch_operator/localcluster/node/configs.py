@@ -170,6 +170,16 @@ def kube_proxy_config(node: NodeAddresses, kubeconfig: Path) -> dict[str, object
     }
 
 
+def kube_router_args(node: NodeAddresses, kubeconfig: Path) -> list[str]:
+    """kube-router's flags on a node: its NetworkPolicy firewall only (no routing, no service
+    proxy, no CNI of its own: the nodes route, kube-proxy serves Services, the bridge plugin
+    wires pods); health on the node's loopback, no metrics."""
+    return [f"--kubeconfig={kubeconfig}", f"--hostname-override={node.name}",
+            "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+            "--run-loadbalancer=false", "--enable-cni=false", "--enable-ipv6=false",
+            "--health-port=20244", "--metrics-port=0", "-v=1"]
+
+
 def kubeconfig(server: str, ca: Path, cert: Path, key: Path) -> str:
     """A kubeconfig (JSON) for one client certificate against ``server``."""
     return json.dumps({

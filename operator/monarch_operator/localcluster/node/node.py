@@ -32,7 +32,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # and removed again by teardown when we created them).
 BINDS = {"kubelet": "/var/lib/kubelet", "cni": "/var/lib/cni", "run": "/run/containerd",
          "pod-logs": "/var/log/pods", "container-logs": "/var/log/containers"}
-COMPONENTS = ("containerd", "kubelet", "kube-proxy", "gpu-plugin")
+COMPONENTS = ("containerd", "kubelet", "kube-proxy", "kube-router", "gpu-plugin")
 
 Progress = Callable[[str], None]
 
@@ -89,6 +89,8 @@ class RealNode:
             server, pki / "ca.crt", pki / f"{self.name}.crt", pki / f"{self.name}.key"))
         (self.state_dir / "kube-proxy.kubeconfig").write_text(configs.kubeconfig(
             server, pki / "ca.crt", pki / "kube-proxy.crt", pki / "kube-proxy.key"))
+        (self.state_dir / "kube-router.kubeconfig").write_text(configs.kubeconfig(
+            server, pki / "ca.crt", pki / "kube-router.crt", pki / "kube-router.key"))
         (self.state_dir / "kube-proxy.yaml").write_text(json.dumps(
             configs.kube_proxy_config(self.addresses, self.state_dir / "kube-proxy.kubeconfig"),
             indent=2))
@@ -143,7 +145,8 @@ class RealNode:
         self.wait_containerd()
 
     def start_kubelet(self, start: Callable[[str, list[str]], int]) -> None:
-        """Start the kubelet, kube-proxy and the fake GPU plugin (containerd runs)."""
+        """Start the kubelet, kube-proxy, kube-router's NetworkPolicy firewall and the fake GPU
+        plugin (containerd runs)."""
         bins = self.bin_dir
         self.pids["kubelet"] = start(f"{self.name}-kubelet", self.enter(
             str(bins / "kubelet"), f"--config={self.state_dir / 'kubelet.yaml'}",
@@ -152,6 +155,9 @@ class RealNode:
             "--v=1"))
         self.pids["kube-proxy"] = start(f"{self.name}-kube-proxy", self.enter(
             str(bins / "kube-proxy"), f"--config={self.state_dir / 'kube-proxy.yaml'}"))
+        self.pids["kube-router"] = start(f"{self.name}-kube-router", self.enter(
+            str(bins / "kube-router"), *configs.kube_router_args(
+                self.addresses, self.state_dir / "kube-router.kubeconfig")))
         self.pids["gpu-plugin"] = start(f"{self.name}-gpu-plugin", self.enter(
             str(bins / "fake-gpu-plugin"), f"-count={self.gpus}",
             f"-dir={configs.DEVICE_PLUGIN_DIR}"))

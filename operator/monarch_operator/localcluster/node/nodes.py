@@ -113,6 +113,7 @@ class RealNodes:
                                     common_name=f"system:node:{node.name}",
                                     server_names=(node.name, str(node.addresses.ip)))
         certs.write_client_cert(self.pki, "kube-proxy", common_name="system:kube-proxy")
+        certs.write_client_cert(self.pki, "kube-router", common_name=addons.KUBE_ROUTER_USER)
 
     def node_objects(self) -> list[dict[str, object]]:
         """The Node objects, created before the kubelets register: ``spec.podCIDR`` must be
@@ -130,7 +131,7 @@ class RealNodes:
     def start(self, server: str, start: Start, images: dict[str, Path], pause_image: str,
               progress: Progress) -> dict[str, int]:
         """Start every node: holder, containerd, images imported (in parallel, one thread per
-        node), kubelet, kube-proxy and GPU plugin. Returns ``{"<node>-<component>": pid}``.
+        node), kubelet, kube-proxy, kube-router's firewall and the GPU plugin. Returns ``{"<node>-<component>": pid}``.
 
         Args:
             server: the API server's URL as the nodes reach it.
@@ -148,10 +149,14 @@ class RealNodes:
                 OWNER.write_text(json.dumps({"state_dir": str(self.state_dir),
                                              "pid": node.pids["holder"]}))
             node.start_components(start)
+        # One thread per node, each importing the archives in turn: images share layers, and
+        # one containerd ingests a shared blob once (a second writer waits on its lock).
+        def import_all(node: nodemod.RealNode) -> None:
+            for archive in images.values():
+                node.import_image(archive, progress)
+
         with concurrent.futures.ThreadPoolExecutor(len(self.nodes)) as pool:
-            futures = [pool.submit(node.import_image, archive, progress)
-                       for node in self.nodes for archive in images.values()]
-            for future in futures:
+            for future in [pool.submit(import_all, node) for node in self.nodes]:
                 future.result()
         pids = {}
         for node in self.nodes:
@@ -241,6 +246,7 @@ def addon_manifests(coredns_image: str) -> str:
     """The add-ons' objects (CoreDNS, the API server's kubelet access) as one JSON List."""
     return json.dumps({"apiVersion": "v1", "kind": "List",
                        "items": [addons.kubelet_api_access(certs.KUBELET_CLIENT_NAME),
+                                 *addons.kube_router_access(),
                                  *addons.coredns_manifests(coredns_image)]})
 
 
