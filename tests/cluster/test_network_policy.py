@@ -1,6 +1,6 @@
 """Each MonarchJob's NetworkPolicy on the local API server: created before the workers, owned
 by the job, selecting exactly the job's worker and launcher pods; off with the operator
-setting. (No network plugin here enforces it; see the README's security section.)"""
+setting. Enforcement is shown on the real nodes: tests/e2e/test_network_policy_enforced.py."""
 
 from __future__ import annotations
 

@@ -100,8 +100,9 @@ def test_sample_job_succeeds_under_the_charts_service_account(
 
 def test_sample_job_succeeds_with_the_operator_as_the_charts_pod(
         kubectl, helm_env, chart_namespace, local_cluster):
-    """The chart's Deployment runs the operator as a pod (the node agent gives it the
-    ServiceAccount token and the API server's address, as a kubelet does); `helm test` finds
+    """The chart's Deployment runs the operator as a pod from the operator image on a real
+    node (its kubelet mounts the ServiceAccount token; the ``kubernetes`` Service leads to the
+    API server); `helm test` finds
     it healthy; the rl_kl job reaches Succeeded under it. The namespace enforces the Pod
     Security "restricted" level, so the operator, `helm test` and job pods all pass it."""
     account = f"{RELEASE}-monarch-operator"
@@ -141,8 +142,9 @@ def operator_pod_report(kubectl, local_cluster, namespace: str) -> str:
         name = pod["metadata"]["name"]
         report.append(f"{name}: {json.dumps(pod.get('status'))[:3000]}")
         path = pod_log_path(local_cluster.state_dir, namespace, name)
-        if path is not None:
-            report.append(path.read_text(errors="replace")[-3000:])
+        output = (path.read_text(errors="replace") if path is not None
+                  else kubectl("logs", "-n", namespace, name, check=False))
+        report.append(output[-3000:])
     return "\n".join(report)
 
 

@@ -298,8 +298,8 @@ class LocalCluster:
         running = real_nodes_mod.owner()
         if running is not None and Path(str(running["state_dir"])) != self.state_dir:
             return
+        real_nodes_mod.OWNER.unlink(missing_ok=True)  # first: teardown removes an empty run dir
         removed = node_mod.teardown_all()
-        real_nodes_mod.OWNER.unlink(missing_ok=True)
         shutil.rmtree(self.state_dir / "nodes", ignore_errors=True)
         if removed and not quiet:
             print(f"stopped real nodes; removed {len(removed)} items of theirs")
