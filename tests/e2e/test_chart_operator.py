@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from monarch_operator.localcluster.cli import pod_log_path
 from monarch_operator.localcluster.demo import (
     launcher_log,
     start_operator,
     stop_process,
     wait_for_phase,
 )
-from monarch_operator.localcluster.cli import pod_log_path
 from tests.chart import CHART, ROOT, helm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]

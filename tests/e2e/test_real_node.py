@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
+from monarch_operator.localcluster.demo import install_crds
 from monarch_operator.localcluster.node import addons, network
 from monarch_operator.localcluster.node import node as node_mod
-from monarch_operator.localcluster.demo import install_crds
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 

@@ -29,8 +29,8 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from monarch_operator.localcluster import certs, nodestate
 from monarch_operator.localcluster.binaries import ensure_binaries, ensure_node_binaries
@@ -200,9 +200,18 @@ class LocalCluster:
                 pids[name] = self._start(name, args)
                 self._save(pids, ports)
             if real is not None:
-                pids.update(self._start_real_nodes(real, bin_dir, ports, archives, progress))
-                self._save(pids, ports)
-                self._wait_real_ready(real, bin_dir, pids, progress)
+                from monarch_operator.localcluster import images
+
+                def kubectl(*args: str, stdin: str | None = None) -> str:
+                    return self._kubectl(bin_dir, *args, stdin=stdin)
+
+                def started(new: dict[str, int]) -> None:
+                    pids.update(new)
+                    self._save(pids, ports)
+
+                real.bring_up(f"https://{self.host}:{ports['apiserver']}", kubectl, self._start,
+                              archives, images.IMAGES["pause"].ref, images.IMAGES["coredns"].ref,
+                              lambda: self._check_alive(pids), started, progress)
             else:
                 self._create_nodes(bin_dir)
                 self._wait_ready(bin_dir, pids)
@@ -234,40 +243,6 @@ class LocalCluster:
         return real_nodes_mod.RealNodes(self.state_dir, self.real_nodes, self.gpus_per_node,
                                         node_bin, images_cache())
 
-    def _start_real_nodes(self, real: real_nodes_mod.RealNodes, bin_dir: Path,
-                          ports: dict[str, int], archives: dict[str, Path],
-                          progress: Progress) -> dict[str, int]:
-        from monarch_operator.localcluster import images
-
-        real.write_certs()
-        self._kubectl(bin_dir, "apply", "-f", "-", stdin=json.dumps(
-            {"apiVersion": "v1", "kind": "List", "items": real.node_objects()}))
-        pids = real.start(f"https://{self.host}:{ports['apiserver']}", self._start, archives,
-                          images.IMAGES["pause"].ref, progress)
-        self._kubectl(bin_dir, "apply", "-f", "-",
-                      stdin=real_nodes_mod.addon_manifests(images.IMAGES["coredns"].ref))
-        return pids
-
-    def _wait_real_ready(self, real: real_nodes_mod.RealNodes, bin_dir: Path,
-                         pids: dict[str, int], progress: Progress) -> None:
-        def nodes_problems() -> list[str]:
-            self._check_alive(pids)
-            items = json.loads(self._kubectl(bin_dir, "get", "nodes", "-o", "json"))["items"]
-            return real.ready_problems(items)
-
-        def dns_problems() -> list[str]:
-            self._check_alive(pids)
-            deployment = json.loads(self._kubectl(bin_dir, "get", "deployment", "-n",
-                                                  "kube-system", "coredns", "-o", "json"))
-            if not (deployment.get("status") or {}).get("readyReplicas"):
-                return ["coredns not Ready"]
-            accounts = self._kubectl(bin_dir, "get", "serviceaccounts", "-n", "default",
-                                     "-o", "name")
-            return [] if "serviceaccount/default" in accounts else ["no default ServiceAccount"]
-
-        real_nodes_mod.wait(nodes_problems, "real nodes", 180, progress)
-        real_nodes_mod.wait(dns_problems, "cluster DNS", 120, progress)
-
     def down(self, quiet: bool = False) -> None:
         """Stop every process of the cluster (an operator started for it by the demo or the
         tests first, then the agent, ..., etcd last) and wait for them."""
@@ -291,16 +266,7 @@ class LocalCluster:
         self._record.unlink(missing_ok=True)
 
     def _stop_real_nodes(self, quiet: bool) -> None:
-        """Remove real nodes of this cluster, or left by a killed run that no live cluster
-        owns: their processes, cgroups, network and folders (``node.teardown_all``)."""
-        from monarch_operator.localcluster.node import node as node_mod
-
-        running = real_nodes_mod.owner()
-        if running is not None and Path(str(running["state_dir"])) != self.state_dir:
-            return
-        real_nodes_mod.OWNER.unlink(missing_ok=True)  # first: teardown removes an empty run dir
-        removed = node_mod.teardown_all()
-        shutil.rmtree(self.state_dir / "nodes", ignore_errors=True)
+        removed = real_nodes_mod.stop_unless_owned_by_another(self.state_dir)
         if removed and not quiet:
             print(f"stopped real nodes; removed {len(removed)} items of theirs")
 

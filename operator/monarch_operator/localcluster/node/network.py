@@ -19,8 +19,8 @@ machine and remove it after a run that was killed before its teardown: names sta
 
 from __future__ import annotations
 
-import ipaddress
 import contextlib
+import ipaddress
 import json
 import os
 import subprocess

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -164,6 +165,43 @@ class RealNodes:
             pids.update({f"{node.name}-{name}": pid for name, pid in node.pids.items()})
         return pids
 
+    def bring_up(self, server: str, kubectl: Kubectl, start: Start, images: dict[str, Path],
+                 pause_image: str, coredns_image: str, check_alive: Callable[[], None],
+                 started: Callable[[dict[str, int]], None], progress: Progress) -> None:
+        """Everything after the control plane: certificates, Node objects, the nodes
+        (:meth:`start`; their pids go to ``started`` at once, for the cluster's record), the
+        add-ons; then wait until every node is Ready with its GPUs and DNS answers.
+
+        Args:
+            kubectl: runs kubectl with the admin kubeconfig (``*args, stdin=...``), returns
+                its output, raises RuntimeError on failure.
+            check_alive: raises RuntimeError naming a component that exited.
+
+        Raises:
+            RuntimeError: a component failed, or not ready in time (the reasons named).
+        """
+        self.write_certs()
+        kubectl("apply", "-f", "-", stdin=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": self.node_objects()}))
+        started(self.start(server, start, images, pause_image, progress))
+        kubectl("apply", "-f", "-", stdin=addon_manifests(coredns_image))
+
+        def nodes_problems() -> list[str]:
+            check_alive()
+            return self.ready_problems(json.loads(kubectl("get", "nodes", "-o", "json"))["items"])
+
+        def dns_problems() -> list[str]:
+            check_alive()
+            deployment = json.loads(kubectl("get", "deployment", "-n", addons.NAMESPACE,
+                                            addons.NAME, "-o", "json"))
+            if not (deployment.get("status") or {}).get("readyReplicas"):
+                return ["coredns not Ready"]
+            accounts = kubectl("get", "serviceaccounts", "-n", "default", "-o", "name")
+            return [] if "serviceaccount/default" in accounts else ["no default ServiceAccount"]
+
+        wait(nodes_problems, "real nodes", 180, progress)
+        wait(dns_problems, "cluster DNS", 120, progress)
+
     def ready_problems(self, nodes: list[dict[str, object]]) -> list[str]:
         """Why the nodes are not ready for jobs yet (empty when they are): each node Ready,
         untainted, with its GPUs allocatable (a pod created earlier fails scheduling)."""
@@ -240,6 +278,19 @@ class RealNodes:
         if progress:
             progress(f"real nodes stopped; host network removed ({len(removed)} items)")
         return removed
+
+
+def stop_unless_owned_by_another(state_dir: Path) -> list[str]:
+    """Remove the real nodes of the cluster in ``state_dir``, or those a killed run left that
+    no live cluster owns (processes, cgroups, network, folders); leave another live cluster's
+    alone. Returns what was removed."""
+    running = owner()
+    if running is not None and Path(str(running["state_dir"])) != state_dir:
+        return []
+    OWNER.unlink(missing_ok=True)  # first: teardown removes the run folder once it is empty
+    removed = nodemod.teardown_all()
+    shutil.rmtree(state_dir / "nodes", ignore_errors=True)
+    return removed
 
 
 def addon_manifests(coredns_image: str) -> str:
