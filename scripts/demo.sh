@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job end to end: local control plane up, CRD installed, operator running, the sample
-# MonarchJob applied; waits for it, prints `kubectl get monarchjobs` and the trainer/ref output,
+# The main job end to end: local control plane with two real nodes up, CRD installed, operator
+# running, the sample MonarchJob applied; waits for it, prints `kubectl get monarchjobs` and the trainer/ref output,
 # then stops everything (pass --keep to leave the cluster and operator running).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,11 +10,15 @@ for arg in "$@"; do
       cat <<'USAGE'
 usage: scripts/demo.sh [--keep] [--dir DIR] [--namespace NS] [--timeout SECONDS]
 
-Sets up everything first (scripts/setup.sh: Python packages, control-plane binaries), then runs
-the sample MonarchJob (crds/samples/demo.yaml) on a local control plane to Succeeded.
+Sets up everything first (scripts/setup.sh: Debian packages, Python packages, control-plane and
+node binaries), builds the worker image if it changed, then runs the sample MonarchJob
+(crds/samples/demo.yaml) to Succeeded on a local control plane with two real nodes (kubelet,
+containerd, kube-proxy, CoreDNS; needs root).
 
   --keep            leave the cluster and operator running afterwards (how to use and stop
                     them is printed)
+  --nodes N         real nodes (default 2)
+  --simulated       kwok nodes whose pods run as host processes, instead of real nodes
   --dir DIR         state directory: kubeconfig, logs, pod output (default .localcluster in
                     this checkout, or $MONARCH_LOCALCLUSTER_DIR)
   --namespace NS    namespace of the sample job (default team-a)
