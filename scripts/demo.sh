@@ -8,7 +8,7 @@ for arg in "$@"; do
   case "$arg" in
     -h|--help)
       cat <<'USAGE'
-usage: scripts/demo.sh [--keep] [--dir DIR] [--namespace NS] [--timeout SECONDS]
+usage: scripts/demo.sh [--keep] [--dir DIR] [--namespace NS] [--timeout SECONDS] [--nodes N] [--simulated]
 
 Sets up everything first (scripts/setup.sh: Debian packages, Python packages, control-plane and
 node binaries), builds the worker image if it changed, then runs the sample MonarchJob
