@@ -145,8 +145,8 @@ class RealNode:
         self.wait_containerd()
 
     def start_kubelet(self, start: Callable[[str, list[str]], int]) -> None:
-        """Start the kubelet, kube-proxy, kube-router's NetworkPolicy firewall and the fake GPU
-        plugin (containerd runs)."""
+        """Start the kubelet, kube-proxy and the fake GPU plugin (containerd runs); then
+        :meth:`start_firewall` once the node has registered."""
         bins = self.bin_dir
         self.pids["kubelet"] = start(f"{self.name}-kubelet", self.enter(
             str(bins / "kubelet"), f"--config={self.state_dir / 'kubelet.yaml'}",
@@ -155,12 +155,17 @@ class RealNode:
             "--v=1"))
         self.pids["kube-proxy"] = start(f"{self.name}-kube-proxy", self.enter(
             str(bins / "kube-proxy"), f"--config={self.state_dir / 'kube-proxy.yaml'}"))
-        self.pids["kube-router"] = start(f"{self.name}-kube-router", self.enter(
-            str(bins / "kube-router"), *configs.kube_router_args(
-                self.addresses, self.state_dir / "kube-router.kubeconfig")))
         self.pids["gpu-plugin"] = start(f"{self.name}-gpu-plugin", self.enter(
             str(bins / "fake-gpu-plugin"), f"-count={self.gpus}",
             f"-dir={configs.DEVICE_PLUGIN_DIR}"))
+
+    def start_firewall(self, start: Callable[[str, list[str]], int]) -> None:
+        """Start kube-router's NetworkPolicy firewall. Only once the kubelet has registered
+        the node's addresses: kube-router reads them from the Node object and exits without
+        one (``IPv4 was enabled but no IPv4 address was found on node``)."""
+        self.pids["kube-router"] = start(f"{self.name}-kube-router", self.enter(
+            str(self.bin_dir / "kube-router"), *configs.kube_router_args(
+                self.addresses, self.state_dir / "kube-router.kubeconfig")))
 
     def ctr(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this node's containerd (namespace ``k8s.io``, the CRI's)."""

@@ -132,7 +132,7 @@ class RealNodes:
     def start(self, server: str, start: Start, images: dict[str, Path], pause_image: str,
               progress: Progress) -> dict[str, int]:
         """Start every node: holder, containerd, images imported (in parallel, one thread per
-        node), kubelet, kube-proxy, kube-router's firewall and the GPU plugin. Returns ``{"<node>-<component>": pid}``.
+        node), kubelet, kube-proxy and the GPU plugin (the firewall comes in :meth:`bring_up`). Returns ``{"<node>-<component>": pid}``.
 
         Args:
             server: the API server's URL as the nodes reach it.
@@ -200,6 +200,10 @@ class RealNodes:
             return [] if "serviceaccount/default" in accounts else ["no default ServiceAccount"]
 
         wait(nodes_problems, "real nodes", 180, progress)
+        # The NetworkPolicy firewall needs the node's registered addresses; before any job.
+        for node in self.nodes:
+            node.start_firewall(start)
+            started({f"{node.name}-kube-router": node.pids["kube-router"]})
         wait(dns_problems, "cluster DNS", 120, progress)
 
     def ready_problems(self, nodes: list[dict[str, object]]) -> list[str]:
@@ -267,6 +271,7 @@ class RealNodes:
         node.make_cgroups()
         node.start_components(start)
         node.start_kubelet(start)
+        node.start_firewall(start)  # the Node object keeps its addresses while the node is lost
         return {f"{name}-{component}": pid for component, pid in node.pids.items()}
 
     def stop(self, progress: Progress | None = None) -> list[str]:
