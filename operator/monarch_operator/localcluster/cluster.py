@@ -205,13 +205,13 @@ class LocalCluster:
                 def kubectl(*args: str, stdin: str | None = None) -> str:
                     return self._kubectl(bin_dir, *args, stdin=stdin)
 
-                def started(new: dict[str, int]) -> None:
+                def record(new: dict[str, int]) -> None:
                     pids.update(new)
                     self._save(pids, ports)
 
                 real.bring_up(f"https://{self.host}:{ports['apiserver']}", kubectl, self._start,
                               archives, images.IMAGES["pause"].ref, images.IMAGES["coredns"].ref,
-                              lambda: self._check_alive(pids), started, progress)
+                              lambda: self._check_alive(pids), record, progress)
             else:
                 self._create_nodes(bin_dir)
                 self._wait_ready(bin_dir, pids)
