@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
-import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,10 +257,20 @@ def remove_created_dirs() -> list[str]:
                              key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        if os.path.ismount(path):  # /run/netns: `ip netns` binds it over itself
+        # /run/netns: `ip netns` binds it over itself, which os.path.ismount cannot see (same
+        # file system); mountinfo can.
+        for _ in range(5):
+            if not _mounted(path):
+                break
             run("umount", path, check=False)
         with contextlib.suppress(OSError):
             Path(path).rmdir()
             removed.append(f"folder {path}")
     CREATED_DIRS.unlink()
     return removed
+
+
+def _mounted(path: str) -> bool:
+    """Whether ``path`` is a mount point in this mount namespace (``/proc/self/mountinfo``)."""
+    return any(line.split()[4] == path
+               for line in Path("/proc/self/mountinfo").read_text().splitlines())

@@ -37,12 +37,14 @@ COMPONENTS = ("containerd", "kubelet", "kube-proxy", "kube-router", "gpu-plugin"
 Progress = Callable[[str], None]
 
 
-def cgroup_hierarchies() -> list[Path]:
-    """The mounted cgroup v1 hierarchies (``/sys/fs/cgroup/cpu``, ...), without the unified one."""
+def cgroup_hierarchies(unified: bool = False) -> list[Path]:
+    """The mounted cgroup v1 hierarchies (``/sys/fs/cgroup/cpu``, ...), where a node's cgroup
+    root is made; with ``unified``, also the cgroup v2 hierarchy of a hybrid host
+    (``/sys/fs/cgroup/unified``), where runc makes cgroups too: teardown removes those."""
     found = []
     for entry in sorted(CGROUP_ROOT.iterdir()):
         if entry.is_dir() and not entry.is_symlink() and (entry / "cgroup.procs").exists() \
-                and entry.name != "unified":
+                and (unified or entry.name != "unified"):
             found.append(entry)
     return found
 
@@ -253,7 +255,7 @@ def processes_of(name: str) -> set[int]:
     namespace (components, shims, the holder)."""
     pids: set[int] = set()
     cgroup = f"{network.PREFIX}{name}"
-    for hierarchy in cgroup_hierarchies():
+    for hierarchy in cgroup_hierarchies(unified=True):
         root = hierarchy / cgroup
         if root.is_dir():
             for procs in root.rglob("cgroup.procs"):
@@ -303,7 +305,7 @@ def stop_node(name: str, known: object = (), keep: set[int] | None = None) -> No
 
 def remove_cgroups(name: str) -> None:
     """Remove ``/mlc-<name>`` and everything below it in every hierarchy (empty by now)."""
-    for hierarchy in cgroup_hierarchies():
+    for hierarchy in cgroup_hierarchies(unified=True):
         root = hierarchy / f"{network.PREFIX}{name}"
         if not root.is_dir():
             continue
@@ -330,7 +332,7 @@ def _rmdir(path: Path) -> None:
 def leftover_node_names() -> list[str]:
     """Names of nodes whose cgroups or network namespace still exist (ours: :data:`PREFIX`)."""
     names = {ns[len(network.PREFIX):] for ns in network.leftover_namespaces()}
-    for hierarchy in cgroup_hierarchies():
+    for hierarchy in cgroup_hierarchies(unified=True):
         names.update(p.name[len(network.PREFIX):] for p in hierarchy.glob(f"{network.PREFIX}*"))
     return sorted(names)
 
@@ -352,7 +354,8 @@ def host_state() -> dict[str, object]:
                     if "buildah" not in point)
     rules = sorted(line for line in read("iptables-save").splitlines()
                    if line.strip() and not line.startswith(("#", ":")))
-    cgroups = sorted(str(p) for h in cgroup_hierarchies() for p in h.iterdir() if p.is_dir())
+    cgroups = sorted(str(p) for h in cgroup_hierarchies(unified=True) for p in h.iterdir()
+                     if p.is_dir())
     folders = {path: Path(path).exists()
                for path in (*BINDS.values(), "/run/netns", str(network.RUN_DIR))}
     return {"sysctls": sysctls, "links": read("ip", "-br", "link").split("\n"),
