@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from functools import cache
@@ -52,3 +53,20 @@ def render(*values_args: str, release: str = "mo", namespace: str = "monarch-sys
 def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     """The objects of one kind."""
     return [obj for obj in objects if obj["kind"] == kind]
+
+
+def token_kubeconfig(kubectl, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig for the local API server that authenticates as ``namespace/account`` only
+    (a TokenRequest token, one hour)."""
+    admin = json.loads(kubectl("config", "view", "--raw", "--minify", "-o", "json"))
+    cluster = admin["clusters"][0]["cluster"]
+    token = kubectl("create", "token", account, "-n", namespace, "--duration=1h").strip()
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "chart",
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "chart", "context": {"cluster": "local", "user": account,
+                                                   "namespace": namespace}}],
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path

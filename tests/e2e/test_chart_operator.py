@@ -21,29 +21,12 @@ from monarch_operator.localcluster.demo import (
     stop_process,
     wait_for_phase,
 )
-from tests.chart import CHART, ROOT, helm
+from tests.chart import CHART, ROOT, helm, token_kubeconfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 SAMPLE = ROOT / "examples" / "rl_kl" / "monarchjob.yaml"
 RELEASE = "mo"
-
-
-def token_kubeconfig(kubectl, namespace: str, account: str, path: Path) -> Path:
-    """A kubeconfig for the local API server that authenticates as ``namespace/account`` only
-    (a TokenRequest token, one hour)."""
-    admin = json.loads(kubectl("config", "view", "--raw", "--minify", "-o", "json"))
-    cluster = admin["clusters"][0]["cluster"]
-    token = kubectl("create", "token", account, "-n", namespace, "--duration=1h").strip()
-    config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "chart",
-        "clusters": [{"name": "local", "cluster": cluster}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": "chart", "context": {"cluster": "local", "user": account,
-                                                   "namespace": namespace}}],
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def run_sample_job(kubectl, namespace: str, state_dir: Path) -> tuple[dict, str]:
@@ -73,11 +56,21 @@ def refused_requests(audit_log: Path, start: int, user: str) -> list[str]:
     return refused
 
 
+@pytest.mark.parametrize("mode", ["namespaced", "cluster"])
 def test_sample_job_succeeds_under_the_charts_service_account(
-        kubectl, helm_env, chart_namespace, local_cluster, tmp_path):
+        kubectl, helm_env, chart_namespace, local_cluster, tmp_path, mode):
+    """In both RBAC modes (a Role per watched namespace; one ClusterRole), with the API
+    server's OwnerReferencesPermissionEnforcement admission plugin on (field case C24): every
+    child carries ``blockOwnerDeletion``, which needs ``update`` on ``monarchjobs/finalizers``.
+    In cluster mode the operator still watches only this test's namespace (the shared test
+    operator has the others), under the ClusterRole's grants."""
     account = f"{RELEASE}-monarch-operator"
-    helm("install", RELEASE, str(CHART), "-n", chart_namespace,
-         "--set", f"watchNamespaces={{{chart_namespace}}}", env=helm_env)
+    scope = (("--set", f"watchNamespaces={{{chart_namespace}}}") if mode == "namespaced"
+             else ())
+    helm("install", RELEASE, str(CHART), "-n", chart_namespace, *scope, env=helm_env)
+    kind = "Role" if mode == "namespaced" else "ClusterRole"
+    assert kubectl("get", kind.lower(), f"{RELEASE}-monarch-operator", "-n", chart_namespace,
+                   "-o", "name", check=False).strip(), f"no {kind} in {mode} mode"
     # The chart's Deployment stays, at zero replicas: this test runs the operator itself.
     kubectl("scale", "deployment", account, "-n", chart_namespace, "--replicas=0")
     config = token_kubeconfig(kubectl, chart_namespace, account, tmp_path / "kubeconfig")
@@ -93,6 +86,12 @@ def test_sample_job_succeeds_under_the_charts_service_account(
     finally:
         stop_process(operator)
         helm("uninstall", RELEASE, "-n", chart_namespace, env=helm_env, check=False)
+    children = [child for child in kubectl.json(
+        "pods,secrets,services,configmaps", "-n", chart_namespace)["items"]
+        if any(ref["kind"] == "MonarchJob" for ref in child["metadata"].get(
+            "ownerReferences", []))]
+    assert children and all(ref.get("blockOwnerDeletion") for child in children
+                            for ref in child["metadata"]["ownerReferences"]), children
     operator_log = (tmp_path / "logs" / "operator.log").read_text()
     assert "Forbidden" not in operator_log and " 403" not in operator_log, operator_log[-3000:]
     assert refused_requests(local_cluster.audit_log, audit_start, user) == []

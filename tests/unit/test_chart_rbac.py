@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
 
 import kopf
 import pytest
 
 from monarch_operator import constants
+from monarch_operator.controller.builders.common import owner_reference
 from tests.chart import CHART, by_kind, render
 
 CONTROLLER = Path(__file__).resolve().parents[2] / "operator" / "monarch_operator" / "controller"
@@ -222,6 +224,16 @@ def kopf_rules(clusterwide: bool) -> set[Rule]:
     return rules
 
 
+def admission_rules() -> set[Rule]:
+    """What admission asks of the operator past the calls themselves: with the
+    OwnerReferencesPermissionEnforcement plugin, an owner reference with ``blockOwnerDeletion``
+    needs ``update`` on the owner's ``finalizers`` subresource (field case C24)."""
+    reference = owner_reference(SimpleNamespace(name="demo", uid="uid"))  # type: ignore[arg-type]
+    if reference.get("blockOwnerDeletion"):
+        return {(constants.GROUP, f"{constants.PLURAL}/finalizers", "update")}
+    return set()
+
+
 def granted(rules: list[dict]) -> set[Rule]:
     wildcards = [rule for rule in rules
                  if "*" in [*rule.get("apiGroups", []), *rule.get("resources", []),
@@ -252,12 +264,15 @@ def test_code_derivation_sees_the_known_calls():
     assert ("", "pods", "list") in used
     assert (constants.GROUP, f"{constants.PLURAL}/status", "patch") in used
     assert (constants.GROUP, constants.PLURAL, "get") in used  # read_monarchjob
+    # Children are created with blockOwnerDeletion: the finalizers permission (C24).
+    assert admission_rules() == {(constants.GROUP, "monarchjobs/finalizers", "update")}
 
 
 def test_cluster_role_grants_exactly_what_the_operator_uses():
     objects = render()
     [role] = operator_objects(objects, "ClusterRole")
-    assert_same(granted(role["rules"]), operator_code_rules() | kopf_rules(clusterwide=True))
+    assert_same(granted(role["rules"]),
+                operator_code_rules() | kopf_rules(clusterwide=True) | admission_rules())
     [binding] = operator_objects(objects, "ClusterRoleBinding")
     [account] = operator_objects(objects, "ServiceAccount")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -275,7 +290,7 @@ def test_namespaced_mode_grants_roles_only_in_the_watched_namespaces():
     # Without a ClusterRole the operator does without cluster-scoped reads: k8s.node_is_ready
     # takes a 403 on nodes as "no node information" (a lost worker is then told by its pod).
     used = {rule for rule in operator_code_rules() | kopf_rules(clusterwide=False)
-            if rule[:2] not in CLUSTER_SCOPED}
+            | admission_rules() if rule[:2] not in CLUSTER_SCOPED}
     for role in roles:
         assert_same(granted(role["rules"]), used)
 
@@ -300,7 +315,7 @@ def test_a_wildcard_or_an_extra_rule_is_caught():
 def test_network_policy_off_drops_its_rule():
     objects = render("--set", "networkPolicy.enabled=false")
     [role] = operator_objects(objects, "ClusterRole")
-    used = operator_code_rules() | kopf_rules(clusterwide=True)
+    used = operator_code_rules() | kopf_rules(clusterwide=True) | admission_rules()
     policy_rules = {rule for rule in used if rule[1] == "networkpolicies"}
     # list+watch: the cache; delete: a deleted job's leftovers (passes.delete_leftovers)
     assert policy_rules == {("networking.k8s.io", "networkpolicies", verb)

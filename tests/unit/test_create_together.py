@@ -151,3 +151,39 @@ def test_a_refused_create_is_an_api_exception_with_the_servers_message(http):
     with k8s.reading_from(job_cache.view(KEY)), pytest.raises(
             k8s.RefusedError, match='refused Pod demo-launcher: .*unknown field "spec.nodeSelectr"'):
         k8s.ensure(owned(POD, "demo-launcher"), "job-uid")
+
+
+FORBIDDEN_RBAC = ('statefulsets.apps "demo-worker" is forbidden: User '
+                  '"system:serviceaccount:mo:mo-monarch-operator" cannot create resource '
+                  '"statefulsets" in API group "apps" in the namespace "team-a"')
+# What OwnerReferencesPermissionEnforcement answers without update on monarchjobs/finalizers
+# (kubernetes plugin/pkg/admission/gc).
+FORBIDDEN_OWNER = ('statefulsets.apps "demo-worker" is forbidden: cannot set blockOwnerDeletion '
+                   'if an ownerReference refers to a resource you can\'t set finalizers on: ...')
+QUOTA = ('pods "demo-launcher" is forbidden: exceeded quota: gpus, requested: '
+         'requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=8, limited: '
+         'requests.nvidia.com/gpu=8')
+POD_SECURITY = ('pods "demo-launcher" is forbidden: violates PodSecurity "restricted:latest": '
+                'runAsNonRoot != true (pod or container "launcher" must set '
+                'securityContext.runAsNonRoot=true)')
+
+
+@pytest.mark.parametrize(("message", "raised", "says"), [
+    (FORBIDDEN_RBAC, k8s.ForbiddenError, "refused to let the operator create Pod demo-launcher: "
+                                          "statefulsets.apps"),
+    (FORBIDDEN_OWNER, k8s.ForbiddenError, "cannot set blockOwnerDeletion"),
+    (POD_SECURITY, k8s.RefusedError, "refused Pod demo-launcher: .*violates PodSecurity"),
+    (QUOTA, ApiException, "403"),
+], ids=["rbac", "owner-references-plugin", "pod-security", "quota"])
+def test_a_403_is_lasting_unless_it_is_a_quota(http, message, raised, says):
+    """C24: a 403 about the operator's permissions (RBAC, or the OwnerReferencesPermission-
+    Enforcement plugin) cannot pass on a retry, nor can a Pod Security violation of the
+    template: they raise what ends the job at once. A full quota may have room later: the
+    plain ApiException, which the pass retries."""
+    _, replies = http
+    replies.append(FakeResponse(403, {"kind": "Status", "message": message, "code": 403}))
+    job_cache, _, _ = make_cache()
+    with k8s.reading_from(job_cache.view(KEY)), pytest.raises(raised, match=says) as caught:
+        k8s.ensure(owned(POD, "demo-launcher"), "job-uid")
+    assert not isinstance(caught.value, (k8s.ForbiddenError, k8s.RefusedError)) or \
+        type(caught.value) is raised

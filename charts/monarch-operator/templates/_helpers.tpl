@@ -70,6 +70,10 @@ compares these rules with the API calls in operator/monarch_operator/controller/
 - events: the job's Events (kopf), created; FailedCreate Events of worker StatefulSets are
   listed and watched (a pod the StatefulSet cannot create wakes the job and is named).
 - monarchjobs delete: spec.ttlSecondsAfterFinished deletes a finished job.
+- monarchjobs/finalizers update: every child's owner reference has blockOwnerDeletion: true,
+  which the OwnerReferencesPermissionEnforcement admission plugin (on by default in OpenShift)
+  allows only to a user that may update the owner's finalizers (field case C24). No finalizer
+  is ever written: this is the permission the plugin checks.
 - networkpolicies: read, create the job's NetworkPolicy (networkPolicy.enabled); delete it
   when the job is deleted, as its other children.
 */}}
@@ -80,6 +84,9 @@ compares these rules with the API calls in operator/monarch_operator/controller/
 - apiGroups: [monarch-operator.dev]
   resources: [monarchjobs/status]
   verbs: [patch]
+- apiGroups: [monarch-operator.dev]
+  resources: [monarchjobs/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [secrets, services]
   verbs: [get, list, watch, create, delete]

@@ -68,6 +68,26 @@ class RefusedError(RuntimeError):
         self.kind = kind
 
 
+class ForbiddenError(RuntimeError):
+    """The API server refused the operator itself (HTTP 403, not a quota): its RBAC lacks a
+    verb, or an admission plugin refused what it may not do, such as
+    ``OwnerReferencesPermissionEnforcement`` refusing ``blockOwnerDeletion`` to a user without
+    ``update`` on ``monarchjobs/finalizers`` (field case C24; kubeflow/trainer#2349). Retrying
+    cannot help until an administrator grants the permission."""
+
+    def __init__(self, kind: str, name: str, detail: str) -> None:
+        super().__init__(f"the API server refused to let the operator create {kind} {name}: "
+                         f"{detail}")
+        self.kind = kind
+
+
+# 403 answers that are not about the operator's permissions: a ResourceQuota without room now
+# (``exceeded quota``, may have room later) stays a retry; a Pod Security violation is about the
+# user's template (``violates PodSecurity``), refused like an invalid one.
+_QUOTA_403 = "exceeded quota"
+_POD_SECURITY_403 = "violates PodSecurity"
+
+
 class NotOwnedError(RuntimeError):
     """A child's name is taken by an object that the job does not control (field case C6)."""
 
@@ -208,8 +228,9 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
     Raises:
         NotOwnedError: an object of that name exists but its controller is not ``owner_uid``
             (e.g. a leftover of a deleted job of the same name that GC has not removed yet).
-        RefusedError: the API server refused to create it as invalid (400/422), or it could
-            not even be sent.
+        RefusedError: the API server refused to create it as invalid (400/422, or a Pod
+            Security violation), or it could not even be sent.
+        ForbiddenError: the API server refused the operator the create (403, not a quota).
         JobGoneError: in a pass (:func:`reading_from`), the job was deleted: nothing is
             created, and an object whose create raced the deletion is deleted again.
         kubernetes.client.rest.ApiException: any other API error.
@@ -267,8 +288,9 @@ def check_creatable(desired: dict[str, Any]) -> None:
     later (the launcher pod, once every worker is Ready) whose template a user wrote.
 
     Raises:
-        RefusedError: it would be refused as invalid (400/422), naming the field.
-        kubernetes.client.rest.ApiException: any other error but 403 (e.g. a quota that has no
+        RefusedError: it would be refused as invalid (400/422, Pod Security), naming the field.
+        ForbiddenError: the operator may not create it (403, not a quota).
+        kubernetes.client.rest.ApiException: any other error but a quota's 403 (no
             room now, which may change by then) and 409 (the name is taken now).
     """
     try:
@@ -278,19 +300,28 @@ def check_creatable(desired: dict[str, Any]) -> None:
         if refusal is not None:
             raise refusal from error
         if not isinstance(error, ApiException) or error.status not in (403, 409):
-            raise
+            raise  # 403 here: a quota without room now, which may change by then
 
 
-def _refusal(desired: dict[str, Any], error: Exception) -> RefusedError | None:
-    """The RefusedError a create's ``error`` means (the API server refused the object as
-    invalid, 400/422, or it could not even be sent), else None."""
+def _refusal(desired: dict[str, Any], error: Exception) -> RefusedError | ForbiddenError | None:
+    """The lasting refusal a create's ``error`` means, else None (a retry may succeed):
+    RefusedError when the API server refused the object as invalid (400/422), for a Pod
+    Security violation (403), or when it could not even be sent; ForbiddenError for any other
+    403 but a full quota (the operator's own permissions, C24)."""
+    kind, name = desired["kind"], desired["metadata"]["name"]
     if isinstance(error, (ValueError, TypeError)):
-        detail = str(error)
-    elif isinstance(error, ApiException) and error.status in (400, 422):
-        detail = api_error_message(error)
-    else:
+        return RefusedError(kind, name, str(error))
+    if not isinstance(error, ApiException):
         return None
-    return RefusedError(desired["kind"], desired["metadata"]["name"], detail)
+    if error.status in (400, 422):
+        return RefusedError(kind, name, api_error_message(error))
+    if error.status == 403:
+        detail = api_error_message(error)
+        if _POD_SECURITY_403 in detail:
+            return RefusedError(kind, name, detail)
+        if _QUOTA_403 not in detail:
+            return ForbiddenError(kind, name, detail)
+    return None
 
 
 def _attempt(desired: dict[str, Any]) -> dict[str, Any] | Exception:

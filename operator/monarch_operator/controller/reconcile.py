@@ -109,6 +109,12 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
             # Resending the same object cannot succeed: the job ends naming the field (C12).
             field_path = _USER_FIELDS.get(error.kind, "spec")
             endings.fail(state, st.REASON_TEMPLATE_REFUSED, f"{field_path}: {error}")
+        except k8s.ForbiddenError as error:
+            # Nor can it while the operator lacks a permission: fail now with the API server's
+            # words rather than sit Starting for ever (C24).
+            endings.fail(state, st.REASON_OPERATOR_FORBIDDEN,
+                         f"{error} (grant the operator's ServiceAccount this permission: the "
+                         f"chart's RBAC has it)")
     if st.is_finished(state.status):
         # Finished is final: nothing is created again, only let go of (cleanupPolicy, TTL).
         state.status.setdefault("completionTime", state.now_text)

@@ -52,6 +52,7 @@ REASON_SUSPENDED = "JobSuspended"
 REASON_RESUMED = "JobResumed"
 REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"  # spec.activeDeadlineSeconds passed
 REASON_TEMPLATE_REFUSED = "TemplateRefused"  # the API server refused a child built from spec
+REASON_OPERATOR_FORBIDDEN = "OperatorForbidden"  # the API server refused the operator (403)
 REASON_WORKER_CANNOT_START = "WorkerCannotStart"  # e.g. invalid image, init crash loop
 REASON_TTL_EXPIRED = "TTLExpired"  # the job was deleted by spec.ttlSecondsAfterFinished
 # A pod of the job stuck terminating past its grace period (node lost, a finalizer) was

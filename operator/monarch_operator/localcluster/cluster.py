@@ -446,6 +446,9 @@ class LocalCluster:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 f"--service-cluster-ip-range={self.service_cidr}",
                 "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+                # On top of the defaults, as OpenShift has it: blockOwnerDeletion needs update
+                # on the owner's finalizers (field case C24).
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
                 # The kubelet API (logs, exec) is the node agent's, at the node's InternalIP
                 # (127.0.0.1) and the port its status advertises; TLS both ways with our CA.
                 "--kubelet-preferred-address-types=InternalIP",
