@@ -75,3 +75,9 @@ def test_coredns_serves_the_cluster_domain_and_forwards_nothing():
     deployment = next(m for m in manifests if m["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["imagePullPolicy"] == "Never"
+    # Two replicas on two nodes: losing a node never loses cluster DNS.
+    assert deployment["spec"]["replicas"] == 2
+    [term] = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]

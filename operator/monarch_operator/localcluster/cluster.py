@@ -178,7 +178,8 @@ class LocalCluster:
         real = self._real_nodes(node_bin)
         try:
             if real is not None:
-                real.prepare_host(progress)
+                real.prepare_host(progress, float(os.environ.get(
+                    real_nodes_mod.WAIT_ENV, "0")))
             pids["etcd"] = self._start("etcd", self._etcd_args(bin_dir, ports))
             self._save(pids, ports)
             self._wait_http(f"http://127.0.0.1:{ports['etcd']}/health", "etcd", pids)

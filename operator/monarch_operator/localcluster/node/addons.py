@@ -68,10 +68,12 @@ def kube_router_access() -> list[dict[str, object]]:
     ]
 
 
-def coredns_manifests(image: str) -> list[dict[str, object]]:
+def coredns_manifests(image: str, replicas: int = 2) -> list[dict[str, object]]:
     """The objects of cluster DNS: ServiceAccount, ClusterRole and binding (read Services,
-    EndpointSlices, Pods, Namespaces), the Corefile ConfigMap, a one-replica Deployment of
-    ``image`` (never pulled) and the ``kube-dns`` Service at :data:`network.DNS_SERVICE_IP`."""
+    EndpointSlices, Pods, Namespaces), the Corefile ConfigMap, a Deployment of ``replicas``
+    pods of ``image`` (never pulled), at most one per node (as kubeadm spreads its two, so that
+    losing a node never loses cluster DNS; each replica has its own cache), and the
+    ``kube-dns`` Service at :data:`network.DNS_SERVICE_IP`."""
     labels = {"k8s-app": "kube-dns"}
     meta = {"name": NAME, "namespace": NAMESPACE}
     return [
@@ -93,7 +95,7 @@ def coredns_manifests(image: str) -> list[dict[str, object]]:
         {"apiVersion": "apps/v1", "kind": "Deployment",
          "metadata": {**meta, "labels": labels},
          "spec": {
-             "replicas": 1,
+             "replicas": replicas,
              "selector": {"matchLabels": labels},
              "template": {
                  "metadata": {"labels": labels},
@@ -103,6 +105,10 @@ def coredns_manifests(image: str) -> list[dict[str, object]]:
                      # Its own resolv.conf would be the node's (empty here), not itself.
                      "dnsPolicy": "Default",
                      "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+                     "affinity": {"podAntiAffinity": {
+                         "requiredDuringSchedulingIgnoredDuringExecution": [{
+                             "labelSelector": {"matchLabels": labels},
+                             "topologyKey": "kubernetes.io/hostname"}]}},
                      "containers": [{
                          "name": "coredns", "image": image, "imagePullPolicy": "Never",
                          "args": ["-conf", "/etc/coredns/Corefile"],

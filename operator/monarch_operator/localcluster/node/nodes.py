@@ -11,11 +11,13 @@ run left behind.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from monarch_operator.localcluster import certs
@@ -30,6 +32,21 @@ OWNER = network.RUN_DIR / "owner.json"
 Progress = Callable[[str], None]
 Start = Callable[[str, list[str]], int]
 Kubectl = Callable[..., str]
+
+
+WAIT_ENV = "MONARCH_LOCALCLUSTER_WAIT_S"
+# Outside RUN_DIR, which ``down`` removes to leave the machine as it found it.
+CLAIM_LOCK = Path(os.environ.get("MONARCH_OPERATOR_CACHE",
+                                 Path.home() / ".cache/monarch-operator")) / "real-nodes.lock"
+
+
+@contextlib.contextmanager
+def _claim_lock() -> Iterator[None]:
+    """Hold the machine-wide lock under which a cluster checks for and claims real nodes."""
+    CLAIM_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(CLAIM_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def owner() -> dict[str, object] | None:
@@ -80,21 +97,43 @@ class RealNodes:
                 return candidate
         raise KeyError(f"no real node {name!r}; nodes: {', '.join(n.name for n in self.nodes)}")
 
-    def prepare_host(self, progress: Progress) -> None:
-        """Remove what an earlier run left (unless a live cluster owns it: then raise), and
-        create the host network and the nodes' network namespaces.
+    def prepare_host(self, progress: Progress, wait_s: float = 0.0) -> None:
+        """Claim the machine's real nodes for this cluster, remove what an earlier run left,
+        and create the host network and the nodes' network namespaces.
+
+        One cluster with real nodes fits a machine (its bridge, addresses and node names are
+        fixed). While another live cluster holds it, wait up to ``wait_s`` seconds for it to
+        go (default 0: raise at once; ``$MONARCH_LOCALCLUSTER_WAIT_S`` sets it for tests and
+        benchmarks that take turns), printing progress every 30 s. The check and the claim
+        are one step under a file lock, so two clusters starting together never both win.
 
         Raises:
-            RuntimeError: another cluster with real nodes runs on this machine.
+            RuntimeError: another cluster with real nodes still runs on this machine.
         """
-        running = owner()
-        if running is not None and Path(str(running["state_dir"])) != self.state_dir:
-            raise RuntimeError(
-                f"a local cluster with real nodes already runs on this machine (state dir "
-                f"{running['state_dir']}); stop it first: monarch-localcluster down "
-                f"--dir {running['state_dir']}")
-        removed = nodemod.teardown_all()
-        (self.state_dir / "host-before.json").write_text(json.dumps(nodemod.host_state()))
+        deadline = time.monotonic() + wait_s
+        next_note = time.monotonic()
+        while True:
+            with _claim_lock():
+                running = owner()
+                if running is None or Path(str(running["state_dir"])) == self.state_dir:
+                    removed = nodemod.teardown_all()
+                    (self.state_dir / "host-before.json").write_text(
+                        json.dumps(nodemod.host_state()))
+                    network.RUN_DIR.mkdir(parents=True, exist_ok=True)
+                    # This process until the first node's holder takes over (see start).
+                    OWNER.write_text(json.dumps({"state_dir": str(self.state_dir),
+                                                 "pid": os.getpid()}))
+                    break
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"a local cluster with real nodes already runs on this machine (state dir "
+                    f"{running['state_dir']}); stop it first: monarch-localcluster down "
+                    f"--dir {running['state_dir']} (or set {WAIT_ENV} to wait for it)")
+            if time.monotonic() >= next_note:
+                progress(f"waiting for the cluster with real nodes in {running['state_dir']} "
+                         f"to go ({deadline - time.monotonic():.0f} s left)")
+                next_note = time.monotonic() + 30
+            time.sleep(2)
         if removed:
             progress(f"removed what an earlier run left: {len(removed)} items "
                      f"({', '.join(removed[:4])}{', ...' if len(removed) > 4 else ''})")
@@ -184,7 +223,7 @@ class RealNodes:
         kubectl("apply", "-f", "-", stdin=json.dumps(
             {"apiVersion": "v1", "kind": "List", "items": self.node_objects()}))
         started(self.start(server, start, images, pause_image, progress))
-        kubectl("apply", "-f", "-", stdin=addon_manifests(coredns_image))
+        kubectl("apply", "-f", "-", stdin=addon_manifests(coredns_image, len(self.nodes)))
 
         def nodes_problems() -> list[str]:
             check_alive()
@@ -194,8 +233,9 @@ class RealNodes:
             check_alive()
             deployment = json.loads(kubectl("get", "deployment", "-n", addons.NAMESPACE,
                                             addons.NAME, "-o", "json"))
-            if not (deployment.get("status") or {}).get("readyReplicas"):
-                return ["coredns not Ready"]
+            ready = (deployment.get("status") or {}).get("readyReplicas") or 0
+            if ready < deployment["spec"]["replicas"]:
+                return [f"coredns {ready}/{deployment['spec']['replicas']} Ready"]
             accounts = kubectl("get", "serviceaccounts", "-n", "default", "-o", "name")
             return [] if "serviceaccount/default" in accounts else ["no default ServiceAccount"]
 
@@ -298,12 +338,14 @@ def stop_unless_owned_by_another(state_dir: Path) -> list[str]:
     return removed
 
 
-def addon_manifests(coredns_image: str) -> str:
-    """The add-ons' objects (CoreDNS, the API server's kubelet access) as one JSON List."""
+def addon_manifests(coredns_image: str, nodes: int) -> str:
+    """The add-ons' objects (CoreDNS, one replica per node up to two; the API server's kubelet
+    access) as one JSON List."""
     return json.dumps({"apiVersion": "v1", "kind": "List",
                        "items": [addons.kubelet_api_access(certs.KUBELET_CLIENT_NAME),
                                  *addons.kube_router_access(),
-                                 *addons.coredns_manifests(coredns_image)]})
+                                 *addons.coredns_manifests(coredns_image,
+                                                           replicas=min(2, nodes))]})
 
 
 def wait(check: Callable[[], list[str]], what: str, timeout: float, progress: Progress,

@@ -1,0 +1,71 @@
+"""One cluster with real nodes per machine: a second one refuses at once naming the first (and
+how to wait), or waits for it to go when asked to (``$MONARCH_LOCALCLUSTER_WAIT_S``). The host
+network is not touched here: what ``prepare_host`` does after the claim is replaced."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from monarch_operator.localcluster.node import network
+from monarch_operator.localcluster.node import node as nodemod
+from monarch_operator.localcluster.node import nodes
+
+
+@pytest.fixture
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(network, "RUN_DIR", run_dir)
+    monkeypatch.setattr(nodes, "OWNER", run_dir / "owner.json")
+    monkeypatch.setattr(nodes, "CLAIM_LOCK", tmp_path / "real-nodes.lock")
+    monkeypatch.setattr(nodemod, "teardown_all", lambda: [])
+    monkeypatch.setattr(nodemod, "host_state", lambda: {})
+    monkeypatch.setattr(network, "host_up", lambda addresses: None)
+    monkeypatch.setattr(network, "node_up", lambda address, others: None)
+    return run_dir
+
+
+def real_nodes(state_dir: Path) -> nodes.RealNodes:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return nodes.RealNodes(state_dir, 2, 4, state_dir / "bin", state_dir / "images")
+
+
+def held_by_another(run_dir: Path, other: Path) -> subprocess.Popen[bytes]:
+    """A live process recorded as the holder of another cluster's real nodes."""
+    holder = subprocess.Popen(["sleep", "60"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "owner.json").write_text(json.dumps({"state_dir": str(other),
+                                                    "pid": holder.pid}))
+    return holder
+
+
+def test_a_second_cluster_refuses_at_once_naming_the_first(host, tmp_path):
+    holder = held_by_another(host, tmp_path / "first")
+    try:
+        with pytest.raises(RuntimeError, match=f"already runs .*{tmp_path / 'first'}.*"
+                                               f"{nodes.WAIT_ENV}"):
+            real_nodes(tmp_path / "second").prepare_host(print)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert json.loads((host / "owner.json").read_text())["state_dir"] == str(tmp_path / "first")
+
+
+def test_a_second_cluster_asked_to_wait_takes_over_once_the_first_is_gone(host, tmp_path):
+    holder = held_by_another(host, tmp_path / "first")
+    notes: list[str] = []
+    threading.Timer(3, lambda: (holder.kill(), holder.wait())).start()
+    started = time.monotonic()
+    real_nodes(tmp_path / "second").prepare_host(notes.append, wait_s=30)
+    holder.wait()
+    assert time.monotonic() - started >= 2.5
+    assert any("waiting for the cluster with real nodes" in note for note in notes), notes
+    claim = json.loads((host / "owner.json").read_text())
+    assert claim["state_dir"] == str(tmp_path / "second")
+    assert nodes.owner() is not None  # this process holds it until a node's holder does
+
