@@ -24,7 +24,8 @@ def _instructions(dockerfile: Path, keyword: str) -> list[str]:
 
 def test_every_dockerfile_is_found():
     assert [p.relative_to(ROOT).as_posix() for p in DOCKERFILES] == [
-        "examples/Dockerfile", "images/coredns/Dockerfile", "images/operator/Dockerfile",
+        "examples/Dockerfile", "images/coredns/Dockerfile", "images/mpi-peer/Dockerfile",
+        "images/operator/Dockerfile",
         "images/pause/Dockerfile", "images/worker/Dockerfile"]
 
 

@@ -69,3 +69,18 @@ def test_a_second_cluster_asked_to_wait_takes_over_once_the_first_is_gone(host, 
     assert claim["state_dir"] == str(tmp_path / "second")
     assert nodes.owner() is not None  # this process holds it until a node's holder does
 
+
+
+def test_a_cluster_without_real_nodes_never_tears_down_the_machines(tmp_path, monkeypatch):
+    """``down`` of a kwok cluster must not remove real nodes another cluster is starting
+    (seen: a kwok test cluster's ``up``, which begins with ``down``, removed the bridge under
+    a real-node cluster whose API server was starting)."""
+    from monarch_operator.localcluster import cluster as cluster_mod
+
+    calls: list[Path] = []
+    monkeypatch.setattr(nodes, "stop_unless_owned_by_another",
+                        lambda state_dir: calls.append(state_dir) or [])
+    cluster_mod.LocalCluster(tmp_path / "kwok", nodes=1).down(quiet=True)
+    assert calls == []
+    cluster_mod.LocalCluster(tmp_path / "real", real_nodes=2).down(quiet=True)
+    assert calls == [(tmp_path / "real").resolve()]

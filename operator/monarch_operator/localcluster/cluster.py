@@ -267,6 +267,13 @@ class LocalCluster:
         self._record.unlink(missing_ok=True)
 
     def _stop_real_nodes(self, quiet: bool) -> None:
+        """Remove this cluster's real nodes, or what a killed run of it left. A cluster that
+        never had real nodes leaves the machine's alone (another cluster's may be starting)."""
+        recorded = 0
+        if self._record.exists():
+            recorded = json.loads(self._record.read_text()).get("real_nodes", 0)
+        if not (self.real_nodes or recorded or (self.state_dir / "nodes").exists()):
+            return
         removed = real_nodes_mod.stop_unless_owned_by_another(self.state_dir)
         if removed and not quiet:
             print(f"stopped real nodes; removed {len(removed)} items of theirs")

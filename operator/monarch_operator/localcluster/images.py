@@ -99,6 +99,9 @@ IMAGES: dict[str, ImageSpec] = {spec.name: spec for spec in (
               "images/operator/Dockerfile", ".", DEBIAN_BASE, "BASE_IMAGE", wheels=True),
     ImageSpec("examples", f"ghcr.io/monarch-operator/examples:{__version__}",
               "examples/Dockerfile", "examples", "worker", "WORKER_IMAGE", wheels=True),
+    # The MPI Operator's job in bench/apply_to_first_step.py: the examples plus Open MPI.
+    ImageSpec("mpi-peer", f"localhost/monarch-bench-mpi:{__version__}",
+              "images/mpi-peer/Dockerfile", "images/mpi-peer", "examples", "EXAMPLES_IMAGE"),
     ImageSpec("pause", f"localhost/monarch-pause:{PAUSE_VERSION}", "images/pause/Dockerfile",
               None, stage=_stage_pause),
     ImageSpec("coredns", f"localhost/monarch-coredns:{COREDNS_VERSION}",
