@@ -34,6 +34,10 @@ MONARCH_WORKER_PORT = 22222
 # Where the launcher pod finds its inputs (mount paths of the hostfile ConfigMap and key Secret).
 HOSTFILE_DIR = "/etc/monarch/hostfile"
 HOSTFILE_KEY = "hostfile"
+# Beside the hostfile: each worker's name and the pod IP it had when the attempt's launcher was
+# made ("<fqdn> <ip>" per line, ordinal order); the launcher waits until each name resolves to
+# it, so a recreated worker is never reached at its old address (field case C20).
+ADDRESSES_KEY = "addresses"
 SSH_DIR = "/etc/monarch/ssh"
 SSH_PRIVATE_KEY = "id_ed25519"
 SSH_PUBLIC_KEY = "id_ed25519.pub"
@@ -49,6 +53,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 # Environment variables the operator sets on the launcher and monarch-launch reads as defaults.
 ENV_HOSTFILE = "MONARCH_HOSTFILE"
+ENV_HOST_ADDRESSES = "MONARCH_HOST_ADDRESSES"
 ENV_SSH_KEY = "MONARCH_SSH_KEY"
 ENV_SSH_PORT = "MONARCH_SSH_PORT"
 # known_hosts file the launcher checks every worker's host key against (strict checking).
@@ -74,6 +79,7 @@ LAUNCHER_RESERVED_ENV = (
     ENV_NAMESPACE,
     ENV_ATTEMPT,
     ENV_HOSTFILE,
+    ENV_HOST_ADDRESSES,
     ENV_SSH_KEY,
     ENV_SSH_PORT,
     ENV_KNOWN_HOSTS,

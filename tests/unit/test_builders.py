@@ -61,6 +61,21 @@ def test_hostfile_lists_fqdns_in_ordinal_order_with_slots():
     assert {h.slots for h in hosts} == {4}
 
 
+def test_hostfile_configmap_carries_each_workers_current_address_in_ordinal_order():
+    """C20: beside the hostfile, the pod IP each worker had when the launcher was made, so the
+    launcher can wait until the name resolves to it (a recreated pod has a new address)."""
+    pods = [{"metadata": {"name": f"demo-worker-{i}"}, "status": {"podIP": f"10.244.1.{i + 2}"}}
+            for i in reversed(range(12))]
+    pods[0]["status"] = {}  # demo-worker-11 has no IP yet: left out, never guessed
+    data = build_hostfile_configmap(make_job(), SETTINGS, pods)["data"]
+    lines = data["addresses"].splitlines()
+    assert lines[0] == "demo-worker-0.demo-worker.team-a.svc.cluster.local 10.244.1.2"
+    assert [line.split()[0] for line in lines] == [
+        h.name for h in parse_hostfile(data["hostfile"])][:11]
+    assert lines[10].endswith(" 10.244.1.12")
+    assert "addresses" not in build_hostfile_configmap(make_job(), SETTINGS)["data"]
+
+
 def test_statefulset_runs_sshd_in_the_gpu_container():
     sts = build_worker_statefulset(make_job(), SETTINGS)
     spec = sts["spec"]

@@ -21,7 +21,7 @@ CRD = ROOT / "crds" / "monarchjobs.monarch-operator.dev.yaml"
 # Everything the operator sets, in order, for the base job below (role mode, not colocated).
 OPERATOR_ENV = [
     "POD_IP", "MONARCH_JOB_NAME", "MONARCH_JOB_NAMESPACE", "MONARCH_ATTEMPT", "MONARCH_HOSTFILE",
-    "MONARCH_SSH_KEY", "MONARCH_SSH_PORT", "MONARCH_KNOWN_HOSTS", "MONARCH_TRAINER_HOSTS",
+    "MONARCH_HOST_ADDRESSES", "MONARCH_SSH_KEY", "MONARCH_SSH_PORT", "MONARCH_KNOWN_HOSTS", "MONARCH_TRAINER_HOSTS",
     "MONARCH_REF_HOSTS",
     "MONARCH_COLOCATE", "MONARCH_CLIENT_ADDRESS",
 ]
@@ -86,6 +86,7 @@ def test_operator_env_comes_first_with_job_identity():
     assert env[constants.ENV_ATTEMPT] == "1"
     assert env[constants.ENV_SSH_KEY] == "/etc/monarch/ssh/id_ed25519"
     assert env[constants.ENV_SSH_PORT] == "2222"
+    assert env[constants.ENV_HOST_ADDRESSES] == "/etc/monarch/hostfile/addresses"
     assert constants.ENV_TRAINER_GPUS not in env and constants.ENV_REF_GPUS not in env
 
 

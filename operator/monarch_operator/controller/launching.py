@@ -53,7 +53,7 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     if not outcome.finished and not launcher["metadata"].get("deletionTimestamp"):
         # Its hostfile, whose create may have failed while the pod's went through (they are
         # sent together); found in the cache (or just created), it costs no request.
-        k8s.ensure(build_hostfile_configmap(job, settings), job.uid)
+        k8s.ensure(build_hostfile_configmap(job, settings, worker_pods), job.uid)
     if outcome.finished and outcome.succeeded:  # final, whatever happened to a worker since
         endings.succeed(state, outcome)
         return None
@@ -162,7 +162,8 @@ def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
     job = state.job
     attempt = int(state.status["attempt"])
     _, (launcher, created) = k8s.ensure_together(
-        build_hostfile_configmap(job, settings), build_launcher_pod(job, settings, attempt),
+        build_hostfile_configmap(job, settings, worker_pods),
+        build_launcher_pod(job, settings, attempt),
         owner_uid=job.uid)
     state.status["attemptWorkers"] = attempts.worker_snapshot(job.name, job.replicas, worker_pods)
     state.status = attempts.update_current(state.status, launchTime=state.now_text,

@@ -73,6 +73,10 @@ def launcher_env(job: JobSpec, attempt: int = 1) -> list[dict[str, Any]]:
             "value": f"{constants.HOSTFILE_DIR}/{constants.HOSTFILE_KEY}",
         },
         {
+            "name": constants.ENV_HOST_ADDRESSES,
+            "value": f"{constants.HOSTFILE_DIR}/{constants.ADDRESSES_KEY}",
+        },
+        {
             "name": constants.ENV_SSH_KEY,
             "value": f"{constants.SSH_DIR}/{constants.SSH_PRIVATE_KEY}",
         },
