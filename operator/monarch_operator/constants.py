@@ -70,6 +70,9 @@ ENV_JOB_NAME = "MONARCH_JOB_NAME"
 ENV_NAMESPACE = "MONARCH_JOB_NAMESPACE"
 # The attempt the launcher pod runs: 1 for the first, n+1 after n restarts (status.attempt).
 ENV_ATTEMPT = "MONARCH_ATTEMPT"
+# The MonarchJob's uid: with the attempt, it marks every process an attempt starts on the
+# workers, so that the next attempt's pre-flight stops what this one left (issue 20).
+ENV_JOB_UID = "MONARCH_JOB_UID"
 # The launcher pod variables the operator owns; spec.launcher.env may not set them (CRD rule,
 # which lists the same names: a unit test keeps the two equal). Other MONARCH_* names stay the
 # user's: Monarch's own MONARCH_FILE_LOG, the launcher's MONARCH_TERMINATION_LOG and so on.
@@ -78,6 +81,7 @@ LAUNCHER_RESERVED_ENV = (
     ENV_JOB_NAME,
     ENV_NAMESPACE,
     ENV_ATTEMPT,
+    ENV_JOB_UID,
     ENV_HOSTFILE,
     ENV_HOST_ADDRESSES,
     ENV_SSH_KEY,

@@ -68,6 +68,7 @@ def launcher_env(job: JobSpec, attempt: int = 1) -> list[dict[str, Any]]:
         {"name": constants.ENV_JOB_NAME, "value": job.name},
         {"name": constants.ENV_NAMESPACE, "value": job.namespace},
         {"name": constants.ENV_ATTEMPT, "value": str(attempt)},
+        {"name": constants.ENV_JOB_UID, "value": job.uid},
         {
             "name": constants.ENV_HOSTFILE,
             "value": f"{constants.HOSTFILE_DIR}/{constants.HOSTFILE_KEY}",

@@ -52,6 +52,7 @@ from monarch_operator.launcher.session.ssh import (
     SshSettings,
     ssh_args,
 )
+from monarch_operator.launcher.session.stragglers import mark_env, run_mark, survivor_lines
 
 if TYPE_CHECKING:
     from monarch.actor import HostMesh, MeshFailure
@@ -359,6 +360,7 @@ def preflight_settings(config: SessionConfig) -> PreflightSettings:
         run_id=config.run_id,
         modules=config.modules,
         clean_stale=config.clean_stale,
+        run_mark=run_mark(config.run_id, os.environ),
     )
 
 
@@ -375,6 +377,8 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
     settings = preflight_settings(config)
 
     def report_cleaned(check: HostCheck) -> None:
+        for line in survivor_lines(check.host, check.survivors):
+            reporter.warning(line)
         if check.cleaned:
             pids = ", ".join(str(pid) for pid in check.cleaned)
             reporter.warning(
@@ -443,7 +447,8 @@ def started_job(
         python_exe=config.python_exe,
         ssh_args=lambda address: ssh_args(config.ssh, names.get(address, address)),
         monarch_port=config.monarch_port,
-        environment=public,
+        # The run's mark: every process the worker starts inherits it (launcher.session.stragglers).
+        environment={**public, **mark_env(run_mark(config.run_id, os.environ))},
         stdout=reporter.worker_stream,
         private_env_file=(functools.partial(private_env_path, config.run_id) if private else None),
     )
@@ -481,7 +486,23 @@ def started_job(
         teardown(job, reachable, reporter)
         # Workers delete their env file when they start; one that never started left it.
         remove_private_env_files(addresses, preflight_settings(config))
+        stop_leftovers(config, addresses, reporter)
         reporter.progress("torn down")
+
+
+def stop_leftovers(
+    config: SessionConfig, addresses: Mapping[str, str], reporter: Reporter
+) -> None:
+    """End every process of this run still alive on any host (those that left the worker's
+    session or ignored its signals), naming each one; see :mod:`launcher.session.stragglers`."""
+    from monarch_operator.launcher.session.stragglers import stop_run_processes
+
+    mark = run_mark(config.run_id, os.environ)
+    with signals_deferred():
+        reports = stop_run_processes(addresses, config.ssh, config.python_exe, mark)
+    for host, report in reports.items():
+        for line in survivor_lines(host, report, at_end=True):
+            reporter.warning(line)
 
 
 def _wait_attached(

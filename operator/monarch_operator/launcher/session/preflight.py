@@ -34,6 +34,12 @@ from dataclasses import dataclass, field
 from monarch_operator.launcher.session.environment import env_prefix, private_env_path
 from monarch_operator.launcher.session.network import NetworkCheckError, probe_sshd, resolve_host
 from monarch_operator.launcher.session.ssh import SshSettings, host_key_failure, ssh_args
+from monarch_operator.launcher.session.stragglers import (
+    RunMark,
+    ScanReport,
+    parse_report,
+    preflight_prefix,
+)
 
 DNS_NOT_RESOLVABLE = "DNSNotResolvable"
 LOOPBACK_ADDRESS = "LoopbackAddress"
@@ -170,6 +176,8 @@ class HostCheck:
         reason: None when the host is ready, else one of the reason constants of this module.
         detail: a human-readable explanation (ssh's or the OS's own words).
         cleaned: pids of stale Monarch workers stopped on this host.
+        survivors: what the scan for processes of earlier runs found and stopped on this host
+            (:mod:`launcher.session.stragglers`), or None when it did not run.
     """
 
     host: str
@@ -177,6 +185,7 @@ class HostCheck:
     reason: str | None = None
     detail: str = ""
     cleaned: tuple[int, ...] = field(default=())
+    survivors: ScanReport | None = None
 
     @property
     def ready(self) -> bool:
@@ -226,6 +235,9 @@ class PreflightSettings:
         clean_stale: stop Monarch workers of an earlier run bound to the worker port.
         ssh_timeout_s: wall limit of one ssh check, seconds.
         tcp_timeout_s: connect and banner limit of the sshd probe, seconds.
+        run_mark: this launch's mark; with it, processes that earlier runs left are found (and
+            with ``clean_stale`` stopped) before the remote check (see
+            :mod:`launcher.session.stragglers`). None: no such scan.
     """
 
     ssh: SshSettings
@@ -238,6 +250,7 @@ class PreflightSettings:
     clean_stale: bool = True
     ssh_timeout_s: float = 20.0
     tcp_timeout_s: float = 3.0
+    run_mark: RunMark | None = None
 
 
 def _is_loopback(address: str) -> bool:
@@ -272,7 +285,7 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
         private_env_path(settings.run_id, address) if private else "-",
         *settings.modules,
     ]
-    command = (
+    command = preflight_prefix(settings.python_exe, settings.run_mark, settings.clean_stale) + (
         f"{env_prefix(settings.environment)}{shlex.quote(settings.python_exe)} -c "
         f"{shlex.quote(_REMOTE_CHECK)} {shlex.join(script_args)}"
     )
@@ -309,7 +322,8 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
             f"{settings.python_exe} exited {result.returncode}: {_last_line(result.stderr)}",
         )
     return HostCheck(
-        host, address, report["reason"], report["detail"], tuple(report.get("cleaned", ()))
+        host, address, report["reason"], report["detail"], tuple(report.get("cleaned", ())),
+        parse_report(result.stdout),
     )
 
 
