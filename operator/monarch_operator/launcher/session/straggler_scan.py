@@ -63,10 +63,12 @@ def _real_uid(pid: int) -> int:
 
 
 def _mark_of(pid: int, key: bytes) -> str | None:
-    for entry in _read(f"/proc/{pid}/environ").split(b"\0"):
-        if entry.startswith(key):
-            return entry[len(key):].decode(errors="replace")
-    return None
+    environ = _read(f"/proc/{pid}/environ")
+    start = 0 if environ.startswith(key) else environ.find(b"\0" + key) + 1
+    if start == 0 and not environ.startswith(key):
+        return None
+    end = environ.find(b"\0", start)
+    return environ[start + len(key) : end if end >= 0 else None].decode(errors="replace")
 
 
 def _command(pid: int) -> str:
@@ -150,7 +152,10 @@ class Scan:
             return {pid: "/".join(p) for pid, p in marked.items() if p[2] == self.run}
         others = {pid: parts for pid, parts in marked.items() if parts[2] != self.run}
         if self.lineage == STANDALONE:
-            live = {parts[2] for pid, parts in others.items() if _in_ssh_session(pid)}
+            live: set[str] = set()
+            for pid, parts in others.items():
+                if parts[2] not in live and _in_ssh_session(pid):
+                    live.add(parts[2])  # one process in a session is enough for its run
             others = {pid: parts for pid, parts in others.items() if parts[2] not in live}
         return {pid: "/".join(parts) for pid, parts in others.items()}
 
