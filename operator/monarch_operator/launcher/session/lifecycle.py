@@ -52,7 +52,12 @@ from monarch_operator.launcher.session.ssh import (
     SshSettings,
     ssh_args,
 )
-from monarch_operator.launcher.session.stragglers import mark_env, run_mark, survivor_lines
+from monarch_operator.launcher.session.stragglers import (
+    mark_env,
+    run_mark,
+    stop_run_processes,
+    survivor_lines,
+)
 
 if TYPE_CHECKING:
     from monarch.actor import HostMesh, MeshFailure
@@ -495,12 +500,15 @@ def stop_leftovers(
 ) -> None:
     """End every process of this run still alive on any host (those that left the worker's
     session or ignored its signals), naming each one; see :mod:`launcher.session.stragglers`."""
-    from monarch_operator.launcher.session.stragglers import stop_run_processes
-
     mark = run_mark(config.run_id, os.environ)
     with signals_deferred():
         reports = stop_run_processes(addresses, config.ssh, config.python_exe, mark)
     for host, report in reports.items():
+        if report is None:
+            reporter.warning(
+                f"could not look for processes left by this run on {host} (no answer over "
+                "ssh); the next run's pre-flight stops any it finds there"
+            )
         for line in survivor_lines(host, report, at_end=True):
             reporter.warning(line)
 
