@@ -84,6 +84,8 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
         return None
     job = state.job
     record = dict(state.status.get("queue") or {})
+    if job.queue_name != queue:  # the namespace's default LocalQueue: say so on the job too
+        client.label_job_queue(job.namespace, job.name, queue)
     record.update(name=queue, workload=names.workload(job.name, job.uid))
     state.status["queue"] = record
     workload = client.read_workload(job.namespace, record["workload"])
@@ -123,9 +125,10 @@ def _admitted(state: Pass, verdict: wl.Admission) -> None:
     timeout) starts now."""
     record = state.status["queue"]
     record["clusterQueue"] = verdict.cluster_queue
-    since = record.pop("queuedSince", None)
+    since = record.get("queuedSince")
     if since is None:
         return
+    record["queuedSince"] = None  # the status is merge-patched: None removes the key
     waited = max(0.0, (state.now - deadlines.parse_time(since)).total_seconds())
     record["queuedSeconds"] = int(record.get("queuedSeconds") or 0) + int(waited)
     record["admissions"] = int(record.get("admissions") or 0) + 1
@@ -165,7 +168,8 @@ def _stop(state: Pass, verdict: wl.Admission) -> int:
 def _queued(state: Pass, queue: str, verdict: wl.Admission, pods_left: int) -> None:
     record = state.status["queue"]
     record.setdefault("queuedSince", state.now_text)
-    record.pop("clusterQueue", None)
+    if record.get("clusterQueue"):
+        record["clusterQueue"] = None  # merge patch: None removes it
     if verdict.state == wl.STATE_EVICTED:
         message = (f"evicted by Kueue ({verdict.reason}): {verdict.message}; "
                    f"{pods_left} pod(s) still terminating, then requeued in LocalQueue {queue}")
@@ -206,7 +210,8 @@ def finish(state: Pass) -> None:
         if status is not None and not client.write_workload_status(workload, status):
             return  # changed meanwhile: the next pass tries again
     record["finished"] = True
-    record.pop("queuedSince", None)
+    if record.get("queuedSince"):
+        record["queuedSince"] = None
     state.status["queue"] = record
     if st.is_true(state.status, st.QUEUED):
         state.condition(st.QUEUED, False, "Finished", "the job finished")

@@ -12,6 +12,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
+from monarch_operator import constants
 from monarch_operator.controller import k8s
 from monarch_operator.controller.kueue import workload as wl
 
@@ -107,3 +108,13 @@ def local_queue_exists(namespace: str, name: str) -> bool:
         if error.status == 403:
             return False
         raise
+
+
+def label_job_queue(namespace: str, name: str, queue: str) -> None:
+    """Put ``kueue.x-k8s.io/queue-name: <queue>`` on the MonarchJob itself (merge patch of its
+    labels). Kueue's pod webhook leaves a pod alone only when an ancestor is a managed job
+    *with* a queue name (``FindAncestorJobManagedByKueue``); a job queued in the default
+    LocalQueue without the label would have its pods defaulted into that queue one by one."""
+    _api().patch_namespaced_custom_object(
+        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name,
+        {"metadata": {"labels": {wl.LABEL_QUEUE_NAME: queue}}})
