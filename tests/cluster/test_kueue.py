@@ -232,3 +232,23 @@ def test_default_local_queue_never_splits_a_job_and_workload_goes_with_it(
           f"Admitted {admitted}; launcher running after {running_in:.1f}s")
     kubectl("delete", "monarchjob", "plain", "-n", namespace, "--wait=true")
     wait_until(lambda: not workloads(kubectl, namespace), 60, "the Workload garbage-collected")
+
+
+def test_wait_for_pods_ready_timeout_evicts_and_requeues(kubectl, namespace, queue):
+    # Workers that can never be scheduled: PodsReady stays False past Kueue's timeout.
+    apply(kubectl, namespace, queued_job("stuck", workers={
+        "replicas": 2, "gpusPerWorker": 2,
+        "template": {"spec": {"nodeSelector": {"monarch-operator.dev/no-such-pool": "x"}}}}))
+    wait_until(lambda: job_status(kubectl, namespace, "stuck").get("phase") == "Starting", 60,
+               "stuck admitted and starting")
+    evicted = wait_until(lambda: (s := job_status(kubectl, namespace, "stuck")).get(
+        "phase") == "Queued" and s.get("attempt") == 2 and s, 30 + 90, "PodsReady timeout")
+    first = evicted["attempts"][0]
+    assert first["class"] == "Evicted" and first["reason"] == "EvictedPodsReadyTimeout", first
+    assert not evicted.get("failureCounts"), evicted
+    assert "PodsReadyTimeout" in condition(evicted, "Queued")["message"]
+    wait_until(lambda: not get_json(kubectl, "pods", "-n", namespace, "-l",
+                                    f"{LABEL_JOB}=stuck")["items"], 30, "stuck's pods gone")
+    # Quota given back (Kueue requeues it after its back-off, 60 s at first).
+    wait_until(lambda: "admission" not in job_workload(kubectl, namespace, "stuck")["status"],
+               30, "quota given back")
