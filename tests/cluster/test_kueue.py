@@ -246,7 +246,7 @@ def test_wait_for_pods_ready_timeout_evicts_and_requeues(kubectl, namespace, que
     first = evicted["attempts"][0]
     assert first["class"] == "Evicted" and first["reason"] == "EvictedPodsReadyTimeout", first
     assert not evicted.get("failureCounts"), evicted
-    assert "PodsReadyTimeout" in condition(evicted, "Queued")["message"]
+    assert "PodsReady timeout" in condition(evicted, "Queued")["message"]
     wait_until(lambda: not get_json(kubectl, "pods", "-n", namespace, "-l",
                                     f"{LABEL_JOB}=stuck")["items"], 30, "stuck's pods gone")
     # Quota given back (Kueue requeues it after its back-off, 60 s at first).
