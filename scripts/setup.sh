@@ -65,6 +65,8 @@ log "node binaries (kubelet, kube-proxy, containerd, CoreDNS, fake GPU plugin)"
 bash operator/monarch_operator/localcluster/build-binaries.sh node >/dev/null
 log "helm (the chart's tests)"
 bash operator/monarch_operator/localcluster/build-binaries.sh helm >/dev/null
+log "kueue (the Kueue cluster tests: tests/cluster/test_kueue_*.py)"
+bash operator/monarch_operator/localcluster/build-binaries.sh kueue >/dev/null
 log "linters and scanners (tests/scan)"
 bash scripts/install-scanners.sh >/dev/null
 log "ready"

@@ -17,6 +17,7 @@ the one enforced by the CRD's CEL rule (a test keeps the two equal).
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 # Longest label value / DNS label.
@@ -108,3 +109,10 @@ def launcher_pod(job_name: str, attempt: int = 1) -> str:
     """
     base = job_name + LAUNCHER_SUFFIX
     return base if attempt <= 1 else f"{base}-{attempt}"
+
+
+def workload(job_name: str, job_uid: str) -> str:
+    """The job's Kueue Workload (``kueue.x-k8s.io``): ``<job>-<5 hex of sha256(uid)>``; a job
+    deleted and created again under its name gets a new one (Kueue keys workloads by owner
+    uid, ``kueue.x-k8s.io/job-uid``). At most 51 characters."""
+    return f"{job_name}-{hashlib.sha256(job_uid.encode()).hexdigest()[:5]}"

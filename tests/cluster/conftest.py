@@ -1,4 +1,5 @@
-"""Fixtures of the cluster tests only (the cluster itself and the operator: tests/conftest.py)."""
+"""Fixtures of the cluster tests only (the cluster itself and the operator: tests/conftest.py;
+Kueue here)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import kubernetes
 import pytest
 
 from monarch_operator.localcluster.cluster import LocalCluster
+from monarch_operator.localcluster.demo import Kubectl
+from monarch_operator.localcluster.kueue import KueueProcess
+from tests.conftest import OperatorProcess
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +22,29 @@ def core(local_cluster: LocalCluster) -> Iterator[kubernetes.client.CoreV1Api]:
         yield kubernetes.client.CoreV1Api(api)
     finally:
         api.close()
+
+
+@pytest.fixture(scope="module")
+def kueue(local_cluster: LocalCluster, kubectl: Kubectl,
+          operator_process: OperatorProcess) -> Iterator[KueueProcess]:
+    """Kueue (:data:`~monarch_operator.localcluster.kueue.KUEUE_VERSION`, built from the Go
+    module proxy on first use) running against the local cluster for one test module, with
+    MonarchJob as an external framework and ``waitForPodsReady`` at
+    :data:`KUEUE_PODS_READY_TIMEOUT_SECONDS`. Its webhooks go when the module ends (they would
+    refuse every pod without it); its CRDs stay."""
+    process = KueueProcess(local_cluster.state_dir, local_cluster.kubeconfig, kubectl,
+                           pods_ready_timeout_seconds=KUEUE_PODS_READY_TIMEOUT_SECONDS,
+                           stop_with_owner=True)
+    try:
+        process.up()
+        # The operator watches Workloads from its start; a running one may have started
+        # before Kueue's CRDs existed.
+        operator_process.start()
+        yield process
+    finally:
+        process.down()
+
+
+# Kueue evicts an admitted job whose PodsReady is not True by then (the tests' kwok pods are
+# Ready within seconds).
+KUEUE_PODS_READY_TIMEOUT_SECONDS = 60

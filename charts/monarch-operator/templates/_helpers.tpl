@@ -110,6 +110,17 @@ compares these rules with the API calls in operator/monarch_operator/controller/
   resources: [networkpolicies]
   verbs: [get, list, watch, create, delete]
 {{- end }}
+{{- if .Values.kueue.enabled }}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [update]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [localqueues]
+  verbs: [get]
+{{- end }}
 {{- end }}
 
 {{/* Cluster-wide only: kopf watches CustomResourceDefinitions to notice the MonarchJob CRD
@@ -123,4 +134,9 @@ kopf's scan is off (--namespace), and a 403 on nodes leaves the pod's own state 
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get]
+{{- if .Values.kueue.enabled }}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [resourceflavors, workloadpriorityclasses]
+  verbs: [get]
+{{- end }}
 {{- end }}

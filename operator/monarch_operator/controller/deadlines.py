@@ -37,9 +37,9 @@ def seconds_until_next_deadline(job: JobSpec, status: dict[str, Any],
 
     Deadlines: the startup timeout (``spec.startupTimeoutSeconds`` from the current attempt's
     ``startTime``, else ``status.startTime``, while its launcher has not started and the job is
-    not suspended), ``spec.activeDeadlineSeconds`` (from ``status.startTime``, until the job
-    finished) and ``spec.ttlSecondsAfterFinished`` (from ``status.completionTime``, once it
-    finished).
+    neither suspended nor queued), ``spec.activeDeadlineSeconds`` (from ``status.startTime``,
+    until the job finished) and ``spec.ttlSecondsAfterFinished`` (from
+    ``status.completionTime``, once it finished).
 
     Returns:
         ``None`` when no deadline applies (e.g. a running job without deadlines); ``0`` or more
@@ -49,7 +49,8 @@ def seconds_until_next_deadline(job: JobSpec, status: dict[str, Any],
     # Each attempt's gate has its own startup timeout (restarts, resume after suspend).
     record = attempts.current(status) or {}
     start_text = record.get("startTime") or status.get("startTime")
-    if not st.is_finished(status) and not st.is_true(status, st.SUSPENDED) and start_text:
+    if (not st.is_finished(status) and not st.is_true(status, st.SUSPENDED)
+            and not st.is_true(status, st.QUEUED) and start_text):  # queue time is not startup
         started = parse_time(start_text)
         if not st.is_true(status, st.RUNNING):
             deadlines.append(_after(started, job.startup_timeout_seconds))

@@ -18,6 +18,7 @@ import kopf
 
 from monarch_operator import constants, names
 from monarch_operator.controller import cache, k8s, metrics, observe, passes, wakeups
+from monarch_operator.controller.kueue import watch as kueue_watch
 from monarch_operator.controller.settings import Settings
 
 SETTINGS = Settings.from_env()
@@ -118,6 +119,7 @@ def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     for group, version, plural in (*_CHILDREN, *_OWN_CHILDREN):
         settings.watching.label_selectors[group, version, plural] = _CHILD_SELECTOR
     settings.watching.field_selectors[_EVENTS] = _CREATE_FAILURE_SELECTOR
+    kueue_watch.configure(settings, _CHILD_SELECTOR)
     # kopf reconnects a watch that saw nothing, not even a bookmark, for this long (default
     # 70 s). The FailedCreate Events watch gets no bookmarks (its field selector is not served
     # by the API server's watch cache), so an idle operator re-requested it every 70 s; the
@@ -209,3 +211,6 @@ async def on_create_failure(namespace: str, body: kopf.Body, **_: Any) -> None:
     statefulset = str((body.get("involvedObject") or {}).get("name") or "")
     if statefulset.endswith(names.WORKER_SUFFIX):
         WAKEUPS.wake((namespace, statefulset.removesuffix(names.WORKER_SUFFIX)))
+
+
+kueue_watch.register(WAKEUPS.wake)

@@ -32,6 +32,7 @@ from monarch_operator.controller import (
     suspension,
 )
 from monarch_operator.controller import status as st
+from monarch_operator.controller.kueue import admission as kueue
 from monarch_operator.controller.passstate import Event, Pass
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
@@ -96,11 +97,15 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
         _check_active_deadline(state)
     if not st.is_finished(state.status):  # noqa: SIM102 (the deadline may have ended it)
         try:
+            queue = None if job.suspend else kueue.gate(state, settings)
             if job.suspend:
                 suspension.suspend(state)
-            else:
+            elif queue is None or queue.admitted:  # Kueue: nothing runs until admitted
                 suspension.resume(state)
+                state.job = queue.job if queue else job
                 _run_attempt(state, settings)
+                if queue and not st.is_finished(state.status):
+                    kueue.report(state, queue)
         except k8s.NotOwnedError as error:
             # Never adopted, never overwritten (field case C6): say so once, look again later.
             state.condition(st.WORKERS_READY, False, st.REASON_CHILD_NOT_OWNED, str(error))
@@ -122,6 +127,7 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
             return Outcome(state.events, state.status, deleted=True)
         release.clean_up(state)
         release.count_ready_workers(state)
+        kueue.finish(state)
     deferred = _write_status(state, previous, hold_progress)
     return Outcome(state.events, state.status, retry_after, wake_after=state.wake_after,
                    status_written=deferred is None and state.status != previous,

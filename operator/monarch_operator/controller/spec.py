@@ -98,6 +98,10 @@ class JobSpec:
     # spec.ttlSecondsAfterFinished: the MonarchJob is deleted this long after it finished.
     ttl_seconds_after_finished: int | None = None
     cleanup_policy: str = DEFAULT_CLEANUP_POLICY
+    # Kueue (controller/kueue/): labels kueue.x-k8s.io/queue-name and /priority-class. They
+    # stay on the job, never on its pods: Kueue would queue each pod on its own (C23).
+    queue_name: str | None = None
+    priority_class: str | None = None
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> JobSpec:
@@ -155,6 +159,8 @@ class JobSpec:
             active_deadline_seconds=_optional_int(spec.get("activeDeadlineSeconds")),
             ttl_seconds_after_finished=_optional_int(spec.get("ttlSecondsAfterFinished")),
             cleanup_policy=_cleanup_policy(spec.get("cleanupPolicy")),
+            queue_name=(metadata.get("labels") or {}).get(KUEUE_QUEUE_LABEL) or None,
+            priority_class=(metadata.get("labels") or {}).get(KUEUE_PRIORITY_LABEL) or None,
         )
 
 
@@ -278,7 +284,12 @@ def _json_type(value: Any) -> str:
 
 # Metadata of the job that is about the MonarchJob object itself, not about its pods: kubectl's
 # copy of the applied manifest, and the operator's (and kopf's) own bookkeeping.
-_NOT_PASSED_ON = ("kubectl.kubernetes.io/", f"{constants.GROUP}/", "kopf.zalando.org/")
+# Kueue's labels and annotations too: the job is queued as one Workload (controller/kueue/), and
+# a pod or StatefulSet carrying the queue name would be queued again on its own (C23).
+_NOT_PASSED_ON = ("kubectl.kubernetes.io/", f"{constants.GROUP}/", "kopf.zalando.org/",
+                  "kueue.x-k8s.io/")
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
 
 def _passed_on(entries: dict[str, Any] | None) -> dict[str, str]:

@@ -28,6 +28,7 @@ RUNNING = "Running"  # the launcher pod exists and has not finished
 SUCCEEDED = "Succeeded"  # the launcher exited 0
 FAILED = "Failed"  # the job cannot succeed; reason says why
 SUSPENDED = "Suspended"  # spec.suspend: no workers, no launcher
+QUEUED = "Queued"  # waiting for Kueue to admit its Workload: no workers, no launcher (kueue/)
 
 # Reasons (CamelCase).
 REASON_WAITING_FOR_WORKERS = "WaitingForWorkers"
@@ -67,6 +68,7 @@ PHASE_STARTING = "Starting"
 PHASE_RUNNING = "Running"
 PHASE_RESTARTING = "Restarting"
 PHASE_SUSPENDED = "Suspended"
+PHASE_QUEUED = "Queued"
 PHASE_SUCCEEDED = "Succeeded"
 PHASE_FAILED = "Failed"
 
@@ -143,6 +145,8 @@ def summarize_phase(status: dict[str, Any]) -> str:
         return PHASE_SUCCEEDED
     if is_true(status, SUSPENDED):
         return PHASE_SUSPENDED
+    if is_true(status, QUEUED):
+        return PHASE_QUEUED
     if is_true(status, RUNNING):
         return PHASE_RUNNING
     running = get_condition(status, RUNNING)
@@ -165,7 +169,7 @@ def summarize_message(status: dict[str, Any]) -> str:
     condition says anything yet. Derived like the phase, never stored on its own."""
     phase = summarize_phase(status)
     by_phase = {PHASE_FAILED: FAILED, PHASE_SUCCEEDED: SUCCEEDED, PHASE_SUSPENDED: SUSPENDED,
-                PHASE_RUNNING: RUNNING, PHASE_STARTING: WORKERS_READY}
+                PHASE_QUEUED: QUEUED, PHASE_RUNNING: RUNNING, PHASE_STARTING: WORKERS_READY}
     source = by_phase.get(phase)
     if phase == PHASE_RESTARTING:  # the gate's wait says more than the restart once it runs
         workers = get_condition(status, WORKERS_READY) or {}

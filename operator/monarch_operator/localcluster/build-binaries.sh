@@ -7,7 +7,8 @@
 # (localcluster/node/gpuplugin).
 # Binaries land in ~/.cache/monarch-operator/bin/<versions>/ and are rebuilt only when missing.
 # Prints the directory that holds them (`helm`: ~/.cache/monarch-operator/bin/helm-<version>/,
-# `node`: ~/.cache/monarch-operator/bin/node-<versions>/).
+# `node`: ~/.cache/monarch-operator/bin/node-<versions>/); with `kueue`, Kueue's controller manager,
+# its CRDs and webhook manifests (~/.cache/monarch-operator/bin/kueue-<version>/).
 # Why wrapper modules: k8s.io/kubernetes and etcd's server module carry replace directives, so
 # `go install pkg@version` refuses them (kubernetes/kubernetes#79384, #113302); a module of our own
 # that requires them and maps each staging module to its published version builds fine.
@@ -20,6 +21,8 @@ HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
+# The newest v0.19 patch the Go module proxy serves (v0.19.3 and later: 403 "not available").
+KUEUE_VERSION="${KUEUE_VERSION:-v0.19.2}"
 CACHE="${MONARCH_OPERATOR_CACHE:-$HOME/.cache/monarch-operator}"
 BIN="$CACHE/bin/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
 WORK="$CACHE/build"
@@ -191,7 +194,36 @@ build_gpu_plugin() {
   ln -sf "fake-gpu-plugin-$hash" "$dest/fake-gpu-plugin"
 }
 
+# build_kueue: Kueue's manager (sigs.k8s.io/kueue/cmd/kueue) with the CRDs and webhook manifests
+# of the same release. Its go.mod requires k8s.io/kubernetes, whose replace directives make
+# `go install ...@version` refuse it; a writable copy of the downloaded module builds as its own
+# main module (as bench/peer_mpi_operator.py does for the MPI Operator).
+build_kueue() {
+  local dest="$CACHE/bin/kueue-$KUEUE_VERSION"
+  if [ ! -x "$dest/kueue" ]; then
+    log "building kueue $KUEUE_VERSION (first time: 5-15 min on 2 cores)"
+    local t0=$SECONDS src dir="$WORK/kueue-$KUEUE_VERSION"
+    src=$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    if [ ! -f "$dir/go.mod" ]; then
+      mkdir -p "$dir"
+      cp -r "$src/." "$dir/"
+      chmod -R u+w "$dir"
+    fi
+    mkdir -p "$dest/crds"
+    local ld="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
+    (cd "$dir" && go build -trimpath -ldflags "$ld" -o "$dest/kueue.tmp" ./cmd/kueue)
+    cp "$dir"/config/components/crd/bases/*.yaml "$dest/crds/"
+    cp "$dir/config/components/webhook/manifests.yaml" "$dest/webhooks.yaml"
+    mv "$dest/kueue.tmp" "$dest/kueue"
+    log "built kueue in $((SECONDS - t0)) s"
+  fi
+  echo "$dest"
+}
+
 case "${1:-}" in
+  kueue)
+    build_kueue
+    ;;
   helm)
     build_helm
     ;;
@@ -212,7 +244,7 @@ case "${1:-}" in
     echo "$BIN"
     ;;
   *)
-    echo "usage: $0 [helm|node]" >&2
+    echo "usage: $0 [helm|node|kueue]" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,217 @@
+"""The Kueue step of a reconcile pass: nothing of a queued job runs until Kueue admits its
+Workload; an evicted job stops, then gives its quota back; a running one reports
+``PodsReady``; a finished one marks its Workload ``Finished``.
+
+A job is under Kueue when it has the label ``kueue.x-k8s.io/queue-name``, or when its namespace
+has a LocalQueue named ``default`` as the job first appears (Kueue's LocalQueue defaulting;
+its webhooks cannot default a kind they do not serve). The queue is recorded in
+``status.queue`` and the job stays there.
+
+While not admitted the job has the condition ``Queued`` (STATUS ``Queued``, MESSAGE the queue
+and Kueue's reason); the startup timeout does not run (:mod:`..deadlines`), and the time spent
+queued is added to ``status.queue.queuedSeconds`` and observed in the histogram
+``monarch_operator_queue_wait_seconds`` at each admission. An eviction (preemption, a
+``waitForPodsReady`` timeout, a stopped queue, deactivation) ends a running attempt with the
+class ``Evicted``: it counts in RESTARTS and ``status.attempts`` and spends no restart budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Histogram
+
+from monarch_operator import constants, names
+from monarch_operator.controller import attempts, deadlines, k8s, release
+from monarch_operator.controller import status as st
+from monarch_operator.controller.kueue import client
+from monarch_operator.controller.kueue import workload as wl
+from monarch_operator.controller.passstate import Event, Pass
+from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec import JobSpec
+
+# Attempt class of an attempt stopped by Kueue (status.attempts[].class): not a failure of
+# the job, no budget spent, but a restart (RESTARTS) all the same.
+EVICTED = "Evicted"
+# Reasons of the Queued condition (and Events).
+REASON_QUEUED = "Queued"
+REASON_ADMITTED = "Admitted"
+REASON_EVICTED = "Evicted"
+
+QUEUE_WAIT = Histogram(
+    "monarch_operator_queue_wait_seconds",
+    "Time a MonarchJob waited in its Kueue LocalQueue before each admission.",
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600))
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A job under Kueue in this pass: its Workload as read, and whether it may run (then
+    ``job`` is the spec with admission's node selectors and tolerations in its templates)."""
+
+    workload: dict[str, Any]
+    admitted: bool
+    job: JobSpec
+
+
+def queue_of(state: Pass) -> str | None:
+    """The job's LocalQueue: the recorded one, its label, or ``default`` when that LocalQueue
+    exists as the job first appears (one read, on the job's first pass); None otherwise."""
+    recorded = (state.status.get("queue") or {}).get("name")
+    if recorded:
+        return str(recorded)
+    if state.job.queue_name:
+        return state.job.queue_name
+    first_pass = (state.status.get("attempt") == 1 and not state.status.get("conditions"))
+    if first_pass and client.local_queue_exists(state.job.namespace, wl.DEFAULT_LOCAL_QUEUE):
+        return wl.DEFAULT_LOCAL_QUEUE
+    return None
+
+
+def gate(state: Pass, settings: Settings) -> Queue | None:
+    """Ensure the job's Workload and act on Kueue's verdict; None for a job not under Kueue.
+
+    Not admitted: the job's pods are stopped (an eviction ends the running attempt first), and
+    once none is left an evicted Workload's quota reservation is released.
+
+    Raises:
+        k8s.NotOwnedError, k8s.RefusedError: the Workload's name is taken, or it was refused.
+    """
+    queue = queue_of(state)
+    if queue is None:
+        return None
+    job = state.job
+    record = dict(state.status.get("queue") or {})
+    if job.queue_name != queue:  # the namespace's default LocalQueue: say so on the job too
+        client.label_job_queue(job.namespace, job.name, queue)
+    record.update(name=queue, workload=names.workload(job.name, job.uid))
+    state.status["queue"] = record
+    workload = client.read_workload(job.namespace, record["workload"])
+    if workload is None:
+        workload = client.create_workload(
+            wl.build_workload(job, settings, queue, _priority(job)), job.uid)
+    verdict = wl.admission(workload)
+    if verdict.state == wl.STATE_ADMITTED:
+        _admitted(state, verdict)
+        updates = wl.pod_set_updates(workload, client.flavor_specs(
+            {flavor for flavors in verdict.flavors.values() for flavor in flavors.values()}))
+        admitted_job = dataclasses.replace(
+            job, worker_template=wl.with_updates(job.worker_template,
+                                                 updates.get(wl.PODSET_WORKERS)),
+            launcher_template=wl.with_updates(job.launcher_template,
+                                              updates.get(wl.PODSET_LAUNCHER)))
+        return Queue(workload, True, admitted_job)
+    left = _stop(state, verdict)
+    if verdict.state == wl.STATE_EVICTED and not left:
+        client.write_workload_status(workload, wl.released_status(workload, state.now_text))
+    _queued(state, queue, verdict, left)
+    return Queue(workload, False, job)
+
+
+def _priority(job: JobSpec) -> tuple[str, int] | None:
+    if not job.priority_class:
+        return None
+    value = client.priority_value(job.priority_class)
+    if value is None:
+        raise k8s.RefusedError(wl.KIND, job.name, f"metadata.labels[{wl.LABEL_PRIORITY_CLASS}]: "
+                               f"no WorkloadPriorityClass {job.priority_class!r}")
+    return job.priority_class, value
+
+
+def _admitted(state: Pass, verdict: wl.Admission) -> None:
+    """Leaving the queue: the wait is counted, and the attempt's gate (and its startup
+    timeout) starts now."""
+    record = state.status["queue"]
+    record["clusterQueue"] = verdict.cluster_queue
+    since = record.get("queuedSince")
+    if since is None:
+        return
+    record["queuedSince"] = None  # the status is merge-patched: None removes the key
+    waited = max(0.0, (state.now - deadlines.parse_time(since)).total_seconds())
+    record["queuedSeconds"] = int(record.get("queuedSeconds") or 0) + int(waited)
+    record["admissions"] = int(record.get("admissions") or 0) + 1
+    QUEUE_WAIT.observe(waited)
+    state.status = attempts.update_current(state.status, startTime=state.now_text)
+    message = (f"admitted by ClusterQueue {verdict.cluster_queue} after {int(waited)}s in "
+               f"LocalQueue {record['name']}")
+    state.condition(st.QUEUED, False, REASON_ADMITTED, message)
+    state.events.append(Event("Normal", REASON_ADMITTED, message))
+
+
+def _stop(state: Pass, verdict: wl.Admission) -> int:
+    """Delete the launcher, the workers and the hostfile (as a suspension does); a running
+    or starting attempt ends as :data:`EVICTED`. Returns how many pods are still there."""
+    job = state.job
+    attempt = int(state.status["attempt"])
+    record = attempts.current(state.status) or {}
+    launcher = release.launcher_pod(job.namespace, job.name, attempt)
+    stopped = k8s.stop_pod(launcher)
+    stopped |= k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace,
+                                     names.worker_set(job.name))
+    k8s.delete_if_present("v1", "ConfigMap", job.namespace, names.hostfile_configmap(job.name))
+    if stopped and not record.get("endTime"):
+        why = f"evicted by Kueue: {verdict.reason}: {verdict.message}".rstrip(": ")
+        state.status.pop("attemptWorkers", None)
+        state.status = attempts.update_current(
+            state.status, endTime=state.now_text, reason=f"Evicted{verdict.reason}",
+            message=why, **{"class": EVICTED})
+        state.status = attempts.begin(state.status, attempt + 1, state.now_text, restart=True)
+        state.events.append(Event("Warning", REASON_EVICTED, why))
+    pods = release.let_go_of_stuck(state, k8s.list_pods(job.namespace,
+                                                        {constants.LABEL_JOB: job.name}))
+    state.status["readyWorkers"] = f"0/{job.replicas}"
+    return len(pods)
+
+
+def _queued(state: Pass, queue: str, verdict: wl.Admission, pods_left: int) -> None:
+    record = state.status["queue"]
+    record.setdefault("queuedSince", state.now_text)
+    if record.get("clusterQueue"):
+        record["clusterQueue"] = None  # merge patch: None removes it
+    if verdict.state == wl.STATE_EVICTED:
+        message = (f"evicted by Kueue ({verdict.reason}): {verdict.message}; "
+                   f"{pods_left} pod(s) still terminating, then requeued in LocalQueue {queue}")
+        reason = REASON_EVICTED
+    else:
+        detail = f"{verdict.reason}: {verdict.message}" if verdict.message else verdict.reason
+        message = f"waiting in LocalQueue {queue} for admission: {detail}"
+        reason = REASON_QUEUED
+    if not st.is_true(state.status, st.QUEUED) and reason == REASON_QUEUED:
+        state.events.append(Event("Normal", REASON_QUEUED, message))
+    state.condition(st.QUEUED, True, reason, message)
+    if st.get_condition(state.status, st.RUNNING) is not None:
+        state.condition(st.RUNNING, False, REASON_QUEUED, "queued")
+    state.condition(st.WORKERS_READY, False, REASON_QUEUED, "queued: no workers until admitted")
+
+
+def report(state: Pass, queue: Queue) -> None:
+    """After an admitted job's pass: ``PodsReady`` on its Workload (True while the launcher
+    runs, which it starts only once every worker is Ready)."""
+    status = wl.pods_ready_status(queue.workload, st.is_true(state.status, st.RUNNING),
+                                  state.now_text)
+    if status is not None:
+        client.write_workload_status(queue.workload, status)
+
+
+def finish(state: Pass) -> None:
+    """A finished job under Kueue marks its Workload ``Finished`` (Kueue then frees the
+    quota), once: ``status.queue.finished`` remembers it."""
+    record = dict(state.status.get("queue") or {})
+    if not record.get("workload") or record.get("finished"):
+        return
+    workload = client.read_workload(state.job.namespace, record["workload"])
+    if workload is not None:
+        succeeded = st.is_true(state.status, st.SUCCEEDED)
+        condition = st.get_condition(state.status, st.SUCCEEDED if succeeded else st.FAILED)
+        status = wl.finished_status(workload, succeeded, str((condition or {}).get("message")
+                                                             or ""), state.now_text)
+        if status is not None and not client.write_workload_status(workload, status):
+            return  # changed meanwhile: the next pass tries again
+    record["finished"] = True
+    if record.get("queuedSince"):
+        record["queuedSince"] = None
+    state.status["queue"] = record
+    if st.is_true(state.status, st.QUEUED):
+        state.condition(st.QUEUED, False, "Finished", "the job finished")

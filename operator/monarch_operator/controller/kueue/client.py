@@ -1,0 +1,120 @@
+"""The Kueue part of the one layer that talks to the API (:mod:`..k8s`): the job's Workload,
+ResourceFlavors, WorkloadPriorityClasses and LocalQueues, through the same API client.
+
+Workloads are not in the watches' cache (their events only wake the job, see :mod:`.watch`):
+a pass of a queued job reads its Workload once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from monarch_operator import constants
+from monarch_operator.controller import k8s
+from monarch_operator.controller.kueue import workload as wl
+
+_VERSION = wl.API_VERSION.split("/")[1]
+
+
+def _api() -> kubernetes.client.CustomObjectsApi:
+    return kubernetes.client.CustomObjectsApi(k8s._client())
+
+
+def _get(namespace: str | None, plural: str, name: str) -> dict[str, Any] | None:
+    try:
+        if namespace is None:
+            found = _api().get_cluster_custom_object(wl.GROUP, _VERSION, plural, name)
+        else:
+            found = _api().get_namespaced_custom_object(wl.GROUP, _VERSION, namespace, plural,
+                                                        name)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return dict(found)
+
+
+def read_workload(namespace: str, name: str) -> dict[str, Any] | None:
+    """The Workload, or None when it does not exist."""
+    return _get(namespace, "workloads", name)
+
+
+def create_workload(desired: dict[str, Any], owner_uid: str) -> dict[str, Any]:
+    """Create ``desired``; an existing one of that name (409) is read instead.
+
+    Raises:
+        k8s.NotOwnedError: it exists but another owner controls it.
+        k8s.RefusedError: the API server (or Kueue's webhook) refused it (400/422).
+        kubernetes.client.rest.ApiException: any other API error.
+    """
+    metadata = desired["metadata"]
+    try:
+        created = _api().create_namespaced_custom_object(
+            wl.GROUP, _VERSION, metadata["namespace"], "workloads", desired)
+    except ApiException as error:
+        if error.status in (400, 422):
+            raise k8s.RefusedError(wl.KIND, metadata["name"],
+                                   k8s.api_error_message(error)) from error
+        if error.status != 409:
+            raise
+        found = read_workload(metadata["namespace"], metadata["name"])
+        if found is None:
+            raise
+        created = found
+    k8s.check_owner(dict(created), owner_uid)
+    return dict(created)
+
+
+def write_workload_status(workload: dict[str, Any], status: dict[str, Any]) -> bool:
+    """Replace the Workload's status (PUT, with its ``resourceVersion``: a status Kueue
+    changed meanwhile is not overwritten). Returns False on such a conflict (409) or when it
+    is gone (404): the next pass reads it again."""
+    body = {**workload, "status": status}
+    metadata = workload["metadata"]
+    try:
+        _api().replace_namespaced_custom_object_status(
+            wl.GROUP, _VERSION, metadata["namespace"], "workloads", metadata["name"], body)
+    except ApiException as error:
+        if error.status in (404, 409):
+            return False
+        raise
+    return True
+
+
+def flavor_specs(names: set[str]) -> dict[str, dict[str, Any]]:
+    """``spec`` of each named ResourceFlavor (cluster-scoped); missing ones are left out."""
+    specs = {}
+    for name in sorted(names):
+        flavor = _get(None, "resourceflavors", name)
+        if flavor is not None:
+            specs[name] = dict(flavor.get("spec") or {})
+    return specs
+
+
+def priority_value(name: str) -> int | None:
+    """``value`` of WorkloadPriorityClass ``name``, None when there is no such class."""
+    found = _get(None, "workloadpriorityclasses", name)
+    return None if found is None else int(found.get("value") or 0)
+
+
+def local_queue_exists(namespace: str, name: str) -> bool:
+    """Whether LocalQueue ``namespace/name`` exists (False too when Kueue is not installed)."""
+    try:
+        return _get(namespace, "localqueues", name) is not None
+    except ApiException as error:
+        if error.status == 403:
+            return False
+        raise
+
+
+def label_job_queue(namespace: str, name: str, queue: str) -> None:
+    """Put ``kueue.x-k8s.io/queue-name: <queue>`` on the MonarchJob itself (merge patch of its
+    labels). Kueue's pod webhook leaves a pod alone only when an ancestor is a managed job
+    *with* a queue name (``FindAncestorJobManagedByKueue``); a job queued in the default
+    LocalQueue without the label would have its pods defaulted into that queue one by one."""
+    _api().patch_namespaced_custom_object(
+        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name,
+        {"metadata": {"labels": {wl.LABEL_QUEUE_NAME: queue}}})

@@ -1,0 +1,254 @@
+"""MonarchJobs under a real Kueue (v0.19, built from the Go module proxy, ``kueue`` fixture):
+one job is one Workload and one gang (field case C23), queued truthfully, admitted as a whole,
+preempted without spending its restart budget, placed by its flavor's node labels; a namespace
+with a default LocalQueue does not split a job; the Workload goes with its job.
+
+Each test has its own ClusterQueue (``nvidia.com/gpu`` quota) selecting only its namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.helpers import (
+    LABEL_JOB,
+    PodWatch,
+    condition,
+    get_json,
+    job_manifest,
+    job_status,
+    running_attempt,
+    wait_phase,
+    wait_until,
+)
+from tests.cluster.helpers import apply_manifest as apply
+
+pytestmark = pytest.mark.cluster
+
+KUEUE = "kueue.x-k8s.io/v1beta2"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+GPU = "nvidia.com/gpu"
+
+
+def kueue_objects(kubectl: Any, *objects: dict[str, Any]) -> None:
+    kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                  "items": list(objects)}))
+
+
+@pytest.fixture
+def queue(kueue: Any, kubectl: Any, namespace: str) -> Iterator[dict[str, str]]:
+    """ResourceFlavor, ClusterQueue (4 GPUs, lower priority preempted) for this namespace
+    only, LocalQueue ``user-queue``; yields their names (the test may change the flavor)."""
+    names = {"flavor": f"flavor-{namespace}", "cluster_queue": f"cq-{namespace}",
+             "local_queue": "user-queue"}
+    kueue_objects(kubectl, {
+        "apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": names["flavor"]}},
+        cluster_queue(names["cluster_queue"], names["flavor"], namespace, gpus=4), {
+        "apiVersion": KUEUE, "kind": "LocalQueue",
+        "metadata": {"name": names["local_queue"], "namespace": namespace},
+        "spec": {"clusterQueue": names["cluster_queue"]}})
+    try:
+        yield names
+    finally:
+        kubectl("delete", "monarchjobs", "--all", "-n", namespace, "--wait=true",
+                "--timeout=60s", check=False)
+        kubectl("delete", "localqueues", "--all", "-n", namespace, check=False)
+        kubectl("delete", "clusterqueue", names["cluster_queue"], "--wait=false", check=False)
+        kubectl("delete", "resourceflavor", names["flavor"], "--wait=false", check=False)
+
+
+def cluster_queue(name: str, flavor: str, namespace: str, gpus: int) -> dict[str, Any]:
+    return {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "preemption": {"withinClusterQueue": "LowerPriority"},
+        "resourceGroups": [{"coveredResources": [GPU], "flavors": [{
+            "name": flavor, "resources": [{"name": GPU, "nominalQuota": gpus}]}]}]}}
+
+
+def queued_job(name: str, queue_name: str = "user-queue", labels: dict[str, str] | None = None,
+               **spec: Any) -> str:
+    """A job of 2 workers x 2 GPUs in ``queue_name`` (None: no queue label)."""
+    body = yaml.safe_load(job_manifest(name, **{
+        "workers": {"replicas": 2, "gpusPerWorker": 2},
+        "launcher": {"command": ["sh", "-c", "exec sleep 300"]}, **spec}))
+    body["metadata"]["labels"] = {**({QUEUE_LABEL: queue_name} if queue_name else {}),
+                                  **(labels or {})}
+    return yaml.safe_dump(body)
+
+
+def workloads(kubectl: Any, namespace: str) -> list[dict[str, Any]]:
+    return list(get_json(kubectl, "workloads.kueue.x-k8s.io", "-n", namespace)["items"])
+
+
+def job_workload(kubectl: Any, namespace: str, job: str) -> dict[str, Any]:
+    """The one Workload the job owns."""
+    owned = [w for w in workloads(kubectl, namespace)
+             if any(ref["kind"] == "MonarchJob" and ref["name"] == job
+                    for ref in w["metadata"].get("ownerReferences") or [])]
+    assert len(owned) == 1, [w["metadata"]["name"] for w in workloads(kubectl, namespace)]
+    return owned[0]
+
+
+def wl_condition(workload: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in (workload.get("status") or {}).get("conditions") or []
+                 if c["type"] == kind), {})
+
+
+def test_c23_second_job_queued_whole_until_the_first_finishes(kubectl, namespace, queue):
+    apply(kubectl, namespace, queued_job("a"))
+    running_attempt(kubectl, namespace, "a", 1)
+    started = time.monotonic()
+    with PodWatch(kubectl, namespace, "demo") as watch:
+        apply(kubectl, namespace, queued_job("demo", startupTimeoutSeconds=20))
+        status = wait_phase(kubectl, namespace, "demo", "Queued", timeout=60)
+        queued_after = time.monotonic() - started
+        # Longer than its startup timeout: queue time is not startup time.
+        time.sleep(30)
+        status = job_status(kubectl, namespace, "demo")
+        assert status["phase"] == "Queued", status
+        assert "user-queue" in status["message"] and "insufficient" in status["message"], status
+        assert not get_json(kubectl, "pods", "-n", namespace, "-l", f"{LABEL_JOB}=demo")["items"]
+        assert watch.pods_seen() == {}  # never one of two
+        # One Workload per job, none per pod: 2 workers (one pod set) and the launcher.
+        assert sorted(w["metadata"]["name"] for w in workloads(kubectl, namespace)) == sorted(
+            [job_workload(kubectl, namespace, "a")["metadata"]["name"],
+             job_workload(kubectl, namespace, "demo")["metadata"]["name"]])
+        pod_sets = job_workload(kubectl, namespace, "demo")["spec"]["podSets"]
+        assert [(p["name"], p["count"]) for p in pod_sets] == [("workers", 2), ("launcher", 1)]
+        worker_limits = pod_sets[0]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert worker_limits[GPU] == "2"
+        kubectl("delete", "monarchjob", "a", "-n", namespace, "--wait=true")
+        freed = time.monotonic()
+        status = running_attempt(kubectl, namespace, "demo", 1)
+        admitted_in = time.monotonic() - freed
+    assert watch.pods_seen() == {"demo-worker-0": 1, "demo-worker-1": 1}
+    assert status["queue"]["name"] == "user-queue" and status["queue"]["queuedSeconds"] >= 30
+    assert status["queue"]["admissions"] == 1 and status["restartCount"] == 0
+    assert not any(a.get("reason") == "StartupTimeout" for a in status["attempts"])
+    # The launcher needed no admission of its own: no pod carries Kueue's gate or label.
+    for pod in get_json(kubectl, "pods", "-n", namespace, "-l", f"{LABEL_JOB}=demo")["items"]:
+        assert QUEUE_LABEL not in pod["metadata"].get("labels", {}), pod["metadata"]
+        assert not pod["spec"].get("schedulingGates"), pod["spec"]
+    workload = job_workload(kubectl, namespace, "demo")
+    wait_until(lambda: wl_condition(job_workload(kubectl, namespace, "demo"),
+                                    "PodsReady").get("status") == "True", 30, "PodsReady")
+    assert wl_condition(workload, "Admitted")["status"] == "True"
+    # C23: a recreated worker runs within 30 s and attempt 2 runs.
+    kubectl("delete", "pod", "demo-worker-1", "-n", namespace, "--wait=false")
+    status = running_attempt(kubectl, namespace, "demo", 2)
+    assert status["attempts"][0]["class"] == "Infrastructure"
+    print(f"\n[kueue] demo Queued {queued_after:.1f}s after A ran; launcher running "
+          f"{admitted_in:.1f}s after A was deleted")
+
+
+def test_higher_priority_preempts_without_spending_the_budget(kubectl, namespace, queue):
+    kueue_objects(kubectl, *({"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
+                              "metadata": {"name": f"{level}-{namespace}"}, "value": value}
+                             for level, value in (("low", 10), ("high", 1000))))
+    try:
+        apply(kubectl, namespace, queued_job(
+            "low", labels={"kueue.x-k8s.io/priority-class": f"low-{namespace}"},
+            runPolicy={"backoffLimit": 0, "infrastructureBackoffLimit": 0},
+            launcher={"command": ["sh", "-c",
+                                  'if [ "$MONARCH_ATTEMPT" = 1 ]; then exec sleep 300; fi; '
+                                  "exec sleep 3"]}))
+        running_attempt(kubectl, namespace, "low", 1)
+        apply(kubectl, namespace, queued_job(
+            "high", labels={"kueue.x-k8s.io/priority-class": f"high-{namespace}"}))
+        evicted = wait_until(lambda: (s := job_status(kubectl, namespace, "low")).get(
+            "phase") == "Queued" and s, 60, "low evicted and queued")
+        running_attempt(kubectl, namespace, "high", 1)
+        first = evicted["attempts"][0]
+        assert first["class"] == "Evicted" and first["reason"] == "EvictedPreempted", first
+        assert evicted["restartCount"] == 1 and not evicted.get("failureCounts"), evicted
+        assert "Preempted" in condition(evicted, "Queued")["message"], evicted
+        assert not get_json(kubectl, "pods", "-n", namespace, "-l", f"{LABEL_JOB}=low")["items"]
+        requeued = wl_condition(job_workload(kubectl, namespace, "low"), "Requeued")
+        assert requeued.get("status") == "True", requeued
+        # Back when the quota is free again: attempt 2 runs and succeeds, budget 0 untouched.
+        kubectl("delete", "monarchjob", "high", "-n", namespace, "--wait=true")
+        status = wait_phase(kubectl, namespace, "low", "Succeeded", timeout=120)
+        assert status["attempt"] == 2 and status["queue"]["admissions"] == 2, status
+        finished = wl_condition(job_workload(kubectl, namespace, "low"), "Finished")
+        assert finished.get("status") == "True" and finished["reason"] == "Succeeded"
+    finally:
+        kubectl("delete", "workloadpriorityclass", f"low-{namespace}", f"high-{namespace}",
+                check=False)
+
+
+def test_flavor_node_label_reaches_the_pods(kubectl, namespace, queue):
+    label = "monarch-operator.dev/test-pool"
+    node = "kwok-gpu-1"
+    kubectl("label", "node", node, f"{label}={namespace}", "--overwrite")
+    try:
+        kueue_objects(kubectl, {"apiVersion": KUEUE, "kind": "ResourceFlavor",
+                                "metadata": {"name": queue["flavor"]},
+                                "spec": {"nodeLabels": {label: namespace}}})
+        apply(kubectl, namespace, queued_job("placed"))
+        running_attempt(kubectl, namespace, "placed", 1)
+        workers = get_json(kubectl, "pods", "-n", namespace, "-l",
+                           f"{LABEL_JOB}=placed,monarch-operator.dev/role=worker")["items"]
+        assert len(workers) == 2
+        for pod in workers:
+            assert pod["spec"]["nodeSelector"].get(label) == namespace, pod["spec"]
+            assert pod["spec"]["nodeName"] == node
+        # The launcher requests no GPU: Kueue assigns its pod set no flavor, so no selector.
+        assignments = job_workload(kubectl, namespace, "placed")["status"]["admission"][
+            "podSetAssignments"]
+        assert {a["name"]: a.get("flavors") for a in assignments}["workers"] == {
+            GPU: queue["flavor"]}
+        # The job's own spec is unchanged: admission is applied, never written back.
+        body = get_json(kubectl, "monarchjob", "placed", "-n", namespace)
+        assert "nodeSelector" not in json.dumps(body["spec"])
+    finally:
+        kubectl("label", "node", node, f"{label}-")
+
+
+def test_default_local_queue_never_splits_a_job_and_workload_goes_with_it(
+        kubectl, namespace, queue):
+    kueue_objects(kubectl, {"apiVersion": KUEUE, "kind": "LocalQueue",
+                            "metadata": {"name": "default", "namespace": namespace},
+                            "spec": {"clusterQueue": queue["cluster_queue"]}})
+    created = time.monotonic()
+    apply(kubectl, namespace, queued_job("plain", queue_name=None))
+    status = running_attempt(kubectl, namespace, "plain", 1)
+    running_in = time.monotonic() - created
+    assert status["queue"]["name"] == "default"
+    workload = job_workload(kubectl, namespace, "plain")
+    assert len(workloads(kubectl, namespace)) == 1  # none for the StatefulSet or the pods
+    statefulset = get_json(kubectl, "statefulset", "plain-worker", "-n", namespace)
+    assert QUEUE_LABEL not in statefulset["metadata"].get("labels", {})
+    for pod in get_json(kubectl, "pods", "-n", namespace, "-l", f"{LABEL_JOB}=plain")["items"]:
+        assert QUEUE_LABEL not in pod["metadata"].get("labels", {}), pod["metadata"]
+        assert not pod["spec"].get("schedulingGates"), pod["spec"]
+    admitted = wl_condition(workload, "Admitted")["lastTransitionTime"]
+    print(f"\n[kueue] job created -> Workload {workload['metadata']['creationTimestamp']} -> "
+          f"Admitted {admitted}; launcher running after {running_in:.1f}s")
+    kubectl("delete", "monarchjob", "plain", "-n", namespace, "--wait=true")
+    wait_until(lambda: not workloads(kubectl, namespace), 60, "the Workload garbage-collected")
+
+
+def test_wait_for_pods_ready_timeout_evicts_and_requeues(kubectl, namespace, queue):
+    # Workers that can never be scheduled: PodsReady stays False past Kueue's timeout.
+    apply(kubectl, namespace, queued_job("stuck", workers={
+        "replicas": 2, "gpusPerWorker": 2,
+        "template": {"spec": {"nodeSelector": {"monarch-operator.dev/no-such-pool": "x"}}}}))
+    wait_until(lambda: job_status(kubectl, namespace, "stuck").get("phase") == "Starting", 60,
+               "stuck admitted and starting")
+    evicted = wait_until(lambda: (s := job_status(kubectl, namespace, "stuck")).get(
+        "phase") == "Queued" and s.get("attempt") == 2 and s, 30 + 90, "PodsReady timeout")
+    first = evicted["attempts"][0]
+    assert first["class"] == "Evicted" and first["reason"] == "EvictedPodsReadyTimeout", first
+    assert not evicted.get("failureCounts"), evicted
+    assert "PodsReady timeout" in condition(evicted, "Queued")["message"]
+    wait_until(lambda: not get_json(kubectl, "pods", "-n", namespace, "-l",
+                                    f"{LABEL_JOB}=stuck")["items"], 30, "stuck's pods gone")
+    # Quota given back (Kueue requeues it after its back-off, 60 s at first).
+    wait_until(lambda: "admission" not in job_workload(kubectl, namespace, "stuck")["status"],
+               30, "quota given back")

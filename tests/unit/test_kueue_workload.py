@@ -1,0 +1,132 @@
+"""The Kueue Workload of a MonarchJob and Kueue's verdict on it (controller/kueue/workload.py),
+and that Kueue's labels stay on the job (field case C23)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from monarch_operator.controller import deadlines
+from monarch_operator.controller import status as st
+from monarch_operator.controller.builders.statefulset import build_worker_statefulset
+from monarch_operator.controller.kueue import workload as wl
+from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec import JobSpec
+
+NOW = "2026-12-01T12:00:00Z"
+
+
+def job(**labels: str) -> JobSpec:
+    return JobSpec.from_body({
+        "metadata": {"name": "demo", "namespace": "team-a", "uid": "u-1",
+                     "labels": {"kueue.x-k8s.io/queue-name": "user-queue", "team": "a",
+                                **labels}},
+        "spec": {"image": "img", "workers": {"replicas": 2, "gpusPerWorker": 2},
+                 "meshes": {"trainer": {"hosts": 1}, "ref": {"hosts": 1}, "colocate": True}}})
+
+
+def test_kueue_labels_stay_on_the_job_not_its_pods():
+    spec = job(**{"kueue.x-k8s.io/priority-class": "high"})
+    assert spec.queue_name == "user-queue" and spec.priority_class == "high"
+    labels = build_worker_statefulset(spec, Settings())["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "a"
+    assert not [key for key in labels if key.startswith("kueue.x-k8s.io/")]
+
+
+def test_one_workload_with_a_pod_set_for_the_workers_and_one_for_the_launcher():
+    body = wl.build_workload(job(), Settings(), "user-queue", ("high", 1000))
+    assert body["metadata"]["ownerReferences"][0]["kind"] == "MonarchJob"
+    assert body["metadata"]["labels"][wl.LABEL_JOB_UID] == "u-1"
+    spec = body["spec"]
+    assert spec["queueName"] == "user-queue" and spec["priority"] == 1000
+    assert spec["priorityClassRef"] == {"group": "kueue.x-k8s.io",
+                                        "kind": "WorkloadPriorityClass", "name": "high"}
+    # Colocated roles live in the same pods: one pod set for all workers.
+    assert [(p["name"], p["count"]) for p in spec["podSets"]] == [("workers", 2), ("launcher", 1)]
+    worker = spec["podSets"][0]["template"]
+    assert worker == build_worker_statefulset(job(), Settings())["spec"]["template"]
+    assert worker["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert spec["podSets"][1]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def conditions(**statuses: str) -> list[dict[str, str]]:
+    return [{"type": kind, "status": value, "reason": f"R{kind}", "message": f"m {kind}"}
+            for kind, value in statuses.items()]
+
+
+ADMISSION = {"clusterQueue": "cq", "podSetAssignments": [
+    {"name": "workers", "flavors": {"nvidia.com/gpu": "a100"}}, {"name": "launcher"}]}
+
+
+def test_kueue_verdicts():
+    pending = wl.admission({"status": {"conditions": conditions(QuotaReserved="False")}})
+    assert (pending.state, pending.reason, pending.message) == (
+        wl.STATE_PENDING, "RQuotaReserved", "m QuotaReserved")
+    assert wl.admission({}).state == wl.STATE_PENDING
+    admitted = wl.admission({"status": {"admission": ADMISSION, "conditions": conditions(
+        QuotaReserved="True", Admitted="True")}})
+    assert admitted.state == wl.STATE_ADMITTED and admitted.cluster_queue == "cq"
+    assert admitted.flavors["workers"] == {"nvidia.com/gpu": "a100"}
+    evicted = wl.admission({"status": {"admission": ADMISSION, "conditions": conditions(
+        QuotaReserved="True", Admitted="True", Evicted="True")}})
+    assert evicted.state == wl.STATE_EVICTED and evicted.reason == "REvicted"
+    checks = wl.admission({"status": {"conditions": conditions(QuotaReserved="True"),
+                                      "admissionChecks": [{"name": "prov", "state": "Pending"}]}})
+    assert checks.state == wl.STATE_PENDING and "prov: Pending" in checks.message
+
+
+def test_flavors_and_admission_checks_go_into_the_pod_templates():
+    workload = {"status": {"admission": ADMISSION, "admissionChecks": [{
+        "name": "prov", "state": "Ready", "podSetUpdates": [
+            {"name": "workers", "labels": {"x": "1"}, "nodeSelector": {"zone": "z1"}}]}]}}
+    toleration = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+    updates = wl.pod_set_updates(workload, {"a100": {"nodeLabels": {"pool": "a100"},
+                                                     "tolerations": [toleration]}})
+    template = {"spec": {"nodeSelector": {"mine": "y"}, "tolerations": [{"key": "own"}]}}
+    merged = wl.with_updates(template, updates["workers"])
+    assert merged["spec"]["nodeSelector"] == {"mine": "y", "pool": "a100", "zone": "z1"}
+    assert merged["spec"]["tolerations"] == [{"key": "own"}, toleration]
+    assert merged["metadata"]["labels"] == {"x": "1"}
+    assert template == {"spec": {"nodeSelector": {"mine": "y"}, "tolerations": [{"key": "own"}]}}
+    assert wl.with_updates({}, updates["launcher"]) == {"spec": {}, "metadata": {}}
+
+
+def test_an_evicted_workload_gives_its_quota_back_and_is_requeued():
+    workload = {"metadata": {"generation": 2}, "status": {"admission": ADMISSION, "conditions": [
+        *conditions(QuotaReserved="True", Admitted="True"),
+        {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "by high"}]}}
+    status = wl.released_status(workload, NOW)
+    assert "admission" not in status
+    by_type = {c["type"]: c for c in status["conditions"]}
+    assert (by_type["QuotaReserved"]["status"], by_type["QuotaReserved"]["reason"]) == (
+        "False", "Pending")
+    assert by_type["Admitted"]["status"] == "False"
+    assert (by_type["Requeued"]["status"], by_type["Requeued"]["reason"]) == ("True", "Preempted")
+    assert by_type["Evicted"]["status"] == "True"  # Kueue's own to clear
+
+
+def test_pods_ready_and_finished():
+    workload: dict = {"status": {}}
+    waiting = wl.pods_ready_status(workload, False, NOW)
+    assert waiting["conditions"][0]["reason"] == "WaitForStart"
+    started = wl.pods_ready_status({"status": waiting}, True, NOW)
+    assert (started["conditions"][0]["status"], started["conditions"][0]["reason"]) == (
+        "True", "Started")
+    assert wl.pods_ready_status({"status": started}, True, NOW) is None  # no write
+    lost = wl.pods_ready_status({"status": started}, False, NOW)
+    assert lost["conditions"][0]["reason"] == "WaitForRecovery"
+    assert wl.pods_ready_status({"status": lost}, True, NOW)["conditions"][0]["reason"] == \
+        "Recovered"
+    finished = wl.finished_status(workload, True, "launcher exited 0", NOW)
+    assert finished["conditions"][0]["reason"] == "Succeeded"
+    assert wl.finished_status({"status": finished}, True, "", NOW) is None
+
+
+def test_queued_is_a_phase_and_its_time_is_not_startup_time():
+    status = st.set_condition({"startTime": NOW, "attempt": 1,
+                               "attempts": [{"number": 1, "startTime": NOW}]},
+                              st.QUEUED, True, "Queued", "waiting in LocalQueue user-queue", 1,
+                              NOW)
+    assert st.summarize_phase(status) == "Queued"
+    assert st.summarize_message(status) == "waiting in LocalQueue user-queue"
+    later = dt.datetime(2026, 12, 1, 13, tzinfo=dt.UTC)
+    assert deadlines.seconds_until_next_deadline(job(), status, later) is None
