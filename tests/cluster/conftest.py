@@ -39,9 +39,11 @@ def kueue(local_cluster: LocalCluster, kubectl: Kubectl,
         process.up()
         # The operator watches Workloads from its start; a running one may have started
         # before Kueue's CRDs existed.
-        operator_process.start()
+        operator_process.default_env = {"MONARCH_OPERATOR_KUEUE": "true"}
+        operator_process.start(**operator_process.default_env)
         yield process
     finally:
+        operator_process.default_env = {}
         process.down()
 
 

@@ -123,14 +123,16 @@ def test_phase_shows_restarting_and_suspended():
 
 def test_job_labels_and_annotations_reach_the_pods_but_not_kubectls_own():
     body = {"metadata": {"name": "demo", "namespace": "ns", "uid": "u",
-                         "labels": {"kueue.x-k8s.io/queue-name": "team-q"},
+                         "labels": {"kueue.x-k8s.io/queue-name": "team-q",
+                                    "team": "rl"},
                          "annotations": {
                              "kubectl.kubernetes.io/last-applied-configuration": "{}",
                              "monarch-operator.dev/last-handled-configuration": "{}",
                              "example.com/owner": "alice"}},
             "spec": {"image": "img", "suspend": True, "runPolicy": {"backoffLimit": 2}}}
     job = JobSpec.from_body(body)
-    assert job.pod_labels == {"kueue.x-k8s.io/queue-name": "team-q"}
+    # Kueue's labels stay on the job (one Workload for it), never on a pod (C23).
+    assert job.pod_labels == {"team": "rl"}
     assert job.pod_annotations == {"example.com/owner": "alice"}
     assert job.suspend and job.run_policy.backoff_limit == 2
 
@@ -148,7 +150,7 @@ def test_builders_pass_metadata_on_and_name_each_attempts_launcher():
                 "labels": {"extra": "x"}}}}}}
     job = JobSpec.from_body(body)
     worker_meta = build_worker_statefulset(job, Settings())["spec"]["template"]["metadata"]
-    assert worker_meta["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    assert "kueue.x-k8s.io/queue-name" not in worker_meta["labels"]  # C23
     assert worker_meta["labels"]["extra"] == "x"
     assert worker_meta["labels"]["monarch-operator.dev/role"] == "worker", "ours win"
     assert worker_meta["annotations"] == {"example.com/owner": "alice"}
@@ -156,7 +158,7 @@ def test_builders_pass_metadata_on_and_name_each_attempts_launcher():
     assert launcher["metadata"]["name"] == "demo-launcher-3"
     assert launcher["metadata"]["labels"]["monarch-operator.dev/attempt"] == "3"
     pod_meta = launcher["metadata"]
-    assert pod_meta["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    assert "kueue.x-k8s.io/queue-name" not in pod_meta["labels"]
     assert pod_meta["labels"]["monarch-operator.dev/role"] == "launcher", "ours win"
     assert pod_meta["annotations"] == {"example.com/owner": "alice"}
     env = {item["name"]: item.get("value")

@@ -17,17 +17,21 @@ class Settings:
         network_policy: give each job a NetworkPolicy that admits only its own pods
             (``builders/networkpolicy.py``); off where the cluster's policies are managed
             elsewhere.
+        kueue: Kueue runs on the cluster: a job without the queue label goes to its
+            namespace's ``default`` LocalQueue when there is one (one read per new job; the
+            chart's ``kueue.enabled``). A labelled job is queued either way.
     """
 
     cluster_domain: str = "cluster.local"
     worker_user_id: int = 1000
     network_policy: bool = True
+    kueue: bool = False
 
     @classmethod
     def from_env(cls) -> Settings:
         """Read ``MONARCH_OPERATOR_CLUSTER_DOMAIN``, ``MONARCH_OPERATOR_WORKER_UID`` and
-        ``MONARCH_OPERATOR_NETWORK_POLICY`` (``true`` or ``false``); unset ones keep the
-        defaults above.
+        ``MONARCH_OPERATOR_NETWORK_POLICY`` and ``MONARCH_OPERATOR_KUEUE`` (``true`` or
+        ``false``); unset ones keep the defaults above.
 
         Raises:
             ValueError: a ``MONARCH_OPERATOR_WORKER_UID`` that is not a non-root uid
@@ -38,6 +42,7 @@ class Settings:
             cluster_domain=os.environ.get("MONARCH_OPERATOR_CLUSTER_DOMAIN", cls.cluster_domain),
             worker_user_id=_non_root_uid("MONARCH_OPERATOR_WORKER_UID", cls.worker_user_id),
             network_policy=_boolean("MONARCH_OPERATOR_NETWORK_POLICY", cls.network_policy),
+            kueue=_boolean("MONARCH_OPERATOR_KUEUE", cls.kueue),
         )
 
 

@@ -56,16 +56,17 @@ class Queue:
     job: JobSpec
 
 
-def queue_of(state: Pass) -> str | None:
-    """The job's LocalQueue: the recorded one, its label, or ``default`` when that LocalQueue
-    exists as the job first appears (one read, on the job's first pass); None otherwise."""
+def queue_of(state: Pass, settings: Settings) -> str | None:
+    """The job's LocalQueue: the recorded one, its label, or (with ``settings.kueue``)
+    ``default`` when that LocalQueue exists as the job first appears (one read, on the job's
+    first pass); None otherwise."""
     recorded = (state.status.get("queue") or {}).get("name")
     if recorded:
         return str(recorded)
     if state.job.queue_name:
         return state.job.queue_name
     first_pass = (state.status.get("attempt") == 1 and not state.status.get("conditions"))
-    if first_pass and client.local_queue_exists(state.job.namespace, wl.DEFAULT_LOCAL_QUEUE):
+    if settings.kueue and first_pass and client.local_queue_exists(state.job.namespace, wl.DEFAULT_LOCAL_QUEUE):
         return wl.DEFAULT_LOCAL_QUEUE
     return None
 
@@ -79,7 +80,7 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
     Raises:
         k8s.NotOwnedError, k8s.RefusedError: the Workload's name is taken, or it was refused.
     """
-    queue = queue_of(state)
+    queue = queue_of(state, settings)
     if queue is None:
         return None
     job = state.job
