@@ -127,8 +127,8 @@ class RealNodes:
             if time.monotonic() >= deadline:
                 raise RuntimeError(
                     f"a local cluster with real nodes already runs on this machine (state dir "
-                    f"{running['state_dir']}); stop it first: monarch-localcluster down "
-                    f"--dir {running['state_dir']} (or set {WAIT_ENV} to wait for it)")
+                    f"{running['state_dir']}); stop it first: monarch-localcluster --dir "
+                    f"{running['state_dir']} down (or set {WAIT_ENV} to wait for it)")
             if time.monotonic() >= next_note:
                 progress(f"waiting for the cluster with real nodes in {running['state_dir']} "
                          f"to go ({deadline - time.monotonic():.0f} s left)")
