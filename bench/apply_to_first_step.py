@@ -61,7 +61,7 @@ PROGRAM = ["-m", "torchrun_demo.train", "--steps", "1"]
 # The examples are installed for the image's user (pip --user); the peer's ranks run as root.
 USER_SITE = "/home/monarch/.local/lib/python3.11/site-packages"
 MPI_LAUNCHER = (
-    'MASTER_ADDR="$(awk \'NF {print $1; exit}\' "$OMPI_MCA_orte_default_hostfile")" '
+    'MASTER_ADDR="$(awk \'NF {{print $1; exit}}\' "$OMPI_MCA_orte_default_hostfile")" '
     "exec mpirun --allow-run-as-root --bind-to none -np {ranks} -x MASTER_ADDR "
     f"-x PYTHONPATH={USER_SITE} torchrun-under-mpi python3 {' '.join(PROGRAM)}")
 
@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         kubectl("apply", "--server-side", "-f", str(crd))
         for namespace in NAMESPACES.values():
             kubectl("create", "namespace", namespace)
-        processes.append(start_operator(args.state_dir, {}, namespaces=(NAMESPACES[OURS],)))
+        processes.append(start_operator(args.state_dir, cluster.env(),
+                                        namespaces=(NAMESPACES[OURS],)))
         peer_log = open(args.state_dir / "logs" / "mpi-operator.log", "ab")  # noqa: SIM115
         processes.append(subprocess.Popen(
             mpi.command(binary, cluster.kubeconfig, NAMESPACES[PEER], mpi.DEFAULT_QPS,
