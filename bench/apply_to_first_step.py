@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     processes: list[subprocess.Popen[bytes]] = []
     results: list[dict[str, Any]] = []
     try:
+        cluster.down(quiet=True)  # a fresh cluster: one left by a killed run would be reused
         cluster.up(progress=note)
         kubectl = Kubectl(cluster.env())
         install_crds(kubectl)
