@@ -34,6 +34,7 @@ from monarch_operator.launcher.session.environment import (
     private_env_path,
     split_environment,
 )
+from monarch_operator.launcher.session.fanout import RetryPolicy
 from monarch_operator.launcher.session.network import client_address
 from monarch_operator.launcher.session.preflight import (
     DNS_NOT_RESOLVABLE,
@@ -441,11 +442,16 @@ def started_job(
     names = {address: host for host, address in addresses.items()}
     job = LauncherSSHJob(
         python_exe=config.python_exe,
-        ssh_args=lambda address: ssh_args(config.ssh, names.get(address, address)),
+        ssh_args=lambda address: ssh_args(config.ssh, names.get(address, address), tty=False),
         monarch_port=config.monarch_port,
         environment=public,
         stdout=reporter.worker_stream,
         private_env_file=(functools.partial(private_env_path, config.run_id) if private else None),
+        concurrency=config.ssh.concurrency,
+        retry_policy=RetryPolicy(retries=config.ssh.retries),
+        on_retry=lambda address, retry, _: reporter.progress(
+            f"ssh to {names.get(address, address)} refused at login, retry {retry}"
+        ),
     )
     # Must follow SSHJob(), which enables the hostname-based tcp transport; that transport panics
     # when the hostname resolves only to loopback, and enabling another one before SSHJob() is
