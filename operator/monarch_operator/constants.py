@@ -62,6 +62,10 @@ ENV_TRAINER_HOSTS = "MONARCH_TRAINER_HOSTS"
 ENV_REF_HOSTS = "MONARCH_REF_HOSTS"
 ENV_COLOCATE = "MONARCH_COLOCATE"
 ENV_CLIENT_ADDRESS = "MONARCH_CLIENT_ADDRESS"
+# Each host's current address, "NAME=IP,NAME=IP" (names as in the hostfile): the launcher waits
+# until every such name resolves to it for MONARCH_DNS_STABLE seconds (field case C20).
+ENV_HOST_ADDRESSES = "MONARCH_HOST_ADDRESSES"
+ENV_DNS_STABLE = "MONARCH_DNS_STABLE"
 # Colocated roles only, and only when the job gives them: each role's GPUs per host.
 ENV_TRAINER_GPUS = "MONARCH_TRAINER_GPUS"
 ENV_REF_GPUS = "MONARCH_REF_GPUS"

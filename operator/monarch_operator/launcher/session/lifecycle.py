@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session.dnswait import DEFAULT_STABLE_S, wait_for_addresses
 from monarch_operator.launcher.session.environment import (
     bound_monarch_log,
     private_env_path,
@@ -98,6 +99,9 @@ class SessionConfig:
         clean_stale: stop workers of an earlier run that still hold the worker port.
         modules: modules the worker Python must import (pre-flight ``ImportFailed``).
         run_id: names this session's private env files on the hosts.
+        host_addresses: ``{host name: IPv4 address it has now}``; each such name must resolve
+            to it for ``dns_stable_s`` seconds before the pre-flight (:mod:`.dnswait`).
+        dns_stable_s: see ``host_addresses``, seconds.
     """
 
     ssh: SshSettings
@@ -110,6 +114,8 @@ class SessionConfig:
     clean_stale: bool = True
     modules: tuple[str, ...] = ("monarch",)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    host_addresses: Mapping[str, str] = field(default_factory=dict)
+    dns_stable_s: float = DEFAULT_STABLE_S
 
 
 class Terminated(BaseException):
@@ -383,6 +389,12 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
                 f"port {config.monarch_port}: pid {pids}"
             )
 
+    if config.host_addresses:
+        reporter.progress(
+            f"waiting for {len(config.host_addresses)} host name(s) to resolve to their "
+            f"current address for {config.dns_stable_s:g}s"
+        )
+        wait_for_addresses(config.host_addresses, config.dns_stable_s, config.host_wait_s)
     try:
         return run_preflight(
             hosts, settings, config.host_wait_s, reporter.hosts_ready, on_check=report_cleaned

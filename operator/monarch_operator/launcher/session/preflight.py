@@ -16,8 +16,13 @@ For every host, in parallel:
    the same user's in another terminal) and is reported, never killed.
 
 Hosts that are still coming up (``DNSNotResolvable``, ``SSHUnreachable``) are retried with
-backoff until ``wait_s`` has passed; the other reasons are final at once. Monarch itself would
-only report an attach timeout without naming the host.
+backoff until ``wait_s`` (``--host-wait``) has passed since the last progress (a host became
+ready), so a slow first round over many hosts never uses the wait up; the other reasons are
+final at once. Monarch itself would only report an attach timeout without naming the host.
+
+At most ``ssh.concurrency`` hosts are checked at once, and an sshd that drops the connection
+before login (``MaxStartups``) is asked again with backoff and jitter, up to ``ssh.retries``
+times, within the same round (see :mod:`launcher.session.fanout`, field case C28).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from monarch_operator.launcher.session.environment import env_prefix, private_env_path
+from monarch_operator.launcher.session.fanout import RetryPolicy, run_with_retries
 from monarch_operator.launcher.session.network import NetworkCheckError, probe_sshd, resolve_host
 from monarch_operator.launcher.session.ssh import SshSettings, host_key_failure, ssh_args
 
@@ -42,8 +48,11 @@ SSH_AUTH_FAILED = "SSHAuthFailed"
 PYTHON_NOT_FOUND = "PythonNotFound"
 IMPORT_FAILED = "ImportFailed"
 PORT_IN_USE = "PortInUse"
+# The name resolves, but not to the address the host is known to have now (launcher.session.
+# dnswait).
+DNS_STALE = "DNSStale"
 # A host failing for one of these may still be booting: try it again until the wait is over.
-RETRYABLE = frozenset({DNS_NOT_RESOLVABLE, SSH_UNREACHABLE})
+RETRYABLE = frozenset({DNS_NOT_RESOLVABLE, SSH_UNREACHABLE, DNS_STALE})
 
 # ssh's own exit status for connection and authentication errors; a shell's for "not found".
 _SSH_ERROR = 255
@@ -192,7 +201,8 @@ class HostCheck:
 
 class PreflightError(RuntimeError):
     """One or more hosts failed pre-flight; ``failures`` holds each, in host order, and
-    ``ready`` the ``{host: address}`` of the hosts that passed."""
+    ``ready`` the ``{host: address}`` of the hosts that passed. With ``wait_s`` (the host wait,
+    seconds) the message says to raise ``--host-wait`` when a host may still be coming up."""
 
     def __init__(
         self,
@@ -200,13 +210,20 @@ class PreflightError(RuntimeError):
         total: int,
         waited_s: float,
         ready: Mapping[str, str] | None = None,
+        wait_s: float | None = None,
     ) -> None:
         self.failures = list(failures)
         self.ready = dict(ready or {})
         listing = "; ".join(check.describe() for check in self.failures)
+        hint = ""
+        if wait_s is not None and any(check.reason in RETRYABLE for check in self.failures):
+            hint = (
+                f" (hosts still coming up were retried until {wait_s:g}s passed without "
+                "progress; raise --host-wait SECONDS if they need longer)"
+            )
         super().__init__(
             f"pre-flight failed on {len(self.failures)} of {total} hosts after "
-            f"{waited_s:.1f}s: {listing}"
+            f"{waited_s:.1f}s: {listing}{hint}"
         )
 
 
@@ -276,7 +293,8 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
         f"{env_prefix(settings.environment)}{shlex.quote(settings.python_exe)} -c "
         f"{shlex.quote(_REMOTE_CHECK)} {shlex.join(script_args)}"
     )
-    try:
+    def attempt() -> tuple[int | None, str]:
+        nonlocal result
         result = subprocess.run(
             ["ssh", *ssh_args(settings.ssh, host, tty=False), address, command],
             input=json.dumps(dict(private)) if private else "",
@@ -285,10 +303,16 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
             timeout=settings.ssh_timeout_s,
             check=False,
         )
+        return result.returncode, result.stderr
+
+    result: subprocess.CompletedProcess[str] | None = None
+    try:
+        run_with_retries(attempt, RetryPolicy(retries=settings.ssh.retries))
     except subprocess.TimeoutExpired:
         return HostCheck(
             host, address, SSH_UNREACHABLE, f"no answer within {settings.ssh_timeout_s:g}s"
         )
+    assert result is not None
     if result.returncode == _SSH_ERROR:
         refused = host_key_failure(result.stderr, host, settings.ssh)
         if refused is not None:
@@ -323,10 +347,22 @@ def check_host(host: str, settings: PreflightSettings) -> HostCheck:
         address = resolve_host(host)
     except NetworkCheckError as error:
         return HostCheck(host, None, DNS_NOT_RESOLVABLE, str(error))
+    policy = RetryPolicy(retries=settings.ssh.retries)
     problem = probe_sshd(address, settings.ssh.port, settings.tcp_timeout_s)
+    for retry in range(1, policy.retries + 1):
+        if problem is None or not _dropped_before_banner(problem):
+            break
+        time.sleep(policy.delay(retry))
+        problem = probe_sshd(address, settings.ssh.port, settings.tcp_timeout_s)
     if problem is not None:
         return HostCheck(host, address, SSH_UNREACHABLE, f"port {settings.ssh.port}: {problem}")
     return check_login(host, address, settings)
+
+
+def _dropped_before_banner(problem: str) -> bool:
+    # What probe_sshd says when sshd accepted and then dropped the connection (MaxStartups):
+    # reset, closed without a banner, or "Exceeded MaxStartups" instead of one.
+    return "reset by peer" in problem or "b''" in problem or "MaxStartups" in problem
 
 
 def loopback_failures(checks: Mapping[str, HostCheck]) -> dict[str, HostCheck]:
@@ -367,7 +403,9 @@ def run_preflight(
         hosts: host names in plan order (no duplicates).
         settings: see :class:`PreflightSettings`.
         wait_s: how long hosts failing with a retryable reason (``DNSNotResolvable``,
-            ``SSHUnreachable``) are retried, seconds; 0 = one attempt.
+            ``SSHUnreachable``) are retried after the last progress (the end of the first
+            round, or of the last round in which a host became ready), seconds; 0 = one
+            attempt.
         on_progress: called with ``(ready, total)`` after each round in which the count changed.
         on_check: called with every final :class:`HostCheck` of a ready host (e.g. to report
             cleaned stale workers).
@@ -378,24 +416,27 @@ def run_preflight(
     Raises:
         PreflightError: listing every host that is not ready, with its reason.
     """
-    start = time.monotonic()
+    start = progressed = time.monotonic()
     ready: dict[str, HostCheck] = {}
     pending = list(hosts)
     failures: dict[str, HostCheck] = {}
     delay = _FIRST_RETRY_S
     reported = -1
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
+    workers = min(settings.ssh.concurrency, max(1, len(hosts)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         while pending:
             checked = pool.map(lambda h: check_host(h, settings), pending)
             results = dict(zip(pending, checked, strict=True))
             failures = {host: check for host, check in results.items() if not check.ready}
             ready.update({host: check for host, check in results.items() if check.ready})
-            if len(ready) != reported and on_progress is not None:
-                on_progress(len(ready), len(hosts))
+            if len(ready) != reported:
+                progressed = time.monotonic()
+                if on_progress is not None:
+                    on_progress(len(ready), len(hosts))
             reported = len(ready)
             retryable = [host for host, check in failures.items() if check.reason in RETRYABLE]
             final = len(retryable) < len(failures)
-            elapsed = time.monotonic() - start
+            elapsed = time.monotonic() - progressed
             if not failures or final or elapsed >= wait_s:
                 break
             # The last pause is cut short so that one more attempt falls on the deadline itself:
@@ -408,7 +449,7 @@ def run_preflight(
     if failures:
         ordered = [failures[host] for host in hosts if host in failures]
         passed = {host: str(check.address) for host, check in ready.items() if host not in failures}
-        raise PreflightError(ordered, len(hosts), time.monotonic() - start, passed)
+        raise PreflightError(ordered, len(hosts), time.monotonic() - start, passed, wait_s)
     for host in hosts:
         if on_check is not None:
             on_check(ready[host])
