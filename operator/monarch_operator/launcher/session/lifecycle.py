@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher import exitcodes, stopsignal
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.dnswait import DEFAULT_STABLE_S, wait_for_addresses
 from monarch_operator.launcher.session.environment import (
@@ -36,6 +36,7 @@ from monarch_operator.launcher.session.environment import (
     split_environment,
 )
 from monarch_operator.launcher.session.fanout import RetryPolicy
+from monarch_operator.launcher.session.limits import memlock_lines
 from monarch_operator.launcher.session.network import client_address
 from monarch_operator.launcher.session.preflight import (
     DNS_NOT_RESOLVABLE,
@@ -126,35 +127,42 @@ class Terminated(BaseException):
     """
 
     def __init__(self, signal_number: int) -> None:
-        super().__init__(f"terminated by signal {signal_number}")
+        super().__init__(stopsignal.describe(signal_number))
         self.exit_code = exitcodes.SIGNAL_BASE + signal_number
 
 
 def _raise_terminated(signum: int, _frame: Any) -> None:
     # Raise instead of dying so that teardown stops the remote workers (a pod being deleted, or
-    # a test's wall timeout, sends SIGTERM). Further SIGTERMs are ignored so that they cannot
-    # cut the teardown short; SIGKILL remains the hard stop.
-    signal.signal(signum, signal.SIG_IGN)
+    # a test's wall timeout, sends SIGTERM). Further signals are only recorded so that they
+    # cannot cut the teardown short; SIGKILL remains the hard stop. The first one decides the
+    # exit status, whatever the program does with the exception (launcher.stopsignal).
+    stopsignal.record(signum)
+    signal.signal(signum, _record_only)
     raise Terminated(signum)
 
 
-def install_termination_handlers() -> Callable[[], None]:
-    """Turn SIGTERM and SIGHUP into :class:`Terminated` in the main thread, so teardown runs.
+def _record_only(signum: int, _frame: Any) -> None:
+    stopsignal.record(signum)
 
-    SIGHUP stays ignored when it already is (``nohup``): a launch started that way must survive
-    the terminal closing. Outside the main thread nothing is installed (Python delivers signals
-    to the main thread only).
+
+def install_termination_handlers() -> Callable[[], None]:
+    """Turn SIGTERM, SIGINT and SIGHUP into :class:`Terminated` in the main thread, so teardown
+    runs and the exit status is ``128 + signal`` (:mod:`launcher.stopsignal`).
+
+    SIGHUP and SIGINT stay ignored when they already are (``nohup``, a background job of a
+    script): a launch started that way must survive the terminal closing. Outside the main
+    thread nothing is installed (Python delivers signals to the main thread only).
 
     Returns:
         A function that puts the previous handlers back.
     """
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {number: signal.getsignal(number) for number in stopsignal.STOP_SIGNALS}
     for number, handler in previous.items():
-        if handler is _raise_terminated:
+        if handler in (_raise_terminated, _record_only):
             continue
-        if number == signal.SIGHUP and handler == signal.SIG_IGN:
+        if number != signal.SIGTERM and handler == signal.SIG_IGN:
             continue
         signal.signal(number, _raise_terminated)
 
@@ -168,14 +176,17 @@ def install_termination_handlers() -> Callable[[], None]:
 
 @contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Ignore SIGINT and SIGTERM for the block (teardown): a second Ctrl-C, or a SIGTERM after
-    the first, must not cut the teardown short. Main thread only; elsewhere a no-op."""
+    """Only record SIGINT, SIGTERM and SIGHUP for the block (teardown): a second Ctrl-C, or a
+    SIGTERM after the first, must not cut the teardown short, and one that arrives now still
+    decides the exit status (:mod:`launcher.stopsignal`). Ignored signals stay ignored. Main
+    thread only; elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    for number in previous:
-        signal.signal(number, signal.SIG_IGN)
+    previous = {number: signal.getsignal(number) for number in stopsignal.STOP_SIGNALS}
+    for number, handler in previous.items():
+        if handler != signal.SIG_IGN:
+            signal.signal(number, _record_only)
     try:
         yield
     finally:
@@ -381,7 +392,10 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
     """
     settings = preflight_settings(config)
 
+    checked: list[HostCheck] = []
+
     def report_cleaned(check: HostCheck) -> None:
+        checked.append(check)
         if check.cleaned:
             pids = ", ".join(str(pid) for pid in check.cleaned)
             reporter.warning(
@@ -396,9 +410,15 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
         )
         wait_for_addresses(config.host_addresses, config.dns_stable_s, config.host_wait_s)
     try:
-        return run_preflight(
+        addresses = run_preflight(
             hosts, settings, config.host_wait_s, reporter.hosts_ready, on_check=report_cleaned
         )
+        summary, warning = memlock_lines(checked, config.environment)
+        if summary is not None:
+            reporter.progress(summary)
+        if warning is not None:
+            reporter.warning(warning)
+        return addresses
     except PreflightError as error:
         # Hosts that got as far as the remote check hold this run's private env file.
         unreached = {DNS_NOT_RESOLVABLE, SSH_UNREACHABLE, SSH_AUTH_FAILED, PYTHON_NOT_FOUND,

@@ -83,7 +83,11 @@ if env_file != "-":
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
         out.write(sys.stdin.read())
 def done(reason=None, detail="", cleaned=()):
-    print(json.dumps({"reason": reason, "detail": detail, "cleaned": list(cleaned)}))
+    import resource
+    # What a worker started in this login inherits (field case C26): locked memory, RDMA.
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    print(json.dumps({"reason": reason, "detail": detail, "cleaned": list(cleaned),
+                      "memlock": list(memlock), "infiniband": os.path.isdir("/dev/infiniband")}))
     sys.exit(0)
 missing = []
 for name in modules:
@@ -179,6 +183,10 @@ class HostCheck:
         reason: None when the host is ready, else one of the reason constants of this module.
         detail: a human-readable explanation (ssh's or the OS's own words).
         cleaned: pids of stale Monarch workers stopped on this host.
+        memlock: the login's locked-memory limit ``(soft, hard)`` in bytes, -1 = unlimited
+            (what every rank on the host inherits; see :mod:`launcher.session.limits`), or
+            None when the remote check did not run.
+        infiniband: whether the host has ``/dev/infiniband``.
     """
 
     host: str
@@ -186,6 +194,8 @@ class HostCheck:
     reason: str | None = None
     detail: str = ""
     cleaned: tuple[int, ...] = field(default=())
+    memlock: tuple[int, int] | None = None
+    infiniband: bool = False
 
     @property
     def ready(self) -> bool:
@@ -332,8 +342,15 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
             IMPORT_FAILED,
             f"{settings.python_exe} exited {result.returncode}: {_last_line(result.stderr)}",
         )
+    memlock = report.get("memlock")
     return HostCheck(
-        host, address, report["reason"], report["detail"], tuple(report.get("cleaned", ()))
+        host,
+        address,
+        report["reason"],
+        report["detail"],
+        tuple(report.get("cleaned", ())),
+        (int(memlock[0]), int(memlock[1])) if memlock else None,
+        bool(report.get("infiniband", False)),
     )
 
 
