@@ -346,6 +346,7 @@ def report_failure(
         ]
         return reporter.result(exitcodes.FAILURE, str(error), failed_hosts=exits)
     if isinstance(error, KeyboardInterrupt):
+        stopsignal.record(signal.SIGINT)
         return reporter.result(exitcodes.SIGNAL_BASE + signal.SIGINT, "interrupted")
     reason = one_line(f"{type(error).__name__}: {error}")
     readable = describe(" ".join(str(error).split())) if describe is not None else None
