@@ -8,9 +8,10 @@ repeatable, or ``MONARCH_HOST_ADDRESSES="NAME=IP,NAME=IP"``); :func:`wait_for_ad
 resolves every such name about once a second until it has given the expected address
 without a break for ``stable_s`` seconds (``--dns-stable``, default one cache lifetime, 30 s),
 before any ssh connection is made. A name that does not resolve, or resolves elsewhere, is
-waited for until ``wait_s`` (``--host-wait``) passed without progress (a name that started to
-match or became stable), and then named in a :class:`~launcher.session.preflight.PreflightError`
-with reason ``DNSNotResolvable`` or ``DNSStale``.
+waited for until ``wait_s`` (``--host-wait``) passed without progress (a name that started or
+stopped matching, or became stable), and then named in a
+:class:`~launcher.session.preflight.PreflightError` with reason ``DNSNotResolvable`` or
+``DNSStale``.
 
 Hosts without an expected address are left to the pre-flight.
 """
@@ -124,6 +125,8 @@ def wait_for_addresses(
             except NetworkCheckError as error:
                 watch.seen, watch.detail = None, str(error)
             if watch.seen != watch.expected:
+                if watch.matching_since is not None:
+                    progressed = now  # it flipped back: its wait starts again from here
                 watch.matching_since = None
             elif watch.matching_since is None:
                 watch.matching_since = progressed = now
