@@ -190,3 +190,14 @@ def test_a_host_still_down_after_the_wait_is_named_with_the_flag_to_raise(
     with pytest.raises(PreflightError) as caught:
         run_preflight(["late-host"], FAKE_SETTINGS, wait_s=0.2)
     assert "late-host" in str(caught.value) and "--host-wait" in str(caught.value)
+
+
+def test_the_worker_images_sshd_sends_the_launchers_keepalives() -> None:
+    from pathlib import Path
+
+    from monarch_operator.launcher.session.ssh import ALIVE_COUNT_MAX, ALIVE_INTERVAL_S
+
+    entrypoint = Path(__file__).parents[2] / "images" / "worker" / "entrypoint.sh"
+    config = entrypoint.read_text()
+    assert f"\nClientAliveInterval {ALIVE_INTERVAL_S}\n" in config
+    assert f"\nClientAliveCountMax {ALIVE_COUNT_MAX}\n" in config

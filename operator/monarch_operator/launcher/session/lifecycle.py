@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_operator.launcher import exitcodes, stopsignal
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session.diagnose import SSH_SESSION_FAILED
 from monarch_operator.launcher.session.dnswait import DEFAULT_STABLE_S, wait_for_addresses
 from monarch_operator.launcher.session.environment import (
     bound_monarch_log,
@@ -423,7 +424,7 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
     except PreflightError as error:
         # Hosts that got as far as the remote check hold this run's private env file.
         unreached = {DNS_NOT_RESOLVABLE, SSH_UNREACHABLE, SSH_AUTH_FAILED, PYTHON_NOT_FOUND,
-                     HOST_KEY_UNKNOWN, HOST_KEY_CHANGED}
+                     HOST_KEY_UNKNOWN, HOST_KEY_CHANGED, SSH_SESSION_FAILED}
         reached = dict(error.ready) | {
             check.host: check.address
             for check in error.failures

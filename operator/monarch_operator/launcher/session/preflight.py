@@ -7,13 +7,15 @@ For every host, in parallel:
    C3: a worker elsewhere could never reach it);
 3. sshd answers on the port with an SSH banner (``SSHUnreachable``);
 4. ssh checks the host's key (``HostKeyUnknown``, ``HostKeyChanged``: see
-   :mod:`launcher.session.ssh`), logs in with our key (``SSHAuthFailed``) and runs the worker Python
-   (``PythonNotFound``), which imports Monarch and the actor module (``ImportFailed``), stops
-   Monarch workers of an earlier run still bound to this host's worker port, and checks that
-   the port is then free (``PortInUse``, naming the process holding it). Only orphaned workers
-   are stopped, those with no sshd process among their ancestors: their launcher is gone. A
-   worker still attached to an ssh session may belong to a run in progress (another user's, or
-   the same user's in another terminal) and is reported, never killed.
+   :mod:`launcher.session.ssh`), logs in with our key (``SSHAuthFailed``) and runs the worker
+   Python (``PythonNotFound``; ``SSHSessionFailed`` when sshd accepted the key but could not
+   start the session, see :mod:`launcher.session.diagnose`), which imports Monarch and the actor
+   module (``ImportFailed``), stops Monarch workers of an earlier run still bound to this host's
+   worker port, and checks that the port is then free (``PortInUse``, naming the process holding
+   it). Only orphaned workers are stopped, those with no sshd process among their ancestors:
+   their launcher is gone. A worker still attached to an ssh session may belong to a run in
+   progress (another user's, or the same user's in another terminal) and is reported, never
+   killed.
 
 Hosts that are still coming up (``DNSNotResolvable``, ``SSHUnreachable``) are retried with
 backoff until ``wait_s`` (``--host-wait``) has passed since the last progress (a host became
@@ -36,8 +38,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from monarch_operator.launcher.session.diagnose import SSH_SESSION_FAILED, session_refused
 from monarch_operator.launcher.session.environment import env_prefix, private_env_path
-from monarch_operator.launcher.session.fanout import RetryPolicy, run_with_retries
+from monarch_operator.launcher.session.fanout import (
+    RetryPolicy,
+    is_transient_refusal,
+    run_with_retries,
+)
 from monarch_operator.launcher.session.network import NetworkCheckError, probe_sshd, resolve_host
 from monarch_operator.launcher.session.ssh import SshSettings, host_key_failure, ssh_args
 
@@ -328,7 +335,13 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
         if refused is not None:
             return HostCheck(host, address, *refused)
         stderr = _last_line(result.stderr)
-        return HostCheck(host, address, _ssh_failure_reason(stderr), stderr)
+        reason = _ssh_failure_reason(stderr)
+        if reason == SSH_UNREACHABLE and not is_transient_refusal(_SSH_ERROR, result.stderr):
+            # sshd answered the probe; did it accept the key and fail to start the session?
+            refused_session = session_refused(host, address, settings.ssh)
+            if refused_session is not None:
+                return HostCheck(host, address, SSH_SESSION_FAILED, refused_session)
+        return HostCheck(host, address, reason, stderr)
     if result.returncode == _NOT_FOUND:
         return HostCheck(
             host, address, PYTHON_NOT_FOUND, f"{settings.python_exe}: {_last_line(result.stderr)}"
