@@ -56,13 +56,18 @@ def dropped(cluster: SshCluster) -> int:
     )
 
 
-def one_run(cluster: SshCluster, workdir: Path, timeout_s: float) -> dict[str, float | int]:
-    """Run monarch-torchrun once; return its exit status, ok ranks, times and drops."""
+def one_run(
+    cluster: SshCluster, workdir: Path, timeout_s: float, pythonpath: str | None = None
+) -> dict[str, float | int]:
+    """Run monarch-torchrun once (with ``pythonpath``, another checkout's launcher); return its
+    exit status, ok ranks, times and drops."""
     hostfile = workdir / "hostfile"
     hostfile.write_text("".join(f"{host} slots=1\n" for host in cluster.hosts))
     monarch_port = free_port(cluster.hosts)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
     env["MONARCH_CLIENT_ADDRESS"] = "tcp://127.0.0.1:0"
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     drops_before = dropped(cluster)
     started = time.monotonic()
     result = subprocess.run(
@@ -96,6 +101,11 @@ def main() -> int:
     parser.add_argument("--daemons", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600.0, help="wall limit per run, s")
+    parser.add_argument(
+        "--launcher-pythonpath",
+        help="PYTHONPATH for the launcher (and so its workers), e.g. another checkout's "
+        "operator/ folder to compare with it",
+    )
     args = parser.parse_args()
     failures = 0
     with tempfile.TemporaryDirectory(prefix="ssh-scale-") as tmp:
@@ -107,7 +117,7 @@ def main() -> int:
             for run in range(1, args.runs + 1):
                 workdir = Path(tmp) / f"run{run}"
                 workdir.mkdir()
-                r = one_run(cluster, workdir, args.timeout)
+                r = one_run(cluster, workdir, args.timeout, args.launcher_pythonpath)
                 print(
                     f"{run:>3}  {r['rc']:>2}  {r['ok_ranks']:>3}/{args.hosts:<4}  "
                     f"{r['attached_s']:>10.1f}  {r['wall_s']:>6.1f}  {r['dropped']:>15}  "
