@@ -233,10 +233,11 @@ class WorkerStartFailed(RuntimeError):
 class _WorkerWatch:
     """Polls the ssh clients of a started job; when one exits, raises WorkerLost in the main thread.
 
-    With ``ssh -tt`` the ssh client ends when its remote worker ends, so a worker killed by the
-    OOM killer, a node reboot or a cable pull is seen within ``WATCH_INTERVAL_S`` instead of at
-    the next call's timeout. Only works when the session runs in the main thread (signals);
-    elsewhere it stays off and Monarch's own supervision reports the loss.
+    The ssh client ends when its remote worker ends (the session guard exits with it), or when
+    the host goes silent past the keepalives, so a worker killed by the OOM killer, a node
+    reboot or a cable pull is seen within ``WATCH_INTERVAL_S`` (plus the keepalive limit)
+    instead of at the next call's timeout. Only works when the session runs in the main thread
+    (signals); elsewhere it stays off and Monarch's own supervision reports the loss.
     """
 
     def __init__(self, job: LauncherSSHJob, names: Mapping[str, str]) -> None:
@@ -605,8 +606,9 @@ def teardown(job: LauncherSSHJob, host_meshes: Mapping[str, HostMesh], reporter:
 
     Meshes with a lost worker are left out by the caller: their shutdown could only time out.
 
-    ``job.kill()`` runs even if a shutdown is interrupted: with ``ssh -tt`` killing the ssh
-    client hangs up the remote worker, so it is the backstop for a worker shutdown missed.
+    ``job.kill()`` runs even if a shutdown is interrupted: killing the ssh client closes the
+    session, and the session guard then stops the remote worker and its processes, so it is
+    the backstop for a worker shutdown missed.
     """
     with signals_deferred():
         try:

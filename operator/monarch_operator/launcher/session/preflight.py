@@ -513,5 +513,5 @@ def remove_private_env_files(
         except subprocess.TimeoutExpired:
             pass
 
-    with ThreadPoolExecutor(max_workers=min(32, len(addresses))) as pool:
+    with ThreadPoolExecutor(max_workers=min(settings.ssh.concurrency, len(addresses))) as pool:
         list(pool.map(remove, addresses.keys(), addresses.values()))
