@@ -62,9 +62,8 @@ ENV_TRAINER_HOSTS = "MONARCH_TRAINER_HOSTS"
 ENV_REF_HOSTS = "MONARCH_REF_HOSTS"
 ENV_COLOCATE = "MONARCH_COLOCATE"
 ENV_CLIENT_ADDRESS = "MONARCH_CLIENT_ADDRESS"
-# Each host's current address, "NAME=IP,NAME=IP" (names as in the hostfile): the launcher waits
-# until every such name resolves to it for MONARCH_DNS_STABLE seconds (field case C20).
-ENV_HOST_ADDRESSES = "MONARCH_HOST_ADDRESSES"
+# How long each name of MONARCH_HOST_ADDRESSES must keep resolving to its address before the
+# launcher connects, seconds (default 30, one DNS cache lifetime; field case C20).
 ENV_DNS_STABLE = "MONARCH_DNS_STABLE"
 # Colocated roles only, and only when the job gives them: each role's GPUs per host.
 ENV_TRAINER_GPUS = "MONARCH_TRAINER_GPUS"

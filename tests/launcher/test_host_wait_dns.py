@@ -37,7 +37,11 @@ def pinned_cluster(tmp_path: Path, cluster: SshCluster) -> SshCluster:
 
 
 def launch_with_resolver(
-    tmp_path: Path, cluster: SshCluster, monarch_port: int, *flags: str
+    tmp_path: Path,
+    cluster: SshCluster,
+    monarch_port: int,
+    *flags: str,
+    extra_env: dict[str, str] | None = None,
 ) -> Launch:
     a = cluster.hosts[0]
     return run_launch(
@@ -52,6 +56,7 @@ def launch_with_resolver(
         "echo ok",
         spmd=True,
         wrapper=resolv_conf_wrapper(RESOLVER, tmp_path),
+        extra_env=extra_env,
     )
 
 
@@ -84,14 +89,17 @@ def test_host_address_waits_until_the_name_resolves_to_it_and_stays(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
     # The host was recreated: its name still resolves to the old address (cached 3 s), the
-    # new one is ssh_cluster.hosts[1].
+    # new one is ssh_cluster.hosts[1]. The new address comes as a MonarchJob's launcher pod
+    # gets it: a file of "NAME IP" lines named by MONARCH_HOST_ADDRESSES.
     old, new = "127.0.0.99", ssh_cluster.hosts[1]
+    addresses = tmp_path / "addresses"
+    addresses.write_text(f"{LATE_HOST} {new}\n")
     with FakeResolver(RESOLVER, positive_ttl_s=3) as dns:
         dns.set(LATE_HOST, old)
         dns.set(LATE_HOST, new, appears_after_s=1)
         launch = launch_with_resolver(
-            tmp_path, ssh_cluster, monarch_port,
-            "--host-address", f"{LATE_HOST}={new}", "--dns-stable", "4", "--host-wait", "20",
+            tmp_path, ssh_cluster, monarch_port, "--dns-stable", "4", "--host-wait", "20",
+            extra_env={"MONARCH_HOST_ADDRESSES": str(addresses)},
         )  # fmt: skip
         answers = [(round(t, 1), address) for t, name, address in dns.queries if name == LATE_HOST]
 

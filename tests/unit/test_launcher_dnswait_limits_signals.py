@@ -12,6 +12,7 @@ from monarch_operator.launcher import stopsignal
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.dnswait import (
     HostAddressError,
+    host_address_lines,
     parse_host_addresses,
     wait_for_addresses,
 )
@@ -96,6 +97,19 @@ def test_malformed_host_addresses_are_refused_naming_the_rule(item: str, rule: s
 def test_host_addresses_from_flags_and_the_environment_variable() -> None:
     assert parse_host_addresses(["w-0=10.0.0.4, w-1=10.0.0.5", "", "w-1=10.0.0.5"],
                                 ["w-0", "w-1"]) == {"w-0": "10.0.0.4", "w-1": "10.0.0.5"}
+
+
+def test_the_operators_addresses_file_gives_the_same_mapping() -> None:
+    # What the hostfile ConfigMap's "addresses" key holds: "<fqdn> <pod IP>" per worker.
+    text = "# attempt 2\nd-worker-0.d-worker.ns.svc.cluster.local 10.0.0.4\n\n" \
+        "d-worker-1.d-worker.ns.svc.cluster.local 10.0.0.5  # recreated\n"
+    names = ["d-worker-0.d-worker.ns.svc.cluster.local", "d-worker-1.d-worker.ns.svc.cluster.local"]
+    assert parse_host_addresses(host_address_lines(text, "addresses"), names) == {
+        names[0]: "10.0.0.4",
+        names[1]: "10.0.0.5",
+    }
+    with pytest.raises(HostAddressError, match="addresses:2: expected 'NAME IP'"):
+        host_address_lines("a 10.0.0.1\nb\n", "addresses")
 
 
 # -- locked memory (C26) ---------------------------------------------------------------------

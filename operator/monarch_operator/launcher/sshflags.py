@@ -2,7 +2,8 @@
 
 ``--ssh-concurrency``, ``--ssh-retries`` (see :mod:`launcher.session.fanout`),
 ``--ssh-alive-interval``, ``--ssh-alive-count`` (see :mod:`launcher.session.ssh`),
-``--host-address`` and ``--dns-stable`` (see :mod:`launcher.session.dnswait`).
+``--host-address``, ``--host-addresses`` and ``--dns-stable`` (see
+:mod:`launcher.session.dnswait`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from monarch_operator.launcher.flagtypes import non_negative_seconds, positive_i
 from monarch_operator.launcher.session.dnswait import (
     DEFAULT_STABLE_S,
     HostAddressError,
+    host_address_lines,
     parse_host_addresses,
 )
 from monarch_operator.launcher.session.fanout import DEFAULT_CONCURRENCY, DEFAULT_RETRIES
@@ -72,9 +74,16 @@ def add_ssh_scale_flags(ssh: argparse._ArgumentGroup) -> None:
         action="append",
         default=[],
         metavar="NAME=IP",
-        help="the address host NAME has now (repeatable, or comma-separated; env "
-        f"{constants.ENV_HOST_ADDRESSES}): wait until NAME resolves to IP for --dns-stable "
-        "seconds before connecting",
+        help="the address host NAME has now (repeatable, or comma-separated): wait until NAME "
+        "resolves to IP for --dns-stable seconds before connecting",
+    )
+    ssh.add_argument(
+        "--host-addresses",
+        default=os.environ.get(constants.ENV_HOST_ADDRESSES) or None,
+        metavar="FILE",
+        help="the same for every 'NAME IP' line of FILE (env "
+        f"{constants.ENV_HOST_ADDRESSES}, set in a MonarchJob's launcher pod; a missing file "
+        "named only by the environment is skipped)",
     )
     ssh.add_argument(
         "--dns-stable",
@@ -110,14 +119,26 @@ def ssh_settings_with_flags(args: argparse.Namespace, settings: SshSettings) -> 
 def host_addresses_from_args(
     args: argparse.Namespace, environ: Mapping[str, str], hosts: Iterable[str]
 ) -> dict[str, str]:
-    """``{host name: address}`` from ``--host-address`` and ``MONARCH_HOST_ADDRESSES``.
+    """``{host name: address}`` from ``--host-addresses FILE`` (default: the file named by
+    ``MONARCH_HOST_ADDRESSES``) and every ``--host-address``.
 
     Raises:
-        ValueError: a malformed item, naming it and the rule (see
-            :func:`launcher.session.dnswait.parse_host_addresses`).
+        ValueError: a malformed line or item, naming it and the rule (see
+            :mod:`launcher.session.dnswait`), or a ``--host-addresses`` file that cannot be read.
     """
-    items = [environ.get(constants.ENV_HOST_ADDRESSES, ""), *args.host_address]
+    items: list[str] = []
+    path = args.host_addresses
+    if path:
+        try:
+            with open(os.path.expanduser(path)) as listing:
+                items = host_address_lines(listing.read(), path)
+        except HostAddressError as error:
+            raise ValueError(str(error)) from None
+        except OSError as error:
+            # The operator's variable may name a ConfigMap key an older operator did not write.
+            if path != environ.get(constants.ENV_HOST_ADDRESSES):
+                raise ValueError(f"--host-addresses {path}: {error.strerror}") from None
     try:
-        return parse_host_addresses(items, hosts)
+        return parse_host_addresses([*items, *args.host_address], hosts)
     except HostAddressError as error:
         raise ValueError(str(error)) from None

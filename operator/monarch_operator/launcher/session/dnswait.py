@@ -3,8 +3,11 @@
 A host recreated under the same name (a MonarchJob worker pod after an infrastructure restart)
 gets a new address, but a resolver may still answer with the old one, or with "no such name",
 until its cache expires (CoreDNS ``cache 30``; field case C20, kubernetes #71308, coredns
-#2434). Whoever knows the current addresses tells the launcher (``--host-address NAME=IP``,
-repeatable, or ``MONARCH_HOST_ADDRESSES="NAME=IP,NAME=IP"``); :func:`wait_for_addresses` then
+#2434). Whoever knows the current addresses tells the launcher: ``--host-address NAME=IP``
+(repeatable), or a file of ``NAME IP`` lines (``--host-addresses FILE``, env
+``MONARCH_HOST_ADDRESSES``, which a MonarchJob's launcher pod gets: the hostfile ConfigMap's
+``addresses`` key, the worker pods' IPs when the attempt's launcher was made; read by
+:func:`host_address_lines`). :func:`wait_for_addresses` then
 resolves every such name about once a second until it has given the expected address
 without a break for ``stable_s`` seconds (``--dns-stable``, default one cache lifetime, 30 s),
 before any ssh connection is made. A name that does not resolve, or resolves elsewhere, is
@@ -77,6 +80,29 @@ def parse_host_addresses(items: Iterable[str], hosts: Iterable[str]) -> dict[str
                     f"--host-address: {name!r} given two addresses, {found[name]} and {address}"
                 )
     return found
+
+
+def host_address_lines(text: str, source: str) -> list[str]:
+    """Turn a file of ``NAME IP`` lines into ``NAME=IP`` items for :func:`parse_host_addresses`.
+
+    Blank lines and ``#`` comments (whole-line or trailing) are skipped.
+
+    Args:
+        text: the file's content.
+        source: the file's name, for errors.
+
+    Raises:
+        HostAddressError: a line that is not exactly two words, naming the file and line.
+    """
+    items = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) != 2:
+            raise HostAddressError(f"{source}:{number}: expected 'NAME IP', got {line.strip()!r}")
+        items.append(f"{words[0]}={words[1]}")
+    return items
 
 
 @dataclass
