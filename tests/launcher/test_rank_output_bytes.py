@@ -33,20 +33,24 @@ def test_c30_rank_lines_end_without_carriage_return_and_keep_the_prefix(
         "--no-python",
         "sh",
         "-c",
-        "echo ok; printf 'tab\\there\\n'",
+        # rank 0: a tab and a byte that is not UTF-8; rank 1, once rank 0 is done: a line past
+        # asyncio's 64 KiB readline limit
+        "echo ok; if [ $RANK = 0 ]; then printf 'tab\\there \\377\\n'; else sleep 2; "
+        "head -c 100000 /dev/zero | tr '\\0' x; echo; fi",
         spmd=True,
     )
 
     assert launch.returncode == 0, launch.describe()
     raw = (tmp_path / "launch.log").read_bytes()
-    assert b"\r" not in raw, raw
+    assert b"\r" not in raw, raw[:2000]
     lines = raw.split(b"\n")
     # grep 'ok$' finds every rank.
     assert sorted(line for line in lines if re.search(rb"ok$", line)) == [
         f"[spmd/{a}/0] ok".encode(),
         f"[spmd/{b}/1] ok".encode(),
     ]
-    assert f"[spmd/{a}/0] tab\there".encode() in lines
+    assert f"[spmd/{a}/0] tab\there ".encode() + b"\xff" in lines
+    assert f"[spmd/{b}/1] ".encode() + b"x" * 100_000 in lines
 
 
 def test_a_launcher_killed_with_sigkill_leaves_no_rank_on_any_host(
