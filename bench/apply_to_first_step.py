@@ -51,6 +51,7 @@ from monarch_operator.localcluster.demo import (  # noqa: E402
     install_crds,
     start_operator,
     stop_process,
+    wait_established,
 )
 from monarch_operator.localcluster.images import IMAGES  # noqa: E402
 
@@ -214,10 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     processes: list[subprocess.Popen[bytes]] = []
     results: list[dict[str, Any]] = []
     try:
+        cluster.down(quiet=True)  # a fresh cluster: one left by a killed run would be reused
         cluster.up(progress=note)
         kubectl = Kubectl(cluster.env())
         install_crds(kubectl)
         kubectl("apply", "--server-side", "-f", str(crd))
+        # The MPI Operator exits at start when its CRD is not served yet.
+        wait_established(kubectl, "mpijobs.kubeflow.org")
         for namespace in NAMESPACES.values():
             kubectl("create", "namespace", namespace)
         processes.append(start_operator(args.state_dir, cluster.env(),

@@ -99,6 +99,11 @@ PermitUserEnvironment no
 AcceptEnv LANG LC_* MONARCH_* NCCL_* CUDA_* HF_* PYTHONPATH
 # The pod's own environment, saved above (field case C16).
 SetEnv MONARCH_POD_ENV_FILE=$POD_ENV_FILE
+# Keepalives (issue 20): a launcher gone silent (its node lost, a NAT that forgot the flow) is
+# dropped after 15 s x 4 = 60 s, which closes the session and so ends its Monarch worker; an
+# idle session sends something every 15 s. The launcher's ssh uses the same values.
+ClientAliveInterval 15
+ClientAliveCountMax 4
 CONFIG
 
 echo "monarch-worker: sshd listening on $SSH_LISTEN_ADDRESS:$SSH_PORT as $(id -un)" >&2

@@ -62,6 +62,9 @@ ENV_TRAINER_HOSTS = "MONARCH_TRAINER_HOSTS"
 ENV_REF_HOSTS = "MONARCH_REF_HOSTS"
 ENV_COLOCATE = "MONARCH_COLOCATE"
 ENV_CLIENT_ADDRESS = "MONARCH_CLIENT_ADDRESS"
+# How long each name of MONARCH_HOST_ADDRESSES must keep resolving to its address before the
+# launcher connects, seconds (default 30, one DNS cache lifetime; field case C20).
+ENV_DNS_STABLE = "MONARCH_DNS_STABLE"
 # Colocated roles only, and only when the job gives them: each role's GPUs per host.
 ENV_TRAINER_GPUS = "MONARCH_TRAINER_GPUS"
 ENV_REF_GPUS = "MONARCH_REF_GPUS"

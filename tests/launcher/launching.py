@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +58,7 @@ def run_launch(
     spmd: bool = False,
     extra_env: dict[str, str] | None = None,
     program: bool = False,
+    wrapper: Sequence[str] = (),
 ) -> Launch:
     """Run monarch-launch on ``hostfile`` text against the loopback cluster and wait for it.
 
@@ -70,6 +71,7 @@ def run_launch(
         program: run ``monarch-launch run`` (a user program); end ``flags`` with the TARGET
             and its arguments.
         extra_env: variables added to the launcher's environment.
+        wrapper: a command prefix the launcher runs under (e.g. a mount namespace).
     """
     executable = Path(sys.executable).parent / "monarch-launch"
     assert executable.exists(), f"{executable} missing: pip install -e '.[dev]'"
@@ -81,6 +83,7 @@ def run_launch(
     env.update(extra_env or {})
     mode_flags = ["spmd"] if spmd else ["run"] if program else ["--call-timeout", "90"]
     command = [
+        *wrapper,
         str(executable),
         *mode_flags,
         "--hostfile",

@@ -204,6 +204,10 @@ def test_ssh_args_pin_host_keys_with_a_known_hosts_file() -> None:
         "LogLevel=ERROR",
         "-o",
         "ConnectTimeout=5",
+        "-o",
+        "ServerAliveInterval=15",
+        "-o",
+        "ServerAliveCountMax=4",
     ]
     assert "-tt" not in ssh_args(settings, "w-0.svc", tty=False)
     assert "-i" not in ssh_args(SshSettings(port=22, user="u"), "h")

@@ -429,7 +429,9 @@ def test_worker_lost_mid_run_fails_the_ranks_of_that_host(
 
     def kill_worker_on_b() -> None:
         for pid, args in processes_mentioning(f"tcp://{b}:{monarch_port}"):
-            if "run_worker_loop_forever" in args and not args.startswith("ssh "):
+            # The worker itself: not the launcher's ssh client, not the session guard above it.
+            worker = "run_worker_loop_forever" in args and "monarch-session-guard" not in args
+            if worker and not args.startswith("ssh "):
                 os.kill(pid, signal.SIGKILL)
 
     launch = spmd_on_two_hosts(
@@ -446,6 +448,6 @@ def test_worker_lost_mid_run_fails_the_ranks_of_that_host(
     assert launch.returncode == 1, launch.describe()
     assert launch.lines[-1] == (
         f"monarch-launch: failed: rank 1 of 2 (host {b}, local rank 0) exited with code 1: "
-        f"Monarch worker lost mid-run on {b} (ssh exited 255)"
+        f"Monarch worker lost mid-run on {b} (ssh exited 137)"
     ), launch.describe()
     assert_no_script_left(tmp_path)

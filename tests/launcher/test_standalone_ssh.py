@@ -178,7 +178,7 @@ def test_sigterm_mid_run_tears_down_and_exits_143(
     )
 
     assert launch.returncode == 143, launch.describe()
-    assert launch.lines[-1] == "monarch-launch: failed: terminated by signal 15"
+    assert launch.lines[-1] == "monarch-launch: failed: terminated by signal 15 (SIGTERM)"
     assert any(line.startswith("monarch-launch: torn down") for line in launch.lines)
 
 
@@ -226,7 +226,7 @@ def test_sighup_tears_down_and_exits_129(
     )
 
     assert launch.returncode == 129, launch.describe()
-    assert launch.lines[-1] == "monarch-launch: failed: terminated by signal 1"
+    assert launch.lines[-1] == "monarch-launch: failed: terminated by signal 1 (SIGHUP)"
     assert any(line.startswith("monarch-launch: torn down") for line in launch.lines)
 
 

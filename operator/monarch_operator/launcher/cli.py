@@ -39,6 +39,11 @@ from monarch_operator.launcher.session.environment import (
 )
 from monarch_operator.launcher.session.lifecycle import SessionConfig, install_termination_handlers
 from monarch_operator.launcher.session.ssh import SshSettings
+from monarch_operator.launcher.sshflags import (
+    add_ssh_scale_flags,
+    host_addresses_from_args,
+    ssh_settings_with_flags,
+)
 
 _EXAMPLES = """\
 examples:
@@ -221,6 +226,7 @@ def add_session_flags(parser: argparse.ArgumentParser) -> None:
         help="retry hosts whose name does not resolve or whose sshd does not answer yet for "
         "this long, 0 or more (default %(default)s)",
     )
+    add_ssh_scale_flags(ssh)
     ssh.add_argument(
         "--no-clean-stale",
         dest="clean_stale",
@@ -328,14 +334,21 @@ def resolve_hosts(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple
 
 
 def session_from_args(
-    args: argparse.Namespace, environ: Mapping[str, str], modules: tuple[str, ...]
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    modules: tuple[str, ...],
+    hosts: Sequence[Host] = (),
 ) -> SessionConfig:
-    """Build the :class:`SessionConfig` from the shared flags.
+    """Build the :class:`SessionConfig` from the shared flags; ``hosts`` are the run's hosts.
 
     Raises:
-        UsageError: a malformed ``--env`` item, or an ``--ssh-key`` or ``--known-hosts`` file
-            that does not exist.
+        UsageError: a malformed ``--env`` or ``--host-address`` item, or an ``--ssh-key`` or
+            ``--known-hosts`` file that does not exist.
     """
+    try:
+        host_addresses = host_addresses_from_args(args, environ, [h.name for h in hosts])
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     try:
         extra = parse_env_items(args.env, environ)
     except EnvSpecError as error:
@@ -345,8 +358,14 @@ def session_from_args(
     if args.known_hosts and not os.path.isfile(os.path.expanduser(args.known_hosts)):
         raise UsageError(f"--known-hosts {args.known_hosts}: no such file")
     return SessionConfig(
-        ssh=SshSettings(
-            port=args.ssh_port, user=args.ssh_user, key=args.ssh_key, known_hosts=args.known_hosts
+        ssh=ssh_settings_with_flags(
+            args,
+            SshSettings(
+                port=args.ssh_port,
+                user=args.ssh_user,
+                key=args.ssh_key,
+                known_hosts=args.known_hosts,
+            ),
         ),
         python_exe=args.python_exe,
         monarch_port=args.monarch_port,
@@ -356,6 +375,8 @@ def session_from_args(
         host_wait_s=args.host_wait,
         clean_stale=args.clean_stale,
         modules=modules,
+        host_addresses=host_addresses,
+        dns_stable_s=args.dns_stable,
     )
 
 
@@ -372,7 +393,7 @@ def job_config_from_args(
     return JobConfig(
         hosts=hosts,
         source=source,
-        session=session_from_args(args, environ, modules),
+        session=session_from_args(args, environ, modules, hosts),
         trainer_hosts=args.trainer_hosts,
         ref_hosts=args.ref_hosts,
         colocate=args.colocate,

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
+from monarch_operator.launcher import stopsignal
 from monarch_operator.launcher.termination import write_termination_message
 
 PREFIX = "monarch-launch:"
@@ -118,8 +119,10 @@ class Reporter:
         Text mode: ``monarch-launch: succeeded`` on stdout, or ``monarch-launch: failed:
         <reason>`` on stderr. JSON mode: ``{"event": "result", "status", "exit_code",
         "reason", ...fields}`` on stdout. A failure's reason also goes to the container's
-        termination log (:mod:`launcher.termination`).
+        termination log (:mod:`launcher.termination`). After a stop signal the outcome is
+        ``128 + signal`` whatever the run's (:mod:`launcher.stopsignal`).
         """
+        exit_code, reason = stopsignal.final_result(exit_code, reason)
         status = "succeeded" if exit_code == 0 else "failed"
         if exit_code != 0 and reason:
             write_termination_message(reason)  # Kubernetes: the pod's state.terminated.message

@@ -221,7 +221,7 @@ def launcher_from_args(args: argparse.Namespace, reporter: Reporter) -> SpmdLaun
     reporter.progress(f"hosts from {source}")
     return SpmdLauncher(
         hosts,
-        session_from_args(args, os.environ, SPMD_MODULES),
+        session_from_args(args, os.environ, SPMD_MODULES, hosts),
         nproc_per_node=args.nproc_per_node,
         nnodes=_nnodes(args.nnodes, args.standalone),
         master_addr=args.master_addr,

@@ -1,10 +1,13 @@
-"""An SSH "cluster" on one machine: one real sshd per loopback address, all on one port.
+"""An SSH "cluster" on one machine: real sshd daemons on loopback addresses, all on one port.
 
 Linux routes all of 127.0.0.0/8 to ``lo``, so 127.0.0.2, 127.0.0.3, ... are distinct hosts to
-ssh and to Monarch without any interface setup. :class:`LoopbackSshd` starts ``count`` sshd
-daemons on them with a generated host key and client key and key-only root login; it needs root
-(sshd must switch to the login user), ``/usr/sbin/sshd`` and ``ssh-keygen``, and raises
-:class:`SshdUnavailable` naming what is missing.
+ssh and to Monarch without any interface setup. :class:`LoopbackSshd` starts sshd daemons on
+``count`` of them with a generated host key and client key and key-only root login: one daemon
+per address, or ``daemons`` daemons sharing the addresses (many hosts behind few sshd, field case
+C28; one sshd listens on at most 16 addresses). The daemons keep OpenSSH's defaults, such as
+``MaxStartups 10:30:100``, unless told otherwise, and send the worker image's keepalives. It
+needs root (sshd must switch to the login user), ``/usr/sbin/sshd`` and ``ssh-keygen``, and
+raises :class:`SshdUnavailable` naming what is missing.
 
 Also here: :func:`free_port` (one port free on every address, as SSHJob's workers all use the
 same ``monarch_port``) and :func:`reap_processes_mentioning`, the leak check that kills any ssh
@@ -14,6 +17,7 @@ client or Monarch worker still holding a port after a job.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -32,8 +36,11 @@ _LISTEN_TIMEOUT_S = 10.0
 # How long a terminated sshd may take to exit before it is killed, seconds.
 _STOP_GRACE_S = 5.0
 
+# sshd's limit on listen addresses (MAX_LISTEN_SOCKS in OpenSSH's sshd.c).
+MAX_ADDRESSES_PER_DAEMON = 16
+
 _SSHD_CONFIG = """\
-ListenAddress {address}:{port}
+{listen}
 HostKey {dir}/host_key
 PidFile {dir}/sshd-{address}.pid
 AuthorizedKeysFile {dir}/authorized_keys
@@ -48,7 +55,10 @@ StrictModes no
 UseDNS no
 X11Forwarding no
 PrintMotd no
-"""
+# As the worker image (images/worker/entrypoint.sh): a silent client is dropped after 60 s.
+ClientAliveInterval 15
+ClientAliveCountMax 4
+{extra}"""
 
 
 class SshdUnavailable(RuntimeError):
@@ -142,19 +152,43 @@ def _wait_listening(host: str, port: int, process: subprocess.Popen[bytes], log:
 
 
 class LoopbackSshd:
-    """``count`` sshd daemons on 127.0.0.2 onwards, sharing one free port.
+    """sshd daemons serving ``count`` hosts on 127.0.0.2 onwards, sharing one free port.
 
     Use as a context manager (``with LoopbackSshd(3, tmp) as cluster:``) or call :meth:`start`
     and :meth:`stop` yourself; :meth:`stop` is safe to call more than once.
-
-    Args:
-        count: number of hosts, 1 to :data:`MAX_HOSTS`.
-        state_dir: an existing directory for keys, configs, pid files and sshd logs.
     """
 
-    def __init__(self, count: int, state_dir: Path) -> None:
+    def __init__(
+        self,
+        count: int,
+        state_dir: Path,
+        daemons: int | None = None,
+        extra_config: str = "",
+        memlock_bytes: int | None = None,
+    ) -> None:
+        """Args:
+        count: number of hosts, 1 to :data:`MAX_HOSTS`.
+        state_dir: an existing directory for keys, configs, pid files and sshd logs.
+        daemons: how many sshd serve the hosts, each a contiguous share of at most
+            :data:`MAX_ADDRESSES_PER_DAEMON`; None = one per host.
+        extra_config: sshd_config lines added to every daemon's config.
+        memlock_bytes: the daemons' locked-memory limit (soft and hard), as a service manager's
+            ``LimitMEMLOCK=`` sets it; sessions inherit it. None = this process's.
+        """
         self.hosts = loopback_hosts(count)
         self.state_dir = Path(state_dir)
+        groups = count if daemons is None else daemons
+        if not 1 <= groups <= count:
+            raise ValueError(f"daemons must be 1 to {count}, got {groups}")
+        share = -(-count // groups)
+        if share > MAX_ADDRESSES_PER_DAEMON:
+            raise ValueError(
+                f"{count} hosts on {groups} daemons is {share} addresses per sshd; "
+                f"sshd listens on at most {MAX_ADDRESSES_PER_DAEMON}"
+            )
+        self.groups = [self.hosts[i : i + share] for i in range(0, count, share)]
+        self._extra_config = extra_config
+        self._memlock_bytes = memlock_bytes
         self._daemons: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> SshCluster:
@@ -179,10 +213,11 @@ class LoopbackSshd:
         names = ",".join(f"[{address}]:{port}" for address in self.hosts)
         known_hosts.write_text(f"{names} {(self.state_dir / 'host_key.pub').read_text()}")
         try:
-            for address in self.hosts:
-                self._daemons.append(self._start_daemon(address, port))
-            for address, daemon in zip(self.hosts, self._daemons, strict=True):
-                _wait_listening(address, port, daemon, self._log(address))
+            for group in self.groups:
+                self._daemons.append(self._start_daemon(group, port))
+            for group, daemon in zip(self.groups, self._daemons, strict=True):
+                for address in group:
+                    _wait_listening(address, port, daemon, self._log(group[0]))
         except BaseException:
             self.stop()
             raise
@@ -197,17 +232,39 @@ class LoopbackSshd:
     def _log(self, address: str) -> Path:
         return self.state_dir / f"sshd-{address}.log"
 
-    def _start_daemon(self, address: str, port: int) -> subprocess.Popen[bytes]:
-        config = self.state_dir / f"sshd-{address}.conf"
-        config.write_text(_SSHD_CONFIG.format(address=address, port=port, dir=self.state_dir))
-        with self._log(address).open("wb") as log_file:
+    def _start_daemon(self, addresses: tuple[str, ...], port: int) -> subprocess.Popen[bytes]:
+        first = addresses[0]
+        config = self.state_dir / f"sshd-{first}.conf"
+        listen = "\n".join(f"ListenAddress {address}:{port}" for address in addresses)
+        config.write_text(
+            _SSHD_CONFIG.format(
+                listen=listen, address=first, dir=self.state_dir, extra=self._extra_config
+            )
+        )
+        memlock = self._memlock_bytes
+
+        def limit_memlock() -> None:
+            if memlock is not None:
+                resource.setrlimit(resource.RLIMIT_MEMLOCK, (memlock, memlock))
+
+        with self._log(first).open("wb") as log_file:
             return subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(config)],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=limit_memlock if memlock is not None else None,
             )
+
+    @property
+    def daemon_pids(self) -> dict[str, int]:
+        """``{host address: pid of the sshd daemon serving it}`` while running."""
+        return {
+            address: daemon.pid
+            for group, daemon in zip(self.groups, self._daemons, strict=False)
+            for address in group
+        }
 
     def stop(self) -> None:
         """Terminate every daemon this instance started, wait, and kill any that lingers."""

@@ -35,6 +35,8 @@ HOSTS_LABEL = "hosts"
 ROLE_NAME = "default"
 # prctl(2) option: signal the child when the thread that forked it exits.
 _PR_SET_PDEATHSIG = 1
+# Bytes a script's output is read in (any line length passes, unlike readline's 64 KiB limit).
+_PUMP_CHUNK = 65536
 
 # Pids of this proc's running scripts, each the leader of its own process group; shared by
 # SpmdRank (starts them) and SpmdControl (stops them). The two actors run in the same proc but on
@@ -152,9 +154,22 @@ def _die_with_parent() -> None:
 
 
 async def _pump(stream: asyncio.StreamReader, out: IO[str], prefix: str) -> None:
-    while line := await stream.readline():
-        out.write(prefix + line.decode(errors="replace").rstrip("\n") + "\n")
-        out.flush()
+    """Copy a script's output to ``out`` byte for byte, ``prefix`` at the start of each line
+    (field case C30: no decoding, no line-length limit; a last line without ``\n`` gets one)."""
+    sink = out.buffer  # type: ignore[attr-defined]
+    marker = prefix.encode()
+    at_line_start = True
+    while chunk := await stream.read(_PUMP_CHUNK):
+        pieces = []
+        for line in chunk.splitlines(keepends=True):
+            pieces.append(marker + line if at_line_start else line)
+            at_line_start = line.endswith(b"\n")
+        out.flush()  # whatever went through the text layer first
+        sink.write(b"".join(pieces))
+        sink.flush()
+    if not at_line_start:
+        sink.write(b"\n")
+        sink.flush()
 
 
 def _status(returncode: int) -> int:

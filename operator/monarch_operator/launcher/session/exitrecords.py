@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NoReturn
 
+from monarch_operator.launcher.session.fanout import RetryPolicy, run_with_retries
 from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
 
 RECORD_DIR = "~/.cache/monarch-launch"
@@ -121,7 +122,10 @@ def collect(
     command = f'for f in {pattern}; do [ -f "$f" ] && cat "$f" && rm -f -- "$f"; done; true'
 
     def read(address: str, host: str) -> str:
-        try:
+        stdout = ""
+
+        def attempt() -> tuple[int | None, str]:
+            nonlocal stdout
             result = subprocess.run(
                 ["ssh", *ssh_args(ssh, host, tty=False), "-n", address, command],
                 capture_output=True,
@@ -129,15 +133,21 @@ def collect(
                 timeout=timeout_s,
                 check=False,
             )
+            stdout = result.stdout
+            return result.returncode, result.stderr
+
+        try:
+            # Bounded and retried as every other connection (launcher.session.fanout, C28).
+            run_with_retries(attempt, RetryPolicy(retries=ssh.retries))
         except subprocess.TimeoutExpired:
             return ""
-        return result.stdout
+        return stdout
 
     unique: dict[str, str] = {}  # address -> the first host name given for it
     for host, address in addresses.items():
         unique.setdefault(address, host)
     if not unique:
         return []
-    with ThreadPoolExecutor(max_workers=min(32, len(unique))) as pool:
+    with ThreadPoolExecutor(max_workers=min(ssh.concurrency, len(unique))) as pool:
         outputs = list(pool.map(read, unique.keys(), unique.values()))
     return parse_records("\n".join(outputs))

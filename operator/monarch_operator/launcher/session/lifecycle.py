@@ -27,13 +27,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher import exitcodes, stopsignal
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session.diagnose import SSH_SESSION_FAILED
+from monarch_operator.launcher.session.dnswait import DEFAULT_STABLE_S, wait_for_addresses
 from monarch_operator.launcher.session.environment import (
     bound_monarch_log,
     private_env_path,
     split_environment,
 )
+from monarch_operator.launcher.session.fanout import RetryPolicy
+from monarch_operator.launcher.session.limits import memlock_lines
 from monarch_operator.launcher.session.network import client_address
 from monarch_operator.launcher.session.preflight import (
     DNS_NOT_RESOLVABLE,
@@ -103,6 +107,9 @@ class SessionConfig:
         clean_stale: stop workers of an earlier run that still hold the worker port.
         modules: modules the worker Python must import (pre-flight ``ImportFailed``).
         run_id: names this session's private env files on the hosts.
+        host_addresses: ``{host name: IPv4 address it has now}``; each such name must resolve
+            to it for ``dns_stable_s`` seconds before the pre-flight (:mod:`.dnswait`).
+        dns_stable_s: see ``host_addresses``, seconds.
     """
 
     ssh: SshSettings
@@ -115,6 +122,8 @@ class SessionConfig:
     clean_stale: bool = True
     modules: tuple[str, ...] = ("monarch",)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    host_addresses: Mapping[str, str] = field(default_factory=dict)
+    dns_stable_s: float = DEFAULT_STABLE_S
 
 
 class Terminated(BaseException):
@@ -125,35 +134,42 @@ class Terminated(BaseException):
     """
 
     def __init__(self, signal_number: int) -> None:
-        super().__init__(f"terminated by signal {signal_number}")
+        super().__init__(stopsignal.describe(signal_number))
         self.exit_code = exitcodes.SIGNAL_BASE + signal_number
 
 
 def _raise_terminated(signum: int, _frame: Any) -> None:
     # Raise instead of dying so that teardown stops the remote workers (a pod being deleted, or
-    # a test's wall timeout, sends SIGTERM). Further SIGTERMs are ignored so that they cannot
-    # cut the teardown short; SIGKILL remains the hard stop.
-    signal.signal(signum, signal.SIG_IGN)
+    # a test's wall timeout, sends SIGTERM). Further signals are only recorded so that they
+    # cannot cut the teardown short; SIGKILL remains the hard stop. The first one decides the
+    # exit status, whatever the program does with the exception (launcher.stopsignal).
+    stopsignal.record(signum)
+    signal.signal(signum, _record_only)
     raise Terminated(signum)
 
 
-def install_termination_handlers() -> Callable[[], None]:
-    """Turn SIGTERM and SIGHUP into :class:`Terminated` in the main thread, so teardown runs.
+def _record_only(signum: int, _frame: Any) -> None:
+    stopsignal.record(signum)
 
-    SIGHUP stays ignored when it already is (``nohup``): a launch started that way must survive
-    the terminal closing. Outside the main thread nothing is installed (Python delivers signals
-    to the main thread only).
+
+def install_termination_handlers() -> Callable[[], None]:
+    """Turn SIGTERM, SIGINT and SIGHUP into :class:`Terminated` in the main thread, so teardown
+    runs and the exit status is ``128 + signal`` (:mod:`launcher.stopsignal`).
+
+    SIGHUP and SIGINT stay ignored when they already are (``nohup``, a background job of a
+    script): a launch started that way must survive the terminal closing. Outside the main
+    thread nothing is installed (Python delivers signals to the main thread only).
 
     Returns:
         A function that puts the previous handlers back.
     """
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {number: signal.getsignal(number) for number in stopsignal.STOP_SIGNALS}
     for number, handler in previous.items():
-        if handler is _raise_terminated:
+        if handler in (_raise_terminated, _record_only):
             continue
-        if number == signal.SIGHUP and handler == signal.SIG_IGN:
+        if number != signal.SIGTERM and handler == signal.SIG_IGN:
             continue
         signal.signal(number, _raise_terminated)
 
@@ -167,14 +183,17 @@ def install_termination_handlers() -> Callable[[], None]:
 
 @contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Ignore SIGINT and SIGTERM for the block (teardown): a second Ctrl-C, or a SIGTERM after
-    the first, must not cut the teardown short. Main thread only; elsewhere a no-op."""
+    """Only record SIGINT, SIGTERM and SIGHUP for the block (teardown): a second Ctrl-C, or a
+    SIGTERM after the first, must not cut the teardown short, and one that arrives now still
+    decides the exit status (:mod:`launcher.stopsignal`). Ignored signals stay ignored. Main
+    thread only; elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    for number in previous:
-        signal.signal(number, signal.SIG_IGN)
+    previous = {number: signal.getsignal(number) for number in stopsignal.STOP_SIGNALS}
+    for number, handler in previous.items():
+        if handler != signal.SIG_IGN:
+            signal.signal(number, _record_only)
     try:
         yield
     finally:
@@ -220,10 +239,11 @@ class WorkerStartFailed(RuntimeError):
 class _WorkerWatch:
     """Polls the ssh clients of a started job; when one exits, raises WorkerLost in the main thread.
 
-    With ``ssh -tt`` the ssh client ends when its remote worker ends, so a worker killed by the
-    OOM killer, a node reboot or a cable pull is seen within ``WATCH_INTERVAL_S`` instead of at
-    the next call's timeout. Only works when the session runs in the main thread (signals);
-    elsewhere it stays off and Monarch's own supervision reports the loss.
+    The ssh client ends when its remote worker ends (the session guard exits with it), or when
+    the host goes silent past the keepalives, so a worker killed by the OOM killer, a node
+    reboot or a cable pull is seen within ``WATCH_INTERVAL_S`` (plus the keepalive limit)
+    instead of at the next call's timeout. Only works when the session runs in the main thread
+    (signals); elsewhere it stays off and Monarch's own supervision reports the loss.
     """
 
     def __init__(self, job: LauncherSSHJob, names: Mapping[str, str]) -> None:
@@ -334,6 +354,7 @@ def report_failure(
         ]
         return reporter.result(exitcodes.FAILURE, str(error), failed_hosts=exits)
     if isinstance(error, KeyboardInterrupt):
+        stopsignal.record(signal.SIGINT)
         return reporter.result(exitcodes.SIGNAL_BASE + signal.SIGINT, "interrupted")
     reason = one_line(f"{type(error).__name__}: {error}")
     readable = describe(" ".join(str(error).split())) if describe is not None else None
@@ -381,7 +402,10 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
     """
     settings = preflight_settings(config)
 
+    checked: list[HostCheck] = []
+
     def report_cleaned(check: HostCheck) -> None:
+        checked.append(check)
         for line in survivor_lines(check.host, check.survivors):
             reporter.warning(line)
         if check.cleaned:
@@ -391,14 +415,26 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
                 f"port {config.monarch_port}: pid {pids}"
             )
 
+    if config.host_addresses:
+        reporter.progress(
+            f"waiting for {len(config.host_addresses)} host name(s) to resolve to their "
+            f"current address for {config.dns_stable_s:g}s"
+        )
+        wait_for_addresses(config.host_addresses, config.dns_stable_s, config.host_wait_s)
     try:
-        return run_preflight(
+        addresses = run_preflight(
             hosts, settings, config.host_wait_s, reporter.hosts_ready, on_check=report_cleaned
         )
+        summary, warning = memlock_lines(checked, config.environment)
+        if summary is not None:
+            reporter.progress(summary)
+        if warning is not None:
+            reporter.warning(warning)
+        return addresses
     except PreflightError as error:
         # Hosts that got as far as the remote check hold this run's private env file.
         unreached = {DNS_NOT_RESOLVABLE, SSH_UNREACHABLE, SSH_AUTH_FAILED, PYTHON_NOT_FOUND,
-                     HOST_KEY_UNKNOWN, HOST_KEY_CHANGED}
+                     HOST_KEY_UNKNOWN, HOST_KEY_CHANGED, SSH_SESSION_FAILED}
         reached = dict(error.ready) | {
             check.host: check.address
             for check in error.failures
@@ -450,12 +486,17 @@ def started_job(
     names = {address: host for host, address in addresses.items()}
     job = LauncherSSHJob(
         python_exe=config.python_exe,
-        ssh_args=lambda address: ssh_args(config.ssh, names.get(address, address)),
+        ssh_args=lambda address: ssh_args(config.ssh, names.get(address, address), tty=False),
         monarch_port=config.monarch_port,
         # The run's mark: every process the worker starts inherits it (launcher.session.stragglers).
         environment={**public, **mark_env(run_mark(config.run_id, os.environ))},
         stdout=reporter.worker_stream,
         private_env_file=(functools.partial(private_env_path, config.run_id) if private else None),
+        concurrency=config.ssh.concurrency,
+        retry_policy=RetryPolicy(retries=config.ssh.retries),
+        on_retry=lambda address, retry, _: reporter.progress(
+            f"ssh to {names.get(address, address)} refused at login, retry {retry}"
+        ),
     )
     # Must follow SSHJob(), which enables the hostname-based tcp transport; that transport panics
     # when the hostname resolves only to loopback, and enabling another one before SSHJob() is
@@ -594,8 +635,9 @@ def teardown(job: LauncherSSHJob, host_meshes: Mapping[str, HostMesh], reporter:
 
     Meshes with a lost worker are left out by the caller: their shutdown could only time out.
 
-    ``job.kill()`` runs even if a shutdown is interrupted: with ``ssh -tt`` killing the ssh
-    client hangs up the remote worker, so it is the backstop for a worker shutdown missed.
+    ``job.kill()`` runs even if a shutdown is interrupted: killing the ssh client closes the
+    session, and the session guard then stops the remote worker and its processes, so it is
+    the backstop for a worker shutdown missed.
     """
     with signals_deferred():
         try:

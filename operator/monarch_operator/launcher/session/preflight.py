@@ -7,17 +7,24 @@ For every host, in parallel:
    C3: a worker elsewhere could never reach it);
 3. sshd answers on the port with an SSH banner (``SSHUnreachable``);
 4. ssh checks the host's key (``HostKeyUnknown``, ``HostKeyChanged``: see
-   :mod:`launcher.session.ssh`), logs in with our key (``SSHAuthFailed``) and runs the worker Python
-   (``PythonNotFound``), which imports Monarch and the actor module (``ImportFailed``), stops
-   Monarch workers of an earlier run still bound to this host's worker port, and checks that
-   the port is then free (``PortInUse``, naming the process holding it). Only orphaned workers
-   are stopped, those with no sshd process among their ancestors: their launcher is gone. A
-   worker still attached to an ssh session may belong to a run in progress (another user's, or
-   the same user's in another terminal) and is reported, never killed.
+   :mod:`launcher.session.ssh`), logs in with our key (``SSHAuthFailed``) and runs the worker
+   Python (``PythonNotFound``; ``SSHSessionFailed`` when sshd accepted the key but could not
+   start the session, see :mod:`launcher.session.diagnose`), which imports Monarch and the actor
+   module (``ImportFailed``), stops Monarch workers of an earlier run still bound to this host's
+   worker port, and checks that the port is then free (``PortInUse``, naming the process holding
+   it). Only orphaned workers are stopped, those with no sshd process among their ancestors:
+   their launcher is gone. A worker still attached to an ssh session may belong to a run in
+   progress (another user's, or the same user's in another terminal) and is reported, never
+   killed.
 
 Hosts that are still coming up (``DNSNotResolvable``, ``SSHUnreachable``) are retried with
-backoff until ``wait_s`` has passed; the other reasons are final at once. Monarch itself would
-only report an attach timeout without naming the host.
+backoff until ``wait_s`` (``--host-wait``) has passed since the last progress (a host became
+ready), so a slow first round over many hosts never uses the wait up; the other reasons are
+final at once. Monarch itself would only report an attach timeout without naming the host.
+
+At most ``ssh.concurrency`` hosts are checked at once, and an sshd that drops the connection
+before login (``MaxStartups``) is asked again with backoff and jitter, up to ``ssh.retries``
+times, within the same round (see :mod:`launcher.session.fanout`, field case C28).
 """
 
 from __future__ import annotations
@@ -31,7 +38,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from monarch_operator.launcher.session.diagnose import SSH_SESSION_FAILED, session_refused
 from monarch_operator.launcher.session.environment import env_prefix, private_env_path
+from monarch_operator.launcher.session.fanout import (
+    RetryPolicy,
+    is_transient_refusal,
+    run_with_retries,
+)
 from monarch_operator.launcher.session.network import NetworkCheckError, probe_sshd, resolve_host
 from monarch_operator.launcher.session.ssh import SshSettings, host_key_failure, ssh_args
 from monarch_operator.launcher.session.stragglers import (
@@ -48,8 +61,11 @@ SSH_AUTH_FAILED = "SSHAuthFailed"
 PYTHON_NOT_FOUND = "PythonNotFound"
 IMPORT_FAILED = "ImportFailed"
 PORT_IN_USE = "PortInUse"
+# The name resolves, but not to the address the host is known to have now (launcher.session.
+# dnswait).
+DNS_STALE = "DNSStale"
 # A host failing for one of these may still be booting: try it again until the wait is over.
-RETRYABLE = frozenset({DNS_NOT_RESOLVABLE, SSH_UNREACHABLE})
+RETRYABLE = frozenset({DNS_NOT_RESOLVABLE, SSH_UNREACHABLE, DNS_STALE})
 
 # ssh's own exit status for connection and authentication errors; a shell's for "not found".
 _SSH_ERROR = 255
@@ -80,7 +96,11 @@ if env_file != "-":
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
         out.write(sys.stdin.read())
 def done(reason=None, detail="", cleaned=()):
-    print(json.dumps({"reason": reason, "detail": detail, "cleaned": list(cleaned)}))
+    import resource
+    # What a worker started in this login inherits (field case C26): locked memory, RDMA.
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    print(json.dumps({"reason": reason, "detail": detail, "cleaned": list(cleaned),
+                      "memlock": list(memlock), "infiniband": os.path.isdir("/dev/infiniband")}))
     sys.exit(0)
 missing = []
 for name in modules:
@@ -178,6 +198,10 @@ class HostCheck:
         cleaned: pids of stale Monarch workers stopped on this host.
         survivors: what the scan for processes of earlier runs found and stopped on this host
             (:mod:`launcher.session.stragglers`), or None when it did not run.
+        memlock: the login's locked-memory limit ``(soft, hard)`` in bytes, -1 = unlimited
+            (what every rank on the host inherits; see :mod:`launcher.session.limits`), or
+            None when the remote check did not run.
+        infiniband: whether the host has ``/dev/infiniband``.
     """
 
     host: str
@@ -186,6 +210,8 @@ class HostCheck:
     detail: str = ""
     cleaned: tuple[int, ...] = field(default=())
     survivors: ScanReport | None = None
+    memlock: tuple[int, int] | None = None
+    infiniband: bool = False
 
     @property
     def ready(self) -> bool:
@@ -201,7 +227,8 @@ class HostCheck:
 
 class PreflightError(RuntimeError):
     """One or more hosts failed pre-flight; ``failures`` holds each, in host order, and
-    ``ready`` the ``{host: address}`` of the hosts that passed."""
+    ``ready`` the ``{host: address}`` of the hosts that passed. With ``wait_s`` (the host wait,
+    seconds) the message says to raise ``--host-wait`` when a host may still be coming up."""
 
     def __init__(
         self,
@@ -209,13 +236,20 @@ class PreflightError(RuntimeError):
         total: int,
         waited_s: float,
         ready: Mapping[str, str] | None = None,
+        wait_s: float | None = None,
     ) -> None:
         self.failures = list(failures)
         self.ready = dict(ready or {})
         listing = "; ".join(check.describe() for check in self.failures)
+        hint = ""
+        if wait_s is not None and any(check.reason in RETRYABLE for check in self.failures):
+            hint = (
+                f" (hosts still coming up were retried until {wait_s:g}s passed without "
+                "progress; raise --host-wait SECONDS if they need longer)"
+            )
         super().__init__(
             f"pre-flight failed on {len(self.failures)} of {total} hosts after "
-            f"{waited_s:.1f}s: {listing}"
+            f"{waited_s:.1f}s: {listing}{hint}"
         )
 
 
@@ -289,7 +323,8 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
         f"{env_prefix(settings.environment)}{shlex.quote(settings.python_exe)} -c "
         f"{shlex.quote(_REMOTE_CHECK)} {shlex.join(script_args)}"
     )
-    try:
+    def attempt() -> tuple[int | None, str]:
+        nonlocal result
         result = subprocess.run(
             ["ssh", *ssh_args(settings.ssh, host, tty=False), address, command],
             input=json.dumps(dict(private)) if private else "",
@@ -298,16 +333,28 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
             timeout=settings.ssh_timeout_s,
             check=False,
         )
+        return result.returncode, result.stderr
+
+    result: subprocess.CompletedProcess[str] | None = None
+    try:
+        run_with_retries(attempt, RetryPolicy(retries=settings.ssh.retries))
     except subprocess.TimeoutExpired:
         return HostCheck(
             host, address, SSH_UNREACHABLE, f"no answer within {settings.ssh_timeout_s:g}s"
         )
+    assert result is not None
     if result.returncode == _SSH_ERROR:
         refused = host_key_failure(result.stderr, host, settings.ssh)
         if refused is not None:
             return HostCheck(host, address, *refused)
         stderr = _last_line(result.stderr)
-        return HostCheck(host, address, _ssh_failure_reason(stderr), stderr)
+        reason = _ssh_failure_reason(stderr)
+        if reason == SSH_UNREACHABLE and not is_transient_refusal(_SSH_ERROR, result.stderr):
+            # sshd answered the probe; did it accept the key and fail to start the session?
+            refused_session = session_refused(host, address, settings.ssh)
+            if refused_session is not None:
+                return HostCheck(host, address, SSH_SESSION_FAILED, refused_session)
+        return HostCheck(host, address, reason, stderr)
     if result.returncode == _NOT_FOUND:
         return HostCheck(
             host, address, PYTHON_NOT_FOUND, f"{settings.python_exe}: {_last_line(result.stderr)}"
@@ -321,9 +368,16 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
             IMPORT_FAILED,
             f"{settings.python_exe} exited {result.returncode}: {_last_line(result.stderr)}",
         )
+    memlock = report.get("memlock")
     return HostCheck(
-        host, address, report["reason"], report["detail"], tuple(report.get("cleaned", ())),
-        parse_report(result.stdout),
+        host,
+        address,
+        report["reason"],
+        report["detail"],
+        tuple(report.get("cleaned", ())),
+        survivors=parse_report(result.stdout),
+        memlock=(int(memlock[0]), int(memlock[1])) if memlock else None,
+        infiniband=bool(report.get("infiniband", False)),
     )
 
 
@@ -337,10 +391,22 @@ def check_host(host: str, settings: PreflightSettings) -> HostCheck:
         address = resolve_host(host)
     except NetworkCheckError as error:
         return HostCheck(host, None, DNS_NOT_RESOLVABLE, str(error))
+    policy = RetryPolicy(retries=settings.ssh.retries)
     problem = probe_sshd(address, settings.ssh.port, settings.tcp_timeout_s)
+    for retry in range(1, policy.retries + 1):
+        if problem is None or not _dropped_before_banner(problem):
+            break
+        time.sleep(policy.delay(retry))
+        problem = probe_sshd(address, settings.ssh.port, settings.tcp_timeout_s)
     if problem is not None:
         return HostCheck(host, address, SSH_UNREACHABLE, f"port {settings.ssh.port}: {problem}")
     return check_login(host, address, settings)
+
+
+def _dropped_before_banner(problem: str) -> bool:
+    # What probe_sshd says when sshd accepted and then dropped the connection (MaxStartups):
+    # reset, closed without a banner, or "Exceeded MaxStartups" instead of one.
+    return "reset by peer" in problem or "b''" in problem or "MaxStartups" in problem
 
 
 def loopback_failures(checks: Mapping[str, HostCheck]) -> dict[str, HostCheck]:
@@ -381,7 +447,9 @@ def run_preflight(
         hosts: host names in plan order (no duplicates).
         settings: see :class:`PreflightSettings`.
         wait_s: how long hosts failing with a retryable reason (``DNSNotResolvable``,
-            ``SSHUnreachable``) are retried, seconds; 0 = one attempt.
+            ``SSHUnreachable``) are retried after the last progress (the end of the first
+            round, or of the last round in which a host became ready), seconds; 0 = one
+            attempt.
         on_progress: called with ``(ready, total)`` after each round in which the count changed.
         on_check: called with every final :class:`HostCheck` of a ready host (e.g. to report
             cleaned stale workers).
@@ -392,24 +460,27 @@ def run_preflight(
     Raises:
         PreflightError: listing every host that is not ready, with its reason.
     """
-    start = time.monotonic()
+    start = progressed = time.monotonic()
     ready: dict[str, HostCheck] = {}
     pending = list(hosts)
     failures: dict[str, HostCheck] = {}
     delay = _FIRST_RETRY_S
     reported = -1
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
+    workers = min(settings.ssh.concurrency, max(1, len(hosts)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         while pending:
             checked = pool.map(lambda h: check_host(h, settings), pending)
             results = dict(zip(pending, checked, strict=True))
             failures = {host: check for host, check in results.items() if not check.ready}
             ready.update({host: check for host, check in results.items() if check.ready})
-            if len(ready) != reported and on_progress is not None:
-                on_progress(len(ready), len(hosts))
+            if len(ready) != reported:
+                progressed = time.monotonic()
+                if on_progress is not None:
+                    on_progress(len(ready), len(hosts))
             reported = len(ready)
             retryable = [host for host, check in failures.items() if check.reason in RETRYABLE]
             final = len(retryable) < len(failures)
-            elapsed = time.monotonic() - start
+            elapsed = time.monotonic() - progressed
             if not failures or final or elapsed >= wait_s:
                 break
             # The last pause is cut short so that one more attempt falls on the deadline itself:
@@ -422,7 +493,7 @@ def run_preflight(
     if failures:
         ordered = [failures[host] for host in hosts if host in failures]
         passed = {host: str(check.address) for host, check in ready.items() if host not in failures}
-        raise PreflightError(ordered, len(hosts), time.monotonic() - start, passed)
+        raise PreflightError(ordered, len(hosts), time.monotonic() - start, passed, wait_s)
     for host in hosts:
         if on_check is not None:
             on_check(ready[host])
@@ -456,5 +527,5 @@ def remove_private_env_files(
         except subprocess.TimeoutExpired:
             pass
 
-    with ThreadPoolExecutor(max_workers=min(32, len(addresses))) as pool:
+    with ThreadPoolExecutor(max_workers=min(settings.ssh.concurrency, len(addresses))) as pool:
         list(pool.map(remove, addresses.keys(), addresses.values()))

@@ -24,6 +24,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from monarch_operator.launcher.session.fanout import DEFAULT_CONCURRENCY, DEFAULT_RETRIES
+
 # The port ssh files known_hosts entries under without a "[name]:port" wrapper.
 DEFAULT_SSH_PORT = 22
 # Pre-flight reasons for a refused host key (see host_key_failure).
@@ -31,6 +33,12 @@ HOST_KEY_UNKNOWN = "HostKeyUnknown"
 HOST_KEY_CHANGED = "HostKeyChanged"
 # Where ssh keeps what accept-new learns, when no known_hosts file is given.
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+# ssh keepalives on every connection (--ssh-alive-interval, --ssh-alive-count): a hung host or
+# dead session is given up after 15 s x 4 = 60 s of silence (75 s at most), and an idle session
+# sends something every 15 s, well within a 60 s idle timeout of a NAT or firewall. The worker
+# image's sshd uses the same values (ClientAliveInterval, ClientAliveCountMax).
+ALIVE_INTERVAL_S = 15
+ALIVE_COUNT_MAX = 4
 
 
 @dataclass(frozen=True)
@@ -43,12 +51,22 @@ class SshSettings:
         key: private key file, or None for ssh's own choice.
         known_hosts: the only known_hosts file to trust (strict checking), or None for ssh's
             own files with ``accept-new`` (see the module docstring).
+        alive_interval_s: seconds of silence after which ssh asks the server whether it is
+            still there (``ServerAliveInterval``).
+        alive_count_max: unanswered asks after which ssh gives the host up and exits 255
+            (``ServerAliveCountMax``).
+        concurrency: ssh connections being opened at once (:mod:`launcher.session.fanout`).
+        retries: retries of a transient refusal such as ``Exceeded MaxStartups``.
     """
 
     port: int
     user: str
     key: str | None = None
     known_hosts: str | None = None
+    alive_interval_s: int = ALIVE_INTERVAL_S
+    alive_count_max: int = ALIVE_COUNT_MAX
+    concurrency: int = DEFAULT_CONCURRENCY
+    retries: int = DEFAULT_RETRIES
 
 
 def known_hosts_name(host: str, port: int) -> str:
@@ -73,9 +91,9 @@ def ssh_args(settings: SshSettings, host: str | None, tty: bool = True) -> list[
         host: the host's name as the user gave it; its key is checked under this name
             (``HostKeyAlias``), whatever address ssh connects to. None: checked under the
             destination itself (callers that connect to the names they were given).
-        tty: add ``-tt``. SSHJob needs it: with a remote tty, killing the local ssh client (what
-            ``SSHJob.kill()`` does) hangs up the remote worker; without it workers outlive the
-            job and hold their port (seen with torchmonarch 0.7.0).
+        tty: add ``-tt`` (a remote pseudo-terminal). The workers' sessions do not use it: it
+            turns every line end of their output into ``\\r\\n`` (field case C30); the session
+            guard (:mod:`launcher.session.guard`) does the hangup a terminal would do.
 
     Returns:
         The option list; never prompts (BatchMode), never skips host key checking.
@@ -100,6 +118,14 @@ def ssh_args(settings: SshSettings, host: str | None, tty: bool = True) -> list[
         options.append("StrictHostKeyChecking=accept-new")
     # The key is checked under the name; an IP address entry would add nothing but warnings.
     options += ["CheckHostIP=no", "LogLevel=ERROR", "ConnectTimeout=5"]
+    # Keepalives inside the encrypted channel (ssh_config(5)): a silent host is given up after
+    # interval x count seconds, and an idle session still sends a packet every interval, so
+    # an idle-timeout middlebox never cuts it. TCPKeepAlive (on by default) is not enough: its
+    # first probe comes after the kernel's 2 hours.
+    options += [
+        f"ServerAliveInterval={settings.alive_interval_s}",
+        f"ServerAliveCountMax={settings.alive_count_max}",
+    ]
     for option in options:
         args += ["-o", option]
     return args

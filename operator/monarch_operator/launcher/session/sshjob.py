@@ -17,14 +17,18 @@ changes the following and keeps the rest (the worker address, ``-n``, a new sess
 - the worker bounds Monarch's log file before Monarch starts (see
   :mod:`launcher.session.environment`);
 - the ssh client dies with the launcher (``PR_SET_PDEATHSIG``), so a launcher killed with
-  SIGKILL leaves no ssh client, and so (``-tt``) no remote worker, behind.
+  SIGKILL leaves no ssh client, and so no remote worker, behind: the worker runs under the
+  session guard (:mod:`launcher.session.guard`), which ends it when the ssh channel closes.
+  There is no remote tty (``-tt``), so output arrives as the ranks wrote it (field case C30);
+- the sessions are opened at most ``concurrency`` at a time and transient refusals
+  (``MaxStartups``) are retried (:mod:`launcher.session.fanout`, field case C28); ssh's own
+  stderr before the guard's "up" line is kept for the failure report instead of shown.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import shlex
 import signal
 import subprocess
 import threading
@@ -38,6 +42,12 @@ from monarch_operator.launcher.session.environment import (
     MONARCH_LOG_ROTATE_BYTES,
     env_prefix,
 )
+from monarch_operator.launcher.session.fanout import (
+    DEFAULT_CONCURRENCY,
+    RetryPolicy,
+    SessionFanout,
+)
+from monarch_operator.launcher.session.guard import SESSION_UP, guarded_command
 from monarch_operator.launcher.session.monarch_compat import ProcessState, SSHJob, service_proc_addr
 
 # prctl(2) option: deliver a signal to the child when the thread that forked it exits.
@@ -98,11 +108,25 @@ except (OSError, KeyError):
 
 
 class _OutputTail:
-    """Copies one ssh client's output unchanged to a file descriptor; keeps its last lines."""
+    """Copies one ssh client's output unchanged to a file descriptor; keeps its last lines.
 
-    def __init__(self, source: IO[bytes], target_fd: int) -> None:
-        self._lines: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
+    With ``up_line`` (stderr): what comes before that line is ssh's own (or the remote shell's)
+    and is held back in :attr:`before_up` instead of copied; the line itself is dropped and
+    sets :attr:`up`. ``lines`` may be shared by the stdout and stderr tails of one session.
+    """
+
+    def __init__(
+        self,
+        source: IO[bytes],
+        target_fd: int,
+        lines: deque[str] | None = None,
+        up_line: bytes | None = None,
+    ) -> None:
+        self._lines: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES) if lines is None else lines
         self._partial = b""
+        self._up_line = up_line
+        self.up = threading.Event()
+        self.before_up = b""
         self._thread = threading.Thread(
             target=self._pump, args=(source, target_fd), name="ssh-output", daemon=True
         )
@@ -112,16 +136,51 @@ class _OutputTail:
         with source:
             # read1: forward what arrived at once, partial lines (progress bars) included.
             while chunk := source.read1(65536):  # type: ignore[attr-defined]
+                if self._up_line is not None and not self.up.is_set():
+                    chunk = self._hold_until_up(chunk)
+                    if not chunk:
+                        continue
                 _write_all(target_fd, chunk)
                 *complete, self._partial = (self._partial + chunk).split(b"\n")
                 self._lines.extend(_text(line) for line in complete)
         if self._partial:
             self._lines.append(_text(self._partial))
+        if not self.up.is_set() and self.before_up:
+            self._lines.extend(_text(line) for line in self.before_up.splitlines())
+
+    def _hold_until_up(self, chunk: bytes) -> bytes:
+        assert self._up_line is not None
+        self.before_up += chunk
+        before, found, after = self.before_up.partition(self._up_line)
+        if not found:
+            return b""
+        self.before_up = before
+        self.up.set()
+        return after
 
     def last_lines(self, wait_s: float) -> list[str]:
         """The last lines written, once the output ended or after ``wait_s`` seconds."""
         self._thread.join(wait_s)
         return list(self._lines)
+
+
+class _StartingSession:
+    """One worker's ssh client while it logs in (a :class:`launcher.session.fanout.Session`)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], errors: _OutputTail) -> None:
+        self.process = process
+        self._errors = errors
+
+    def is_up(self) -> bool:
+        return self._errors.up.is_set()
+
+    def exit_status(self) -> int | None:
+        return self.process.poll()
+
+    def error_text(self) -> str:
+        if self.process.poll() is not None:
+            self._errors.last_lines(wait_s=1.0)  # stderr fully read
+        return self._errors.before_up.decode(errors="replace")
 
 
 def _text(line: bytes) -> str:
@@ -147,6 +206,9 @@ class LauncherSSHJob(SSHJob):
         environment: Mapping[str, str],
         stdout: IO[Any] | None = None,
         private_env_file: Callable[[str], str] | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        retry_policy: RetryPolicy | None = None,
+        on_retry: Callable[[str, int, str], None] | None = None,
     ) -> None:
         """Build the job; nothing starts until ``state()``.
 
@@ -157,10 +219,13 @@ class LauncherSSHJob(SSHJob):
             monarch_port: the port every worker listens on.
             environment: variables set in every worker (and so in every proc it spawns).
             stdout: where the ssh clients' (and so the workers') output is copied to; None = the
-                launcher's stdout (file descriptor 1).
+                launcher's stdout (file descriptor 1). Their stderr goes to the launcher's.
             private_env_file: ``address -> remote file`` holding the worker's private variables
                 (written by the pre-flight); the worker loads it, deletes it, and refuses to
                 start without it. None: no private variables.
+            concurrency: ssh sessions logging in at once (see :mod:`launcher.session.fanout`).
+            retry_policy: retries of transient ssh refusals; None for the defaults.
+            on_retry: called with ``(address, retry number, ssh's stderr)`` before a retry.
         """
         # Upstream keeps one option list for every host; ours differ per host (HostKeyAlias).
         super().__init__(python_exe=python_exe, ssh_args=(), monarch_port=monarch_port)
@@ -168,13 +233,44 @@ class LauncherSSHJob(SSHJob):
         self._worker_env = dict(environment)
         self._ssh_stdout = stdout
         self._private_env_file = private_env_file
+        self._concurrency = concurrency
+        self._retry_policy = retry_policy
+        self._on_retry = on_retry
         self.ssh_processes: dict[str, subprocess.Popen[bytes]] = {}
-        self._output_tails: dict[str, _OutputTail] = {}
+        self._output_tails: dict[str, list[_OutputTail]] = {}
 
-    def _start_host(self, host: str) -> ProcessState:
-        address = service_proc_addr(
+    def _create(self, client_script: str | None) -> None:
+        # Upstream starts every host at once; this opens them through the fan-out. It runs in
+        # the calling (main) thread, as _die_with_parent requires.
+        if client_script is not None:
+            raise RuntimeError("LauncherSSHJob cannot run batch-mode scripts")
+        self._service_proc_ids_by_host = {}  # as upstream SSHJob._create (torchmonarch 0.7)
+        for mesh_hosts in self._meshes.values():
+            self._service_proc_ids_by_host.update(
+                zip(mesh_hosts, self._allocate_service_proc_ids(len(mesh_hosts)), strict=True)
+            )
+        hosts = list(dict.fromkeys(host for hosts in self._meshes.values() for host in hosts))
+        fanout = SessionFanout(
+            self._start_session,
+            concurrency=self._concurrency,
+            policy=self._retry_policy,
+            on_retry=self._on_retry,
+        )
+        for host, session in fanout.open_all(hosts).items():
+            assert isinstance(session, _StartingSession)
+            self._host_to_pid[host] = ProcessState(session.process.pid, self._worker_address(host))
+
+    def _worker_address(self, host: str) -> str:
+        return service_proc_addr(
             f"{self._scheme}://{host}:{self._port}", self._service_proc_ids_by_host[host]
         )
+
+    def _start_host(self, host: str) -> ProcessState:
+        session = self._start_session(host)
+        return ProcessState(session.process.pid, self._worker_address(host))
+
+    def _start_session(self, host: str) -> _StartingSession:
+        address = self._worker_address(host)
         loop = (
             "from monarch.actor import run_worker_loop_forever\n"
             f"run_worker_loop_forever(address={address!r}, ca='trust_all_connections')"
@@ -188,24 +284,31 @@ class LauncherSSHJob(SSHJob):
         )
         if self._private_env_file is not None:
             loop = _LOAD_PRIVATE_ENV.format(path=self._private_env_file(host)) + loop
-        command = (
-            f"{env_prefix(self._worker_env)}{shlex.quote(self._python_exe)} -c {shlex.quote(loop)}"
+        command = env_prefix(self._worker_env) + guarded_command(
+            self._python_exe, [self._python_exe, "-c", loop]
         )
         process = subprocess.Popen(
-            ["ssh", *self._ssh_args_for(host), host, "-n", command],
+            # No -n: the guard reads the channel to learn when it closes.
+            ["ssh", *self._ssh_args_for(host), host, command],
             # Own session: a Ctrl-C meant for the launcher must not cut the ssh sessions before
             # the launcher has shut the meshes down.
             start_new_session=True,
             # But never outlive the launcher: if it is killed (SIGKILL, OOM), the kernel kills
-            # ssh, and with ``-tt`` sshd then hangs up the remote worker.
+            # ssh, the channel closes, and the guard ends the remote worker.
             preexec_fn=_die_with_parent,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         self.ssh_processes[host] = process
-        assert process.stdout is not None
+        assert process.stdout is not None and process.stderr is not None
         target = self._ssh_stdout.fileno() if self._ssh_stdout is not None else 1
-        self._output_tails[host] = _OutputTail(process.stdout, target)
-        return ProcessState(process.pid, address)
+        lines: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
+        errors = _OutputTail(process.stderr, 2, lines, up_line=SESSION_UP)
+        self._output_tails.setdefault(host, []).extend(
+            [_OutputTail(process.stdout, target, lines), errors]
+        )
+        return _StartingSession(process, errors)
 
     def exited_ssh(self) -> dict[str, int]:
         """Return ``{host: ssh exit status}`` for ssh clients that have already exited.
@@ -226,8 +329,10 @@ class LauncherSSHJob(SSHJob):
             host: the host as given to the job (its address).
             wait_s: how long to wait for the rest of the output of an ssh client that exited.
         """
-        tail = self._output_tails.get(host)
-        return tail.last_lines(wait_s) if tail is not None else []
+        tails = self._output_tails.get(host, [])
+        for tail in tails[:-1]:
+            tail.last_lines(wait_s)
+        return tails[-1].last_lines(wait_s) if tails else []
 
     def _kill(self) -> None:
         super()._kill()
@@ -236,5 +341,7 @@ class LauncherSSHJob(SSHJob):
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
-        for tail in self._output_tails.values():
-            tail.last_lines(wait_s=1.0)  # the workers' last words come before the launcher's
+        for tails in self._output_tails.values():
+            for tail in tails:
+                tail.last_lines(wait_s=1.0)  # the workers' last words come before the launcher's
+
