@@ -54,7 +54,7 @@ def test_waits_until_the_name_gives_the_expected_address_for_the_stable_window()
 
 
 def test_a_flip_back_to_the_old_address_restarts_the_stable_window() -> None:
-    dns = FakeDns([(0, "10.0.0.5"), (10, "10.0.0.9"), (12, "10.0.0.5")])
+    dns = FakeDns([(0, "10.0.0.9"), (2, "10.0.0.5"), (10, "10.0.0.9"), (12, "10.0.0.5")])
 
     wait_for_addresses(
         {"w-1": "10.0.0.5"}, stable_s=30, wait_s=10, resolve=dns.resolve,
@@ -62,6 +62,18 @@ def test_a_flip_back_to_the_old_address_restarts_the_stable_window() -> None:
     )  # fmt: skip
 
     assert dns.now >= 42
+
+
+def test_a_name_right_at_its_first_answer_is_taken_at_once() -> None:
+    """The normal path (fresh or kept pods): no resolver showed an old record, no wait."""
+    dns = FakeDns([(0, "10.0.0.5")])
+
+    wait_for_addresses(
+        {"w-1": "10.0.0.5"}, stable_s=30, wait_s=10, resolve=dns.resolve,
+        clock=lambda: dns.now, sleep=dns.sleep,
+    )  # fmt: skip
+
+    assert dns.now == 0 and dns.asked == [0]
 
 
 def test_a_name_that_stays_stale_fails_after_the_wait_naming_both_addresses() -> None:

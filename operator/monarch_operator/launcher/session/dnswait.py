@@ -8,9 +8,12 @@ until its cache expires (CoreDNS ``cache 30``; field case C20, kubernetes #71308
 ``MONARCH_HOST_ADDRESSES``, which a MonarchJob's launcher pod gets: the hostfile ConfigMap's
 ``addresses`` key, the worker pods' IPs when the attempt's launcher was made; read by
 :func:`host_address_lines`). :func:`wait_for_addresses` then
-resolves every such name about once a second until it has given the expected address
-without a break for ``stable_s`` seconds (``--dns-stable``, default one cache lifetime, 30 s),
-before any ssh connection is made. A name that does not resolve, or resolves elsewhere, is
+resolves every such name about once a second, before any ssh connection is made. A name whose
+first answer is already the expected address is taken at once: no resolver has shown an old
+record, and the normal path (fresh pods, kept pods) waits for nothing. A name that first
+resolves elsewhere, or not at all, is a cache to distrust: it must then give the expected
+address without a break for ``stable_s`` seconds (``--dns-stable``, default one cache
+lifetime, 30 s). A name that does not resolve, or resolves elsewhere, is
 waited for until ``wait_s`` (``--host-wait``) passed without progress (a name that started or
 stopped matching, or became stable), and then named in a
 :class:`~launcher.session.preflight.PreflightError` with reason ``DNSNotResolvable`` or
@@ -111,6 +114,8 @@ class _Watch:
     seen: str | None = None  # the last answer, or None when the name did not resolve
     detail: str = ""
     matching_since: float | None = None
+    # Every answer so far was the expected address: nothing to distrust, stable at once.
+    clean: bool = True
 
 
 def wait_for_addresses(
@@ -122,7 +127,8 @@ def wait_for_addresses(
     sleep: Callable[[float], None] = time.sleep,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Return once every name in ``expected`` resolved to its address for ``stable_s`` seconds.
+    """Return once every name in ``expected`` resolves to its address: at once when its first
+    answer was that address, else after ``stable_s`` seconds of that answer without a break.
 
     Args:
         expected: ``{host name: IPv4 address it has now}``.
@@ -151,6 +157,7 @@ def wait_for_addresses(
             except NetworkCheckError as error:
                 watch.seen, watch.detail = None, str(error)
             if watch.seen != watch.expected:
+                watch.clean = False
                 if watch.matching_since is not None:
                     progressed = now  # it flipped back: its wait starts again from here
                 watch.matching_since = None
@@ -173,7 +180,8 @@ def wait_for_addresses(
 
 
 def _is_stable(watch: _Watch, now: float, stable_s: float) -> bool:
-    return watch.matching_since is not None and now - watch.matching_since >= stable_s
+    return watch.matching_since is not None and (
+        watch.clean or now - watch.matching_since >= stable_s)
 
 
 def _failure(name: str, watch: _Watch) -> HostCheck:
