@@ -139,8 +139,9 @@ def wait(what: str, done: Callable[[], bool], timeout: float) -> None:
 
 
 def run_batch(kubectl: Kubectl, who: str, size: int, workers: int, image: str,
-              timeout: float) -> dict[str, Any]:
-    """Apply ``size`` jobs at once; returns each job's seconds to first step and outcome."""
+              timeout: float, log_dir: Path | None = None) -> dict[str, Any]:
+    """Apply ``size`` jobs at once; returns each job's seconds to first step and outcome.
+    The launchers' timestamped output is kept in ``log_dir`` when given."""
     namespace = NAMESPACES[who]
     names = [f"b{size}-{index}" for index in range(size)]
     build = monarch_job if who == OURS else mpi_job
@@ -168,6 +169,10 @@ def run_batch(kubectl: Kubectl, who: str, size: int, workers: int, image: str,
             stamp = first_step_time(kubectl, namespace, pods[name])
             if stamp is not None:
                 seconds[name] = stamp - applied
+    if log_dir is not None:  # each launcher's output with the runtime's timestamps
+        for name, pod in launcher_pods(kubectl, who, namespace).items():
+            (log_dir / f"{namespace}-{name}.log").write_text(kubectl(
+                "logs", "--timestamps", "-n", namespace, pod, check=False))
     kind = "monarchjobs" if who == OURS else "mpijobs"
     kubectl("delete", kind, "--all", "-n", namespace, "--wait=true", "--timeout=300s")
     wait(f"{who}: pods gone", lambda: not kubectl.json("pods", "-n", namespace)["items"], 300)
@@ -235,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.jobs:
             for who in (OURS, PEER):
                 note(f"{who}: {size} job(s) of {args.workers} workers")
-                result = run_batch(kubectl, who, size, args.workers, image, args.timeout)
+                result = run_batch(kubectl, who, size, args.workers, image, args.timeout,
+                                   args.state_dir / "logs")
                 note(f"  first step p50/max: {spread(list(result['seconds'].values()))} s; "
                      f"{result['outcomes']}")
                 results.append(result)
