@@ -16,6 +16,7 @@ from monarch_operator.controller import (
     policy,
     release,
     stuckpods,
+    verdicts,
 )
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
@@ -54,19 +55,28 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
         # Its hostfile, whose create may have failed while the pod's went through (they are
         # sent together); found in the cache (or just created), it costs no request.
         k8s.ensure(build_hostfile_configmap(job, settings, worker_pods), job.uid)
-    if outcome.finished and outcome.succeeded:  # final, whatever happened to a worker since
-        endings.succeed(state, outcome)
-        return None
     snapshot = state.status.get("attemptWorkers") or []
     unready_nodes = frozenset(node for node in attempts.nodes_to_check(snapshot, worker_pods)
                               if not k8s.node_is_ready(node))
     lost = attempts.lost_workers(snapshot, worker_pods, unready_nodes)
-    if lost:
-        restarted = all(worker.in_place for worker in lost)
+    verdict = verdicts.judge(launcher, outcome.finished, outcome.succeeded, lost, snapshot,
+                             worker_pods, state.now, verdicts.parse(record.get("launchTime")))
+    if verdict.kind == verdicts.WORKER_LOST:
+        restarted = all(worker.in_place for worker in verdict.lost)
         reason = st.REASON_WORKER_RESTARTED if restarted else st.REASON_WORKER_EVICTED
-        message = f"worker {short([worker.describe() for worker in lost])} lost mid-run"
-        return endings.end_attempt(state, policy.INFRASTRUCTURE, reason, message, outcome, lost,
-                                   pods)
+        message = f"worker {short([worker.describe() for worker in verdict.lost])} lost mid-run"
+        return endings.end_attempt(state, policy.INFRASTRUCTURE, reason, message, outcome,
+                                   list(verdict.lost), pods)
+    if verdict.kind == verdicts.LAUNCHER_STOPPED:  # an exit code is a claim
+        return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
+                                   f"launcher pod {launcher_name} {verdict.stopped} while it ran"
+                                   f"{_claimed(outcome)}", outcome, None, pods)
+    if verdict.kind == verdicts.SETTLING:  # reports of what happened before its end may come
+        state.wake_in(verdict.wait_seconds)
+        return None
+    if verdict.kind == verdicts.SUCCEEDED:
+        endings.succeed(state, outcome)
+        return None
     if not outcome.finished:
         return _end_if_launcher_lost(state, outcome, pods)
     if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
@@ -79,6 +89,11 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     if judged.rule_index is not None:
         message += f" ({judged.describe(outcome.exit_code)})"
     return endings.end_attempt(state, judged.failure_class, reason, message, outcome, None, pods)
+
+
+def _claimed(outcome: observe.LauncherOutcome) -> str:
+    """What the stopped launcher's exit code claimed, not believed (`` (it exited 0)``)."""
+    return "" if outcome.exit_code is None else f" (it exited {outcome.exit_code})"
 
 
 def _end_if_launcher_lost(state: Pass, outcome: observe.LauncherOutcome,
