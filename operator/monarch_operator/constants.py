@@ -70,6 +70,12 @@ ENV_JOB_NAME = "MONARCH_JOB_NAME"
 ENV_NAMESPACE = "MONARCH_JOB_NAMESPACE"
 # The attempt the launcher pod runs: 1 for the first, n+1 after n restarts (status.attempt).
 ENV_ATTEMPT = "MONARCH_ATTEMPT"
+# Restarts after failures before this attempt (status.restartCount when it started; a resume
+# after a suspend is not one), and the most the run policy allows (backoffLimit +
+# infrastructureBackoffLimit): monarch-torchrun gives them to every rank as
+# TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS (field case C21).
+ENV_RESTART_COUNT = "MONARCH_RESTART_COUNT"
+ENV_MAX_RESTARTS = "MONARCH_MAX_RESTARTS"
 # The launcher pod variables the operator owns; spec.launcher.env may not set them (CRD rule,
 # which lists the same names: a unit test keeps the two equal). Other MONARCH_* names stay the
 # user's: Monarch's own MONARCH_FILE_LOG, the launcher's MONARCH_TERMINATION_LOG and so on.
@@ -78,6 +84,8 @@ LAUNCHER_RESERVED_ENV = (
     ENV_JOB_NAME,
     ENV_NAMESPACE,
     ENV_ATTEMPT,
+    ENV_RESTART_COUNT,
+    ENV_MAX_RESTARTS,
     ENV_HOSTFILE,
     ENV_HOST_ADDRESSES,
     ENV_SSH_KEY,
