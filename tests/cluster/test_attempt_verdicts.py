@@ -282,3 +282,79 @@ def test_a_worker_lost_before_the_launcher_failed_wins_though_reported_after(
     assert first["exitCode"] == 1, first
     assert second["class"] == "Succeeded"
     assert status.get("failureCounts") == {"infrastructure": 1}
+
+
+# Field case C21's script: every rank says what it sees; attempt 1 (no restart yet) fails.
+RESUME_PY = """\
+import os, sys
+seen = {key: os.environ.get(key) for key in ("RANK", "TORCHELASTIC_RESTART_COUNT",
+                                             "TORCHELASTIC_MAX_RESTARTS", "MONARCH_ATTEMPT")}
+print(" ".join(f"{key}={value}" for key, value in seen.items()), flush=True)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       f"attempt-{seen['MONARCH_ATTEMPT']}-rank-{seen['RANK']}"), "w") as out:
+    out.write(repr(seen))
+sys.exit(1 if seen["TORCHELASTIC_RESTART_COUNT"] == "0" else 0)
+"""
+REPO_OPERATOR = Path(__file__).resolve().parents[2] / "operator"
+
+
+def test_c21_restart_variables_on_every_rank(kubectl, namespace, triggers):
+    """C21 with spec.spmd: attempt 1's ranks see 0 and fail; attempt 2's four ranks see a
+    restart count of 1 and MONARCH_ATTEMPT=2, and the job Succeeds."""
+    script = triggers / "resume.py"
+    script.write_text(RESUME_PY)
+    script.chmod(0o644)
+    apply_manifest(kubectl, namespace, job_manifest(
+        "c21", workers={"replicas": 2, "gpusPerWorker": 2},
+        spmd={"script": str(script), "nprocPerNode": 2}, runPolicy={"backoffLimit": 1},
+        # This tree's launcher, not the one installed in the environment the pods run from.
+        launcher={"env": [{"name": "PYTHONPATH", "value": str(REPO_OPERATOR)}]}))
+    status = wait_until(lambda: (found := job_status(kubectl, namespace, "c21")).get(
+        "phase") in ("Succeeded", "Failed") and found, 240, "c21 finished")
+
+    seen = {path.name: eval(path.read_text())  # noqa: S307 (our own repr of a dict of str)
+            for path in triggers.glob("attempt-*")}
+    assert sorted(seen) == [f"attempt-{attempt}-rank-{rank}" for attempt in (1, 2)
+                            for rank in range(4)], (seen, status)
+    for name, values in seen.items():
+        attempt = name.split("-")[1]
+        assert values == {"RANK": name.rsplit("-", 1)[1], "MONARCH_ATTEMPT": attempt,
+                          "TORCHELASTIC_RESTART_COUNT": str(int(attempt) - 1),
+                          "TORCHELASTIC_MAX_RESTARTS": "4"}, (name, values)
+    assert status["phase"] == "Succeeded", status
+    assert status["restartCount"] == 1
+    assert [(record["class"], record.get("exitCode")) for record in status["attempts"]] == [
+        ("Application", 1), ("Succeeded", 0)]
+
+
+# Attempt 1 runs until stopped; attempt 2 fails its pre-flight on the second host of the
+# hostfile, as monarch-launch words it (kwok's pods have no cluster DNS whose cache could lag:
+# the line is the launcher's, the judgment the operator's); attempt 3 succeeds.
+C20_LAUNCHER = r"""
+case "$MONARCH_ATTEMPT" in
+1) exec sleep 600 ;;
+2) host=$(sed -n 2p "$MONARCH_HOSTFILE" | cut -d ' ' -f 1)
+   echo "monarch-launch: failed: pre-flight failed on 1 of 2 hosts after 30.0s: $host" \
+        "(10.244.9.9): DNSNotResolvable: [Errno -2] Name or service not known" >&2
+   exit 1 ;;
+esac
+"""
+
+
+def test_c20_preflight_failure_on_a_recreated_worker_is_not_an_application_failure(
+        kubectl, namespace):
+    apply_manifest(kubectl, namespace, job_manifest(
+        "c20", runPolicy={"backoffLimit": 0, "infrastructureBackoffLimit": 2},
+        launcher={"command": ["sh", "-c", C20_LAUNCHER]}))
+    running_attempt(kubectl, namespace, "c20", 1)
+    kubectl("delete", "pod", "c20-worker-1", "-n", namespace, "--wait=false")
+    status = wait_until(lambda: (found := job_status(kubectl, namespace, "c20")).get(
+        "phase") in ("Succeeded", "Failed") and found, 180, "c20 finished")
+
+    assert [record["class"] for record in status["attempts"]] == [
+        "Infrastructure", "Infrastructure", "Succeeded"], status["attempts"]
+    second = status["attempts"][1]
+    assert second["reason"] == "WorkerUnreachable", second
+    assert "recreated worker c20-worker-1 (DNSNotResolvable)" in second["message"], second
+    assert status["failureCounts"] == {"infrastructure": 2}, "the application count stays 0"
+    assert status["phase"] == "Succeeded"

@@ -14,6 +14,7 @@ from monarch_operator.controller import (
     k8s,
     observe,
     policy,
+    recreated,
     release,
     stuckpods,
     verdicts,
@@ -49,12 +50,23 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     launcher_name = launcher["metadata"]["name"]
     state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
                     f"launcher {launcher_name} running (attempt {attempt})")
-    pods = [launcher]
     outcome = observe.launcher_outcome(launcher)
     if not outcome.finished and not launcher["metadata"].get("deletionTimestamp"):
         # Its hostfile, whose create may have failed while the pod's went through (they are
         # sent together); found in the cache (or just created), it costs no request.
         k8s.ensure(build_hostfile_configmap(job, settings, worker_pods), job.uid)
+    return _judge(state, launcher, outcome, worker_pods, record)
+
+
+def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutcome,
+           worker_pods: list[dict[str, Any]], record: dict[str, Any]) -> str | None:
+    """End the attempt as :mod:`.verdicts` judges what happened to its launcher and workers
+    (or wait: it runs, or late reports may still come). Returns the class of the failure that
+    restarted the job, else None."""
+    job = state.job
+    attempt = int(state.status["attempt"])
+    launcher_name = launcher["metadata"]["name"]
+    pods = [launcher]
     snapshot = state.status.get("attemptWorkers") or []
     unready_nodes = frozenset(node for node in attempts.nodes_to_check(snapshot, worker_pods)
                               if not k8s.node_is_ready(node))
@@ -82,6 +94,13 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
         return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                                    f"launcher pod lost: {outcome.message}", outcome, None, pods)
+    unreachable = recreated.recreated_workers_unreachable(
+        outcome.message, job.name, attempt, record, worker_pods)
+    if unreachable:  # the program never ran: not its failure (C20)
+        return endings.end_attempt(
+            state, policy.INFRASTRUCTURE, st.REASON_WORKER_UNREACHABLE,
+            f"pre-flight could not reach recreated worker {short(unreachable)}: "
+            f"{observe.launcher_failure_message(outcome)}", outcome, None, pods)
     judged = policy.classify_exit_code(job.run_policy, outcome.exit_code)
     reason = (st.REASON_FATAL_EXIT_CODE if judged.failure_class == policy.FATAL
               else st.REASON_LAUNCHER_FAILED)
