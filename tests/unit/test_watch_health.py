@@ -104,6 +104,7 @@ def test_configure_bounds_every_request():
     settings = kopf.OperatorSettings()
     watchhealth.configure(settings)
     assert settings.watching.server_timeout == watchhealth.RENEW_SECONDS
+    assert str(settings.watching.server_timeout).isdigit(), "timeoutSeconds is an integer"
     assert settings.watching.client_timeout == watchhealth.STALL_SECONDS
     assert settings.watching.server_timeout < settings.watching.client_timeout
     assert settings.networking.request_timeout == watchhealth.REQUEST_SECONDS

@@ -17,15 +17,7 @@ from typing import Any
 import kopf
 
 from monarch_operator import constants, names
-from monarch_operator.controller import (
-    cache,
-    k8s,
-    metrics,
-    observe,
-    passes,
-    wakeups,
-    watchhealth,
-)
+from monarch_operator.controller import cache, k8s, metrics, observe, passes, wakeups, watchhealth
 from monarch_operator.controller.settings import Settings
 
 SETTINGS = Settings.from_env()

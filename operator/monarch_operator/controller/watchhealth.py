@@ -37,8 +37,9 @@ import kopf
 logger = logging.getLogger("monarch_operator")
 
 # The API server ends each watch request after this long (a cacher sends a bookmark just
-# before): a working stream shows it works at least this often.
-RENEW_SECONDS = 30.0
+# before): a working stream shows it works at least this often. Whole seconds: kopf sends it
+# as the request's timeoutSeconds, which the API server parses as an integer.
+RENEW_SECONDS = 30
 # A watch request open this long (no end from the server) is cut: its connection is dead.
 STALL_SECONDS = RENEW_SECONDS + 10.0
 # kopf's reconnection of a stream that delivered nothing for this long (a backstop only).
