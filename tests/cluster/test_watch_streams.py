@@ -51,6 +51,9 @@ class ProxiedOperator:
         try:
             with urllib.request.urlopen(self.health_url, timeout=5) as reply:
                 return bool(reply.status == 200)
+        except urllib.error.HTTPError as error:
+            error.close()
+            return False
         except (urllib.error.URLError, OSError):
             return False
 
@@ -123,7 +126,7 @@ def test_c18_the_operator_hears_again_after_its_connections_are_disturbed(
     disturb(how, proxied_operator.proxy, local_cluster)
     again = time.monotonic()
     apply_manifest(kubectl, namespace, job_manifest(
-        "probe", workers={"replicas": 1, "gpusPerWorker": 1},
+        "probe", workers={"replicas": 1, "gpusPerWorker": 2},
         meshes={"trainer": {"hosts": 1}, "ref": {"hosts": 1}, "colocate": True},
         launcher={"command": ["sh", "-c", "exit 0"]}))
     kubectl("delete", "pod", "demo-worker-0", "-n", namespace, "--wait=false")
@@ -158,5 +161,6 @@ def test_c18_healthz_turns_unhealthy_while_no_stream_can_be_re_established(
           "forwarding")
     with pytest.raises(urllib.error.HTTPError) as failed:
         urllib.request.urlopen(proxied_operator.health_url, timeout=5)
+    failed.value.close()
     assert failed.value.code == 500
     assert "watch streams not working" in proxied_operator.log()

@@ -63,7 +63,7 @@ def test_the_log_names_what_broke_and_when_it_came_back(caplog):
     assert [record.getMessage() for record in caplog.records] == [
         "watch stream pods in 'a' broke (ConnectionResetError('reset by peer')); "
         "re-establishing it",
-        "watch stream pods in 'a' re-established, 25s after it broke"]
+        "watch stream pods in 'a' re-established, 25s after it last worked"]
     assert health.not_working(limit=20) == {}
 
 
@@ -157,12 +157,24 @@ def test_every_request_of_a_pass_is_bounded():
     """A pooled connection that stopped answering must not hold a pass for ever (C18)."""
     from types import SimpleNamespace
 
+    import urllib3
+
     from monarch_operator.controller import k8s
 
     sent: list[Any] = []
+    cleared: list[bool] = []
+
+    def request(*args: Any, **kwargs: Any) -> None:
+        sent.append(kwargs["_request_timeout"])
+        if args[1] == "/dead":
+            raise urllib3.exceptions.ReadTimeoutError(None, "/dead", "Read timed out.")
+
     client = SimpleNamespace(rest_client=SimpleNamespace(
-        request=lambda *args, **kwargs: sent.append(kwargs["_request_timeout"])))
+        request=request, pool_manager=SimpleNamespace(clear=lambda: cleared.append(True))))
     k8s._bound_requests(client)  # type: ignore[arg-type]
     client.rest_client.request("GET", "/api/v1/nodes/n")
     client.rest_client.request("GET", "/api/v1/pods/log", _request_timeout=5)
-    assert sent == [k8s.REQUEST_TIMEOUT, 5]
+    assert sent == [k8s.REQUEST_TIMEOUT, 5] and not cleared
+    with pytest.raises(urllib3.exceptions.ReadTimeoutError):
+        client.rest_client.request("GET", "/dead")
+    assert cleared == [True], "a timeout drops the pooled connections"

@@ -92,11 +92,11 @@ class StreamHealth:
         now = self._clock()
         with self._lock:
             stream = self._streams.setdefault(name, _Stream(started=now, alive=now))
-            stream.alive = now
+            silent, stream.alive = now - stream.alive, now
             broken_since, stream.broken_since = stream.broken_since, None
         if broken_since is not None:
-            logger.info("watch stream %s re-established, %.0fs after it broke", name,
-                        now - broken_since)
+            logger.info("watch stream %s re-established, %.0fs after it last worked", name,
+                        silent)
 
     def broke(self, name: str, error: BaseException) -> None:
         """A request of the stream ended in ``error`` (reset, cut for silence, refused)."""
