@@ -76,6 +76,12 @@ ENV_ATTEMPT = "MONARCH_ATTEMPT"
 # The MonarchJob's uid: with the attempt, it marks every process an attempt starts on the
 # workers, so that the next attempt's pre-flight stops what this one left (issue 20).
 ENV_JOB_UID = "MONARCH_JOB_UID"
+# Restarts after failures before this attempt (status.restartCount when it started; a resume
+# after a suspend is not one), and the most the run policy allows (backoffLimit +
+# infrastructureBackoffLimit): monarch-torchrun gives them to every rank as
+# TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS (field case C21).
+ENV_RESTART_COUNT = "MONARCH_RESTART_COUNT"
+ENV_MAX_RESTARTS = "MONARCH_MAX_RESTARTS"
 # The launcher pod variables the operator owns; spec.launcher.env may not set them (CRD rule,
 # which lists the same names: a unit test keeps the two equal). Other MONARCH_* names stay the
 # user's: Monarch's own MONARCH_FILE_LOG, the launcher's MONARCH_TERMINATION_LOG and so on.
@@ -85,6 +91,8 @@ LAUNCHER_RESERVED_ENV = (
     ENV_NAMESPACE,
     ENV_ATTEMPT,
     ENV_JOB_UID,
+    ENV_RESTART_COUNT,
+    ENV_MAX_RESTARTS,
     ENV_HOSTFILE,
     ENV_HOST_ADDRESSES,
     ENV_SSH_KEY,

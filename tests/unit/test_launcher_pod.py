@@ -21,8 +21,8 @@ CRD = ROOT / "crds" / "monarchjobs.monarch-operator.dev.yaml"
 # Everything the operator sets, in order, for the base job below (role mode, not colocated).
 OPERATOR_ENV = [
     "POD_IP", "MONARCH_JOB_NAME", "MONARCH_JOB_NAMESPACE", "MONARCH_ATTEMPT", "MONARCH_JOB_UID",
-    "MONARCH_HOSTFILE", "MONARCH_HOST_ADDRESSES", "MONARCH_SSH_KEY", "MONARCH_SSH_PORT",
-    "MONARCH_KNOWN_HOSTS", "MONARCH_TRAINER_HOSTS",
+    "MONARCH_RESTART_COUNT", "MONARCH_MAX_RESTARTS", "MONARCH_HOSTFILE", "MONARCH_HOST_ADDRESSES",
+    "MONARCH_SSH_KEY", "MONARCH_SSH_PORT", "MONARCH_KNOWN_HOSTS", "MONARCH_TRAINER_HOSTS",
     "MONARCH_REF_HOSTS",
     "MONARCH_COLOCATE", "MONARCH_CLIENT_ADDRESS",
 ]
@@ -85,10 +85,20 @@ def test_operator_env_comes_first_with_job_identity():
     assert env[constants.ENV_JOB_NAME] == "demo"
     assert env[constants.ENV_NAMESPACE] == "team-a"
     assert env[constants.ENV_ATTEMPT] == "1"
+    assert (env[constants.ENV_RESTART_COUNT], env[constants.ENV_MAX_RESTARTS]) == ("0", "3")
     assert env[constants.ENV_SSH_KEY] == "/etc/monarch/ssh/id_ed25519"
     assert env[constants.ENV_SSH_PORT] == "2222"
     assert env[constants.ENV_HOST_ADDRESSES] == "/etc/monarch/hostfile/addresses"
     assert constants.ENV_TRAINER_GPUS not in env and constants.ENV_REF_GPUS not in env
+
+
+def test_c21_restart_variables_say_the_restarts_before_the_attempt_and_the_policys_most():
+    job = make_job(runPolicy={"backoffLimit": 2, "infrastructureBackoffLimit": 1})
+    # Attempt 3 after a suspend and one restart: restartCount 1 when it started.
+    pod = build_launcher_pod(job, Settings(), attempt=3, restart_count=1)
+    env = env_of(pod["spec"]["containers"][0])
+    assert (env["MONARCH_ATTEMPT"], env["MONARCH_RESTART_COUNT"],
+            env["MONARCH_MAX_RESTARTS"]) == ("3", "1", "3")
 
 
 def test_user_env_is_appended_after_the_operators_unchanged():

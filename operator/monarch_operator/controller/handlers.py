@@ -17,7 +17,8 @@ from typing import Any
 import kopf
 
 from monarch_operator import constants, names
-from monarch_operator.controller import cache, k8s, metrics, observe, passes, wakeups
+from monarch_operator.controller import (cache, k8s, metrics, observe, passes, wakeups,
+                                         watchhealth)
 from monarch_operator.controller.kueue import watch as kueue_watch
 from monarch_operator.controller.settings import Settings
 
@@ -120,11 +121,10 @@ def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         settings.watching.label_selectors[group, version, plural] = _CHILD_SELECTOR
     settings.watching.field_selectors[_EVENTS] = _CREATE_FAILURE_SELECTOR
     kueue_watch.configure(settings, _CHILD_SELECTOR)
-    # kopf reconnects a watch that saw nothing, not even a bookmark, for this long (default
-    # 70 s). The FailedCreate Events watch gets no bookmarks (its field selector is not served
-    # by the API server's watch cache), so an idle operator re-requested it every 70 s; the
-    # other streams get bookmarks every minute. A closed connection is noticed at once anyway.
-    settings.watching.inactivity_timeout = 600.0
+    # Every watch request bounded; streams that die or go silent re-established, named in the
+    # log, and /healthz failing while one cannot be (field case C18).
+    watchhealth.configure(settings)
+    watchhealth.install()
     # Nothing of kopf's is stored on jobs (no change-detection handlers); its progress would be
     # kept in our own prefix in case a handler that needs it is added.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(

@@ -122,8 +122,32 @@ def _client() -> kubernetes.client.ApiClient:
     if _shared_client is None:
         client = kubernetes.client.ApiClient()
         client.user_agent = USER_AGENT
+        _bound_requests(client)
         _shared_client = client
     return _shared_client
+
+
+# Every request of a pass is bounded (connect, read; seconds): the client sets no timeout, and a
+# pooled connection that a middlebox or a paused API server stopped answering would hold the
+# pass, and every later pass of its job, for ever (field case C18).
+REQUEST_TIMEOUT = (5.0, 15.0)
+
+
+def _bound_requests(client: kubernetes.client.ApiClient) -> None:
+    """Give ``client``'s requests :data:`REQUEST_TIMEOUT` unless a call sets its own; after a
+    request timed out, drop every pooled connection (opened before the same outage, they are
+    likely dead too), so that the next requests open new ones."""
+    request = client.rest_client.request
+
+    def bounded(*args: Any, _request_timeout: Any = None, **kwargs: Any) -> Any:
+        try:
+            return request(*args, _request_timeout=_request_timeout or REQUEST_TIMEOUT,
+                           **kwargs)
+        except (urllib3.exceptions.TimeoutError, urllib3.exceptions.MaxRetryError):
+            client.rest_client.pool_manager.clear()
+            raise
+
+    client.rest_client.request = bounded
 
 
 class _PassLocal(threading.local):

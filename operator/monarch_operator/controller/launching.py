@@ -14,8 +14,10 @@ from monarch_operator.controller import (
     k8s,
     observe,
     policy,
+    recreated,
     release,
     stuckpods,
+    verdicts,
 )
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
@@ -48,30 +50,57 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     launcher_name = launcher["metadata"]["name"]
     state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
                     f"launcher {launcher_name} running (attempt {attempt})")
-    pods = [launcher]
     outcome = observe.launcher_outcome(launcher)
     if not outcome.finished and not launcher["metadata"].get("deletionTimestamp"):
         # Its hostfile, whose create may have failed while the pod's went through (they are
         # sent together); found in the cache (or just created), it costs no request.
         k8s.ensure(build_hostfile_configmap(job, settings, worker_pods), job.uid)
-    if outcome.finished and outcome.succeeded:  # final, whatever happened to a worker since
-        endings.succeed(state, outcome)
-        return None
+    return _judge(state, launcher, outcome, worker_pods, record)
+
+
+def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutcome,
+           worker_pods: list[dict[str, Any]], record: dict[str, Any]) -> str | None:
+    """End the attempt as :mod:`.verdicts` judges what happened to its launcher and workers
+    (or wait: it runs, or late reports may still come). Returns the class of the failure that
+    restarted the job, else None."""
+    job = state.job
+    attempt = int(state.status["attempt"])
+    launcher_name = launcher["metadata"]["name"]
+    pods = [launcher]
     snapshot = state.status.get("attemptWorkers") or []
     unready_nodes = frozenset(node for node in attempts.nodes_to_check(snapshot, worker_pods)
                               if not k8s.node_is_ready(node))
     lost = attempts.lost_workers(snapshot, worker_pods, unready_nodes)
-    if lost:
-        restarted = all(worker.in_place for worker in lost)
+    verdict = verdicts.judge(launcher, outcome.finished, outcome.succeeded, lost, snapshot,
+                             worker_pods, state.now, verdicts.parse(record.get("launchTime")))
+    if verdict.kind == verdicts.WORKER_LOST:
+        restarted = all(worker.in_place for worker in verdict.lost)
         reason = st.REASON_WORKER_RESTARTED if restarted else st.REASON_WORKER_EVICTED
-        message = f"worker {short([worker.describe() for worker in lost])} lost mid-run"
-        return endings.end_attempt(state, policy.INFRASTRUCTURE, reason, message, outcome, lost,
-                                   pods)
+        message = f"worker {short([worker.describe() for worker in verdict.lost])} lost mid-run"
+        return endings.end_attempt(state, policy.INFRASTRUCTURE, reason, message, outcome,
+                                   list(verdict.lost), pods)
+    if verdict.kind == verdicts.LAUNCHER_STOPPED:  # an exit code is a claim
+        return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
+                                   f"launcher pod {launcher_name} {verdict.stopped} while it ran"
+                                   f"{_claimed(outcome)}", outcome, None, pods)
+    if verdict.kind == verdicts.SETTLING:  # reports of what happened before its end may come
+        state.wake_in(verdict.wait_seconds)
+        return None
+    if verdict.kind == verdicts.SUCCEEDED:
+        endings.succeed(state, outcome)
+        return None
     if not outcome.finished:
         return _end_if_launcher_lost(state, outcome, pods)
     if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
         return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                                    f"launcher pod lost: {outcome.message}", outcome, None, pods)
+    unreachable = recreated.recreated_workers_unreachable(
+        outcome.message, job.name, attempt, record, worker_pods)
+    if unreachable:  # the program never ran: not its failure (C20)
+        return endings.end_attempt(
+            state, policy.INFRASTRUCTURE, st.REASON_WORKER_UNREACHABLE,
+            f"pre-flight could not reach recreated worker {short(unreachable)}: "
+            f"{observe.launcher_failure_message(outcome)}", outcome, None, pods)
     judged = policy.classify_exit_code(job.run_policy, outcome.exit_code)
     reason = (st.REASON_FATAL_EXIT_CODE if judged.failure_class == policy.FATAL
               else st.REASON_LAUNCHER_FAILED)
@@ -79,6 +108,11 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     if judged.rule_index is not None:
         message += f" ({judged.describe(outcome.exit_code)})"
     return endings.end_attempt(state, judged.failure_class, reason, message, outcome, None, pods)
+
+
+def _claimed(outcome: observe.LauncherOutcome) -> str:
+    """What the stopped launcher's exit code claimed, not believed (`` (it exited 0)``)."""
+    return "" if outcome.exit_code is None else f" (it exited {outcome.exit_code})"
 
 
 def _end_if_launcher_lost(state: Pass, outcome: observe.LauncherOutcome,
@@ -163,7 +197,7 @@ def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
     attempt = int(state.status["attempt"])
     _, (launcher, created) = k8s.ensure_together(
         build_hostfile_configmap(job, settings, worker_pods),
-        build_launcher_pod(job, settings, attempt),
+        build_launcher_pod(job, settings, attempt, int(state.status.get("restartCount") or 0)),
         owner_uid=job.uid)
     state.status["attemptWorkers"] = attempts.worker_snapshot(job.name, job.replicas, worker_pods)
     state.status = attempts.update_current(state.status, launchTime=state.now_text,

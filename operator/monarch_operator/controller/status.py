@@ -46,6 +46,8 @@ REASON_RESTARTING = "Restarting"
 REASON_WORKER_EVICTED = "WorkerEvicted"
 REASON_WORKER_RESTARTED = "WorkerRestarted"
 REASON_LAUNCHER_LOST = "LauncherLost"
+# The launcher's pre-flight could not reach workers recreated for the attempt (C20).
+REASON_WORKER_UNREACHABLE = "WorkerUnreachable"
 # A podFailurePolicy rule with action FailJob matched the launcher's exit code.
 REASON_FATAL_EXIT_CODE = "FatalExitCode"
 # spec.suspend.

@@ -56,10 +56,13 @@ def launcher_command(job: JobSpec) -> list[str]:
     return [*base, *job.launcher_args]
 
 
-def launcher_env(job: JobSpec, attempt: int = 1) -> list[dict[str, Any]]:
+def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0) -> list[dict[str, Any]]:
     """The launcher container's env: the operator's ``MONARCH_*`` contract, then the user's.
 
-    ``MONARCH_ATTEMPT`` is ``attempt`` (1 for the first run, 2 after one restart, ...).
+    ``MONARCH_ATTEMPT`` is ``attempt`` (1 for the first run, 2 after one restart, ...);
+    ``MONARCH_RESTART_COUNT`` is ``restart_count`` (``status.restartCount`` when the attempt
+    started: restarts after failures, not resumes) and ``MONARCH_MAX_RESTARTS`` the most the
+    run policy allows, ``backoffLimit + infrastructureBackoffLimit`` (field case C21).
     The mesh layout (``MONARCH_TRAINER_*``, ``MONARCH_REF_*``, ``MONARCH_COLOCATE``) is left out
     for ``spec.spmd`` jobs, which ignore the meshes; the GPU split only when the job gives it.
     """
@@ -69,6 +72,9 @@ def launcher_env(job: JobSpec, attempt: int = 1) -> list[dict[str, Any]]:
         {"name": constants.ENV_NAMESPACE, "value": job.namespace},
         {"name": constants.ENV_ATTEMPT, "value": str(attempt)},
         {"name": constants.ENV_JOB_UID, "value": job.uid},
+        {"name": constants.ENV_RESTART_COUNT, "value": str(restart_count)},
+        {"name": constants.ENV_MAX_RESTARTS, "value": str(
+            job.run_policy.backoff_limit + job.run_policy.infrastructure_backoff_limit)},
         {
             "name": constants.ENV_HOSTFILE,
             "value": f"{constants.HOSTFILE_DIR}/{constants.HOSTFILE_KEY}",
@@ -103,10 +109,13 @@ def launcher_env(job: JobSpec, attempt: int = 1) -> list[dict[str, Any]]:
     return env + copy.deepcopy(job.launcher_env)
 
 
-def build_launcher_pod(job: JobSpec, settings: Settings, attempt: int = 1) -> dict[str, Any]:
+def build_launcher_pod(job: JobSpec, settings: Settings, attempt: int = 1,
+                       restart_count: int = 0) -> dict[str, Any]:
     """The launcher Pod of ``attempt`` (``<job>-launcher``, then ``<job>-launcher-<n>``), owned
     by the job and created by the operator itself, never restarted in place
     (``restartPolicy: Never``; the operator's run policy decides on restarts).
+    ``restart_count``: the job's restarts after failures when the attempt started
+    (:func:`launcher_env`).
 
     A bare pod rather than a batch Job: the Job would add nothing the run policy does not do
     (it ran with ``backoffLimit: 0``), and its pod waited for the controller manager's Job
@@ -129,7 +138,7 @@ def build_launcher_pod(job: JobSpec, settings: Settings, attempt: int = 1) -> di
         "image": job.launcher_image,
         "command": launcher_command(job),
         "securityContext": container_security_context(),
-        "env": launcher_env(job, attempt),
+        "env": launcher_env(job, attempt, restart_count),
         "volumeMounts": [
             {"name": "hostfile", "mountPath": constants.HOSTFILE_DIR, "readOnly": True},
             {"name": "ssh", "mountPath": constants.SSH_DIR, "readOnly": True},

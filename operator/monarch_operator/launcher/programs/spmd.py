@@ -68,6 +68,33 @@ _STOP_ANSWER_S = 3.0
 NPROC_KEYWORDS = ("cpu", "gpu", "auto")
 
 
+def restart_variables(environ: Mapping[str, str]) -> dict[str, int | None]:
+    """``{"restart_count", "max_restarts", "attempt"}`` of the run, for every rank's
+    ``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_MAX_RESTARTS`` and ``MONARCH_ATTEMPT``
+    (field case C21), from the launcher's ``MONARCH_RESTART_COUNT`` and
+    ``MONARCH_MAX_RESTARTS`` (0 when unset: a standalone run is no restart) and
+    ``MONARCH_ATTEMPT`` (None when unset), which the operator sets on its launcher pod.
+
+    Raises:
+        SpmdConfigError: a variable that is set but not a whole number (at least 0, at least 1
+            for the attempt); the message names it.
+    """
+    found: dict[str, int | None] = {}
+    for key, variable, default, least in (
+        ("restart_count", constants.ENV_RESTART_COUNT, 0, 0),
+        ("max_restarts", constants.ENV_MAX_RESTARTS, 0, 0),
+        ("attempt", constants.ENV_ATTEMPT, None, 1),
+    ):
+        text = environ.get(variable, "").strip()
+        if not text:
+            found[key] = default
+            continue
+        if not text.isdigit() or int(text) < least:
+            raise SpmdConfigError(f"{variable}={text!r}: must be a whole number, at least {least}")
+        found[key] = int(text)
+    return found
+
+
 class SpmdConfigError(ValueError):
     """The SPMD request does not fit the hosts (counts, slots); the message gives the numbers."""
 
@@ -279,6 +306,7 @@ class SpmdLauncher:
         self._master_addr = master_addr
         self._master_port = master_port
         self._run_id = run_id or uuid.uuid4().hex[:12]
+        self._restarts = restart_variables(os.environ)
         self._role = role
         self._prefix_output = prefix_output
         self._stack: contextlib.ExitStack | None = None
@@ -342,6 +370,7 @@ class SpmdLauncher:
                 role=self._role,
                 prefix_output=self._prefix_output,
                 cwd=os.getcwd(),
+                **self._restarts,  # type: ignore[arg-type]
             )
             probe = procs.spawn("spmd_probe", SpmdRank, world)
             port = self._master_port or probe.slice(hosts=0, **{LOCAL_LABEL: 0}).free_port.call_one(

@@ -10,6 +10,12 @@ https://pytorch.org/docs/stable/elastic/run.html): ``RANK``, ``LOCAL_RANK``, ``W
 ``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_MAX_RESTARTS``, and ``OMP_NUM_THREADS=1`` when a
 host runs more than one rank and the variable is not set. Ranks are numbered host-major, as
 torchrun numbers them: rank = group_rank * nproc_per_node + local_rank.
+
+The restart variables come from the launcher's environment, read once there so that every rank
+sees the same values (:func:`.spmd.restart_variables`; field case C21): under the operator
+``TORCHELASTIC_RESTART_COUNT`` is the job's restarts after failures when the attempt started
+and ``TORCHELASTIC_MAX_RESTARTS`` the most its run policy allows; ``MONARCH_ATTEMPT`` is passed
+on as it is. Standalone, without those variables, both are 0 and ``MONARCH_ATTEMPT`` is unset.
 """
 
 from __future__ import annotations
@@ -70,6 +76,13 @@ class World:
     role: str = "spmd"
     prefix_output: bool = True
     cwd: str | None = None
+    restart_count: int = 0
+    max_restarts: int = 0
+    attempt: int | None = None
+
+
+# Passed on to every rank as it was in the launcher's environment.
+ENV_ATTEMPT = "MONARCH_ATTEMPT"
 
 
 @dataclass(frozen=True)
@@ -129,9 +142,11 @@ def rank_environment(
         MASTER_ADDR=world.master_addr,
         MASTER_PORT=str(world.master_port),
         TORCHELASTIC_RUN_ID=world.run_id,
-        TORCHELASTIC_RESTART_COUNT="0",
-        TORCHELASTIC_MAX_RESTARTS="0",
+        TORCHELASTIC_RESTART_COUNT=str(world.restart_count),
+        TORCHELASTIC_MAX_RESTARTS=str(world.max_restarts),
     )
+    if world.attempt is not None:
+        env[ENV_ATTEMPT] = str(world.attempt)
     if world.nproc_per_node > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
     return env

@@ -52,6 +52,10 @@ ALLOWED_ENV = (
     "HYPERACTOR_*",
     "MONARCH_FILE_LOG",
     "MONARCH_LOG_SUFFIX",
+    # Which run this is, set by the operator on its launcher pod (field case C21).
+    "MONARCH_ATTEMPT",
+    "MONARCH_RESTART_COUNT",
+    "MONARCH_MAX_RESTARTS",
 )
 # Needed before the worker's Python starts, so they are set on the remote command line.
 COMMAND_LINE_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")

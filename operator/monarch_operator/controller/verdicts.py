@@ -1,0 +1,219 @@
+"""One verdict per attempt, from what happened and when (issue 20 item 1, field case C19).
+
+Pure: no I/O; the time comes in. An attempt is judged by the order in which things happened,
+read from the timestamps Kubernetes keeps on the pods, never by the order in which the watch
+delivered them (a worker's kubelet may report its container's end after the launcher's kubelet
+reported the launcher's, although the worker ended first and the launcher failed because of it):
+
+- a worker lost at or before the launcher's end (its container's ``finishedAt``) makes the
+  attempt Infrastructure, whatever exit code the launcher gave after;
+- an exit code is a claim: a launcher stopped from outside (its pod deleted, evicted,
+  preempted, its node drained) at or before its end never makes the attempt Succeeded, nor an
+  Application failure, whatever the program did with its SIGTERM;
+- a launcher that ended with neither is judged by its exit code, but only once the reports of
+  what happened before its end have had :data:`SETTLE_SECONDS` to arrive.
+
+Times have whole seconds (``metav1.Time``): a loss in the same second as the launcher's end
+counts as before it (the launcher most likely ended because of it). The operator's own
+deletions (a suspend, the previous attempt's launcher, released workers, the hostfile) happen
+only after it recorded the attempt's end, so they are never judged here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from monarch_operator.controller import attempts
+from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
+
+# How long after the launcher's end its verdict waits for reports of what happened before it.
+# A kubelet reports a container's end within about 2 s (PLEG relists every second, then the
+# status manager writes at once); a node lost without a word is noticed much later (the node
+# controller's grace period) and is judged when the node is known NotReady.
+SETTLE_SECONDS = 3.0
+
+# Verdict kinds.
+RUNNING = "Running"  # nothing decided yet: the launcher runs, nobody was lost
+SETTLING = "Settling"  # the launcher ended; its verdict waits for late reports
+SUCCEEDED = "Succeeded"
+WORKER_LOST = "WorkerLost"  # Infrastructure: a worker was lost at or before the launcher's end
+LAUNCHER_STOPPED = "LauncherStopped"  # Infrastructure: the launcher was stopped from outside
+EXIT_CODE = "ExitCode"  # judge the launcher's non-zero exit code (the run policy's rules)
+
+# Pod status reasons of a pod the kubelet or the node stopped (kubelet eviction, graceful node
+# shutdown, preemption of a critical pod), as the kubelet writes them.
+_STOPPED_POD_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "Shutdown",
+                                  "NodeShutdown", "NodeLost", "OutOfcpu", "OutOfmemory"})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the attempt's observed pods say.
+
+    ``kind`` is one of the verdict kinds above; ``lost``: the workers that make it
+    :data:`WORKER_LOST`; ``stopped``: how the launcher was stopped (``deleted``, ``evicted:
+    ...``) for :data:`LAUNCHER_STOPPED`; ``wait_seconds``: for :data:`SETTLING`, when to look
+    again.
+    """
+
+    kind: str
+    lost: tuple[attempts.LostWorker, ...] = field(default_factory=tuple)
+    stopped: str = ""
+    wait_seconds: float | None = None
+
+
+def parse(text: Any) -> dt.datetime | None:
+    """An RFC 3339 timestamp of the API (``2026-01-02T03:04:05Z``, fractions allowed) as an
+    aware UTC datetime; None when absent or malformed (then it decides nothing)."""
+    if not text:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def deletion_requested(pod: dict[str, Any]) -> dt.datetime | None:
+    """When the pod's deletion was asked for: its ``deletionTimestamp`` is that moment plus
+    ``deletionGracePeriodSeconds`` (the API server sets both on a graceful delete)."""
+    metadata = pod.get("metadata") or {}
+    deleted = parse(metadata.get("deletionTimestamp"))
+    if deleted is None:
+        return None
+    return deleted - dt.timedelta(seconds=int(metadata.get("deletionGracePeriodSeconds") or 0))
+
+
+def _condition_time(pod: dict[str, Any], kind: str) -> dt.datetime | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return parse(condition.get("lastTransitionTime"))
+    return None
+
+
+def _not_ready_since(pod: dict[str, Any]) -> dt.datetime | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready" and condition.get("status") != "True":
+            return parse(condition.get("lastTransitionTime"))
+    return None
+
+
+def _container_ends(pod: dict[str, Any]) -> list[dt.datetime]:
+    """``finishedAt`` of every container instance of the pod that ended, now or last time."""
+    ends = []
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        for state in (container.get("state") or {}, container.get("lastState") or {}):
+            moment = parse((state.get("terminated") or {}).get("finishedAt"))
+            if moment is not None:
+                ends.append(moment)
+    return ends
+
+
+def worker_loss_time(entry: dict[str, Any], pod: dict[str, Any] | None,
+                     started: dt.datetime | None = None) -> dt.datetime | None:
+    """When the worker of snapshot ``entry`` was lost, as its pod ``pod`` says; None when
+    nothing tells (the pod is gone, or its node went silent).
+
+    The earliest of: the deletion request, a ``DisruptionTarget`` condition, and for a pod
+    that failed or whose container ended or restarted, that container's ``finishedAt`` (else
+    when it stopped being Ready). A replacement pod (another uid) was created after the loss:
+    its ``creationTimestamp`` bounds it. ``started``: container ends before it (the attempt's
+    launch) are not losses of this attempt.
+    """
+    if pod is None:
+        return None
+    metadata = pod.get("metadata") or {}
+    if metadata.get("uid") != entry.get("uid"):
+        return parse(metadata.get("creationTimestamp"))
+    moments = [moment for moment in (deletion_requested(pod),
+                                     _condition_time(pod, "DisruptionTarget")) if moment]
+    ends = [moment for moment in _container_ends(pod) if started is None or moment >= started]
+    moments.extend(ends)
+    status = pod.get("status") or {}
+    if not ends and (status.get("reason") or status.get("phase") in ("Failed", "Unknown")):
+        moments.extend(moment for moment in [_not_ready_since(pod)] if moment)
+    return min(moments) if moments else None
+
+
+def launcher_end(pod: dict[str, Any], container: str = LAUNCHER_CONTAINER) -> dt.datetime | None:
+    """``finishedAt`` of the launcher container, None while it runs (or if never reported)."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            return parse(((status.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+    return None
+
+
+def launcher_stop(pod: dict[str, Any]) -> tuple[str, dt.datetime | None] | None:
+    """How and when the launcher pod was stopped from outside, or None.
+
+    ``deleted`` (a deletion request: ``kubectl delete``, a drain's eviction, the taint
+    manager), ``disrupted: <reason>`` (a ``DisruptionTarget`` condition: preemption, an
+    eviction through the API, a node being drained or shut down) or ``<reason>: <message>``
+    (the kubelet stopped it: ``Evicted`` under node pressure, a graceful node shutdown); the
+    time is the earliest that tells, None for a kubelet reason without one (it counts as before
+    the launcher's end).
+    """
+    found: list[tuple[dt.datetime | None, str]] = []
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            found.append((parse(condition.get("lastTransitionTime")),
+                          f"disrupted: {condition.get('reason') or 'DisruptionTarget'}"))
+    requested = deletion_requested(pod)
+    if requested is not None:
+        found.append((requested, "deleted"))
+    status = pod.get("status") or {}
+    if status.get("reason") in _STOPPED_POD_REASONS:
+        message = " ".join(str(status.get("message") or "").split())[:200]
+        found.append((None, f"{str(status['reason']).lower()}: {message}".rstrip(": ")))
+    if not found:
+        return None
+    moment, cause = min(found, key=lambda item: item[0] or dt.datetime.min.replace(tzinfo=dt.UTC))
+    return cause, moment
+
+
+def judge(launcher: dict[str, Any], finished: bool, succeeded: bool,
+          lost: list[attempts.LostWorker], snapshot: list[dict[str, Any]],
+          worker_pods: list[dict[str, Any]], now: dt.datetime,
+          launched: dt.datetime | None = None) -> Verdict:
+    """The verdict on the attempt whose launcher pod is ``launcher``.
+
+    Args:
+        finished, succeeded: how the launcher pod's phase says it ended
+            (:func:`.observe.launcher_outcome`).
+        lost: the workers of ``snapshot`` (the attempt's workers, taken at its launch) that
+            :func:`.attempts.lost_workers` finds lost in ``worker_pods``.
+        now: the operator's time.
+        launched: the attempt's ``launchTime``: a worker container that ended before it was
+            not lost by this attempt.
+
+    Returns:
+        :data:`RUNNING` while the launcher runs and nothing was lost (the caller still checks
+        its node); :data:`WORKER_LOST` with the workers lost at or before its end (any loss
+        while it runs); :data:`LAUNCHER_STOPPED` when it was stopped from outside at or before
+        its end; :data:`SETTLING` with the seconds to wait while reports of what happened
+        before its end may still come; then :data:`SUCCEEDED` or :data:`EXIT_CODE`.
+    """
+    if not finished:
+        return Verdict(WORKER_LOST, tuple(lost)) if lost else Verdict(RUNNING)
+    ended = launcher_end(launcher)
+    pods = {pod["metadata"]["name"]: pod for pod in worker_pods}
+    entries = {entry["name"]: entry for entry in snapshot}
+    before = []
+    for worker in lost:
+        moment = worker_loss_time(entries.get(worker.name, {}), pods.get(worker.name), launched)
+        if moment is None and not succeeded:
+            before.append(worker)  # when is unknown: the failure is not the program's alone
+        elif moment is not None and (ended is None or moment <= ended):
+            before.append(worker)
+    if before:
+        return Verdict(WORKER_LOST, tuple(before))
+    stop = launcher_stop(launcher)
+    if stop is not None and (stop[1] is None or ended is None or stop[1] <= ended):
+        return Verdict(LAUNCHER_STOPPED, stopped=stop[0])
+    if ended is not None:
+        left = (ended - now).total_seconds() + SETTLE_SECONDS
+        if left > 0:
+            return Verdict(SETTLING, wait_seconds=min(left, SETTLE_SECONDS))
+    return Verdict(SUCCEEDED) if succeeded else Verdict(EXIT_CODE)

@@ -1,0 +1,166 @@
+"""Field case C18 on the real local control plane: the operator talks to the API server through
+a TCP proxy that a test disturbs for 20 s (every connection reset; forwarding stopped on open
+connections, which stay open; the API server paused with SIGSTOP). Afterwards a new job and a
+lost worker are both handled within 60 s, and the log names the streams re-established. A
+proxy that never forwards again turns ``/healthz`` unhealthy.
+
+The shared test operator is stopped meanwhile: this one runs with the proxy's kubeconfig and a
+liveness endpoint, and the shared one is started again after the test (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from monarch_operator.localcluster.demo import stop_process
+from tests.cluster.helpers import (
+    apply_manifest,
+    job_manifest,
+    job_status,
+    running_attempt,
+    wait_until,
+)
+from tests.cluster.tcpproxy import TcpProxy
+from tests.conftest import OPERATOR_NAMESPACES
+
+pytestmark = pytest.mark.cluster
+
+DISTURBANCE_SECONDS = 20
+
+
+@dataclass
+class ProxiedOperator:
+    proxy: TcpProxy
+    log_path: Path
+    health_url: str
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.health_url, timeout=5) as reply:
+                return bool(reply.status == 200)
+        except urllib.error.HTTPError as error:
+            error.close()
+            return False
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def proxied_operator(local_cluster, operator_process, namespace,
+                     tmp_path) -> Iterator[ProxiedOperator]:
+    """The operator under test, reaching the API server only through a :class:`TcpProxy`."""
+    config = yaml.safe_load(local_cluster.kubeconfig.read_text())
+    server = config["clusters"][0]["cluster"]["server"]
+    port = int(server.rsplit(":", 1)[1])
+    operator_process.stop()  # one operator at a time; the `operator` fixture restarts it
+    with TcpProxy(port) as proxy:
+        config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+        kubeconfig = tmp_path / "kubeconfig-proxy"
+        kubeconfig.write_text(yaml.safe_dump(config))
+        health_url = f"http://127.0.0.1:{free_port()}/healthz"
+        log_path = tmp_path / "operator.log"
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "monarch_operator.controller", f"--liveness={health_url}",
+                 *(f"--namespace={pattern}" for pattern in OPERATOR_NAMESPACES)],
+                env={**os.environ, **local_cluster.env(), "KUBECONFIG": str(kubeconfig)},
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        handle = ProxiedOperator(proxy, log_path, health_url)
+        try:
+            wait_until(handle.healthy, 60, "the proxied operator's /healthz")
+            yield handle
+        finally:
+            stop_process(process)
+
+
+def disturb(how: str, proxy: TcpProxy, local_cluster) -> None:
+    """Disturb the operator's connections for DISTURBANCE_SECONDS, one way."""
+    end = time.monotonic() + DISTURBANCE_SECONDS
+    if how == "reset":
+        while time.monotonic() < end:
+            proxy.reset_all()
+            time.sleep(0.5)
+    elif how == "stall":
+        proxy.stall()
+        time.sleep(DISTURBANCE_SECONDS)
+        proxy.forward()
+    else:
+        pid = local_cluster.pid("kube-apiserver")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(DISTURBANCE_SECONDS)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("how", ["reset", "stall", "pause"])
+def test_c18_the_operator_hears_again_after_its_connections_are_disturbed(
+        kubectl, namespace, local_cluster, proxied_operator, how):
+    apply_manifest(kubectl, namespace, job_manifest(
+        "demo", launcher={"command": ["sh", "-c", "sleep 600"]}))
+    running_attempt(kubectl, namespace, "demo", 1)
+
+    disturb(how, proxied_operator.proxy, local_cluster)
+    again = time.monotonic()
+    apply_manifest(kubectl, namespace, job_manifest(
+        "probe", workers={"replicas": 1, "gpusPerWorker": 2},
+        meshes={"trainer": {"hosts": 1}, "ref": {"hosts": 1}, "colocate": True},
+        launcher={"command": ["sh", "-c", "exit 0"]}))
+    kubectl("delete", "pod", "demo-worker-0", "-n", namespace, "--wait=false")
+
+    def lost_worker_recorded() -> bool:
+        records = job_status(kubectl, namespace, "demo").get("attempts") or []
+        return any(record.get("class") == "Infrastructure"
+                   and "demo-worker-0" in (record.get("lostWorkers") or []) for record in records)
+
+    wait_until(lost_worker_recorded, 60, f"demo's lost worker recorded after '{how}'")
+    lost_after = time.monotonic() - again
+    wait_until(lambda: job_status(kubectl, namespace, "probe").get("phase") == "Succeeded",
+               max(1.0, 60 - (time.monotonic() - again)), f"probe Succeeded after '{how}'")
+    probe_after = time.monotonic() - again
+    print(f"C18 {how}: lost worker recorded {lost_after:.1f}s, probe Succeeded "
+          f"{probe_after:.1f}s after the API server was reachable again")
+    wait_until(proxied_operator.healthy, 60, "/healthz healthy again")
+    log = proxied_operator.log()
+    if how != "pause":  # paused, the API server answers late but every connection survives
+        assert "re-established" in log and "watch stream pods" in log, log[-3000:]
+
+
+def test_c18_healthz_turns_unhealthy_while_no_stream_can_be_re_established(
+        kubectl, namespace, proxied_operator):
+    """Forwarding never comes back: /healthz fails before any stream has been without a
+    working one for 2 minutes (kopf caches probe results for 10 s)."""
+    wait_until(proxied_operator.healthy, 60, "/healthz healthy")
+    proxied_operator.proxy.stall()
+    stalled = time.monotonic()
+    wait_until(lambda: not proxied_operator.healthy(), 120, "/healthz unhealthy", interval=1)
+    print(f"C18 /healthz unhealthy {time.monotonic() - stalled:.1f}s after the proxy stopped "
+          "forwarding")
+    with pytest.raises(urllib.error.HTTPError) as failed:
+        urllib.request.urlopen(proxied_operator.health_url, timeout=5)
+    failed.value.close()
+    assert failed.value.code == 500
+    assert "watch streams not working" in proxied_operator.log()

@@ -1,0 +1,250 @@
+"""One verdict per attempt from what happened and when (issue 20 item 1, field case C19), without
+a cluster: the pure judgment (:mod:`.verdicts`) and whole passes over a cache view that see the
+same events delivered in either order."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from monarch_operator.controller import attempts, k8s, reconcile, verdicts
+from monarch_operator.controller import status as st
+from monarch_operator.controller.settings import Settings
+from tests.unit import test_launch_pass
+from tests.unit.test_launch_pass import (
+    NAME,
+    job_body,
+    launcher_pod,
+    make_view,
+    ready_worker,
+    running_status,
+    stored,
+)
+
+T0 = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+
+def at(seconds: float) -> str:
+    return (T0 + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def worker(ordinal: int = 1, uid: str | None = None, **status: Any) -> dict[str, Any]:
+    pod = ready_worker(ordinal)
+    pod["metadata"]["uid"] = uid or f"w{ordinal}"
+    pod["status"]["containerStatuses"] = [{"name": "worker", "restartCount": 0,
+                                           "state": {"running": {"startedAt": at(-60)}}}]
+    pod["status"].update(status)
+    return pod
+
+
+def restarted_worker(ended: float, ordinal: int = 1) -> dict[str, Any]:
+    """A worker whose container ended at ``ended`` and was restarted in place."""
+    return worker(ordinal, containerStatuses=[{
+        "name": "worker", "restartCount": 1, "state": {"running": {"startedAt": at(ended + 1)}},
+        "lastState": {"terminated": {"exitCode": 137, "finishedAt": at(ended)}}}])
+
+
+def launcher(phase: str = "Running", exit_code: int | None = None, ended: float | None = None,
+             **metadata: Any) -> dict[str, Any]:
+    pod = {"metadata": {"name": f"{NAME}-launcher", "uid": "l1", **metadata},
+           "spec": {"nodeName": "node-9"}, "status": {"phase": phase}}
+    if exit_code is not None:
+        pod["status"]["containerStatuses"] = [{"name": "launcher", "state": {"terminated": {
+            "exitCode": exit_code, "startedAt": at(0), "finishedAt": at(ended or 0)}}}]
+    return pod
+
+
+def judge(launcher_pod_: dict[str, Any], workers: list[dict[str, Any]], now: float,
+          snapshot: list[dict[str, Any]] | None = None) -> verdicts.Verdict:
+    snapshot = snapshot or [{"name": f"{NAME}-worker-{i}", "uid": f"w{i}", "restartCount": 0}
+                            for i in (0, 1)]
+    phase = launcher_pod_["status"]["phase"]
+    return verdicts.judge(launcher_pod_, phase in ("Succeeded", "Failed"), phase == "Succeeded",
+                          attempts.lost_workers(snapshot, workers), snapshot, workers,
+                          T0 + dt.timedelta(seconds=now), T0)
+
+
+def test_a_worker_lost_before_the_launcher_ended_wins_whatever_the_exit_code():
+    for phase, code in (("Failed", 1), ("Succeeded", 0)):
+        verdict = judge(launcher(phase, code, ended=10), [worker(0), restarted_worker(9)], 11)
+        assert verdict.kind == verdicts.WORKER_LOST, (phase, verdict)
+        assert [lost.name for lost in verdict.lost] == [f"{NAME}-worker-1"]
+    # In the same second counts as before (the launcher most likely ended because of it).
+    assert judge(launcher("Failed", 1, ended=10), [worker(0), restarted_worker(10)],
+                 11).kind == verdicts.WORKER_LOST
+
+
+def test_a_worker_lost_after_the_launcher_ended_does_not_change_its_verdict():
+    late = [worker(0), restarted_worker(12)]
+    assert judge(launcher("Failed", 3, ended=10), late, 14).kind == verdicts.EXIT_CODE
+    assert judge(launcher("Succeeded", 0, ended=10), late, 14).kind == verdicts.SUCCEEDED
+    deleted_late = worker(1)
+    deleted_late["metadata"].update(deletionTimestamp=at(41), deletionGracePeriodSeconds=30)
+    assert judge(launcher("Failed", 3, ended=10), [worker(0), deleted_late],
+                 14).kind == verdicts.EXIT_CODE
+
+
+def test_a_deleted_workers_time_is_its_deletion_request_not_its_deletion_timestamp():
+    deleted = worker(1)  # asked at 9 with the default grace period: deletionTimestamp 9 + 30
+    deleted["metadata"].update(deletionTimestamp=at(39), deletionGracePeriodSeconds=30)
+    assert judge(launcher("Failed", 255, ended=10), [worker(0), deleted],
+                 11).kind == verdicts.WORKER_LOST
+
+
+def test_a_finished_launcher_waits_for_late_reports_then_is_judged_by_its_exit_code():
+    quiet = [worker(0), worker(1)]
+    settling = judge(launcher("Failed", 1, ended=10), quiet, 11)
+    assert settling.kind == verdicts.SETTLING
+    assert settling.wait_seconds == pytest.approx(verdicts.SETTLE_SECONDS - 1)
+    assert judge(launcher("Failed", 1, ended=10), quiet,
+                 10 + verdicts.SETTLE_SECONDS).kind == verdicts.EXIT_CODE
+    assert judge(launcher("Succeeded", 0, ended=10), quiet, 11).kind == verdicts.SETTLING
+    assert judge(launcher("Succeeded", 0, ended=10), quiet, 14).kind == verdicts.SUCCEEDED
+
+
+@pytest.mark.parametrize(("extra", "stopped"), [
+    ({"metadata": {"deletionTimestamp": at(35), "deletionGracePeriodSeconds": 30}}, "deleted"),
+    ({"conditions": [{"type": "DisruptionTarget", "status": "True", "lastTransitionTime": at(5),
+                      "reason": "EvictionByEvictionAPI"}]},
+     "disrupted: EvictionByEvictionAPI"),
+    ({"reason": "Evicted", "message": "The node was low on resource: memory."},
+     "evicted: The node was low on resource: memory."),
+    ({"conditions": [{"type": "DisruptionTarget", "status": "True", "lastTransitionTime": at(4),
+                      "reason": "PreemptionByScheduler"}]}, "disrupted: PreemptionByScheduler"),
+])
+def test_an_exit_code_is_a_claim_a_launcher_stopped_from_outside_is_never_succeeded(extra,
+                                                                                  stopped):
+    for phase, code in (("Succeeded", 0), ("Failed", 143), ("Failed", 1)):
+        pod = launcher(phase, code, ended=6, **extra.get("metadata", {}))
+        pod["status"].update({key: value for key, value in extra.items() if key != "metadata"})
+        verdict = judge(pod, [worker(0), worker(1)], 7)
+        assert (verdict.kind, verdict.stopped) == (verdicts.LAUNCHER_STOPPED, stopped), phase
+
+
+def test_a_launcher_deleted_after_it_ended_keeps_its_exit_codes_verdict():
+    pod = launcher("Succeeded", 0, ended=6, deletionTimestamp=at(37),
+                   deletionGracePeriodSeconds=30)
+    assert judge(pod, [worker(0), worker(1)], 20).kind == verdicts.SUCCEEDED
+
+
+def test_a_replaced_worker_counts_from_its_replacements_creation():
+    replaced = worker(1, uid="w1-new")
+    replaced["metadata"]["creationTimestamp"] = at(8)
+    assert judge(launcher("Failed", 1, ended=10), [worker(0), replaced],
+                 11).kind == verdicts.WORKER_LOST
+    replaced["metadata"]["creationTimestamp"] = at(12)
+    assert judge(launcher("Failed", 1, ended=10), [worker(0), replaced],
+                 14).kind == verdicts.EXIT_CODE
+    # Gone without a trace: when is unknown, so a failure is not blamed on the program alone.
+    assert judge(launcher("Failed", 1, ended=10), [worker(0)], 14).kind == verdicts.WORKER_LOST
+    assert judge(launcher("Succeeded", 0, ended=10), [worker(0)], 14).kind == verdicts.SUCCEEDED
+
+
+# -- whole passes: the same events delivered in either order -----------------------------------
+
+
+@pytest.fixture()
+def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+    sent: dict[str, list[Any]] = {"status": [], "deleted": []}
+    monkeypatch.setattr(k8s, "_post", lambda desired, dry_run=False: stored(desired, "x"))
+    monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: (
+        sent["status"].append(status) or job_body(status)))
+    monkeypatch.setattr(k8s, "node_is_ready", lambda node: True)
+    monkeypatch.setattr(k8s, "stop_pod", lambda pod: bool(pod) and not sent["deleted"].append(
+        pod["metadata"]["name"]))
+    monkeypatch.setattr(k8s, "delete_if_present", lambda *args: True)
+    monkeypatch.setattr(k8s, "pod_log_tail", lambda *args: "")
+    return sent
+
+
+def running_launcher(settings: Settings, launched: dt.datetime, exit_code: int | None = None,
+                     ended: float | None = None) -> dict[str, Any]:
+    pod = launcher_pod(settings)
+    pod["spec"]["nodeName"] = "node-9"
+    if exit_code is not None:
+        pod["status"] = {"phase": "Failed" if exit_code else "Succeeded", "containerStatuses": [
+            {"name": "launcher", "state": {"terminated": {
+                "exitCode": exit_code, "startedAt": st.format_time(launched),
+                "finishedAt": st.format_time(launched + dt.timedelta(seconds=ended or 0))}}}]}
+    return pod
+
+
+def lost_then_failed(settings: Settings, launched: dt.datetime) -> list[dict[str, Any]]:
+    """Worker 1's container ended 5 s after the launch; the launcher failed 1 s later."""
+    restarted = worker(1)
+    restarted["status"]["containerStatuses"] = [{
+        "name": "worker", "restartCount": 1, "state": {"running": {}},
+        "lastState": {"terminated": {"exitCode": 137, "finishedAt": st.format_time(
+            launched + dt.timedelta(seconds=5))}}}]
+    return [worker(0), restarted, running_launcher(settings, launched, exit_code=1, ended=6)]
+
+
+def verdict_of(status: dict[str, Any]) -> tuple:
+    first = status["attempts"][0]
+    return (first.get("class"), first.get("reason"), first.get("lostWorkers"),
+            status.get("failureCounts"))
+
+
+@pytest.mark.parametrize("backoff_limit", [0, 2])
+def test_the_same_events_in_either_order_give_the_same_verdict(api, backoff_limit):
+    settings = Settings.from_env()
+    status = running_status(settings)
+    spec_policy = {"backoffLimit": backoff_limit}
+    status_with = dict(status)
+    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    assert launched is not None
+    seconds = dt.timedelta(seconds=1)
+
+    # The worker's loss arrives first (the launcher still runs), then the launcher's end.
+    workers_first = [worker(0), lost_then_failed(settings, launched)[1],
+                     running_launcher(settings, launched)]
+    with_policy = {**job_body(status_with), "spec": {**job_body()["spec"],
+                                                     "runPolicy": spec_policy}}
+    order_a = run_policy_pass(settings, with_policy, workers_first, launched + 5.5 * seconds)
+
+    # The launcher's failure arrives first (the worker's kubelet reports late): no verdict yet.
+    launcher_first = [worker(0), worker(1),
+                      running_launcher(settings, launched, exit_code=1, ended=6)]
+    early = run_policy_pass(settings, with_policy, launcher_first, launched + 6.5 * seconds)
+    assert (early["attempts"][0].get("class"), early.get("attempt")) == (None, 1), early
+    order_b = run_policy_pass(settings, {**with_policy, "status": early},
+                              lost_then_failed(settings, launched), launched + 7.5 * seconds)
+
+    assert verdict_of(order_a) == verdict_of(order_b) == (
+        "Infrastructure", st.REASON_WORKER_RESTARTED, [f"{NAME}-worker-1"],
+        {"infrastructure": 1})
+
+
+def run_policy_pass(settings: Settings, body: dict[str, Any], pods: list[dict[str, Any]],
+                    now: dt.datetime) -> dict[str, Any]:
+    """One reconcile pass of ``body`` at ``now`` over a view whose pods are ``pods`` (the
+    workers as given, instead of always Ready ones, and the launcher)."""
+    with pytest.MonkeyPatch.context() as patch:
+        by_ordinal = {int(pod["metadata"]["name"].rsplit("-", 1)[1]): pod for pod in pods
+                      if "-worker-" in pod["metadata"]["name"]}
+        patch.setattr(test_launch_pass, "ready_worker", by_ordinal.__getitem__)
+        view = make_view(settings, body["status"],
+                         [pod for pod in pods if "-worker-" not in pod["metadata"]["name"]])
+    with k8s.reading_from(view):
+        return reconcile.reconcile(body, settings, now).status
+
+
+def test_a_launcher_deleted_mid_run_that_exits_0_is_an_infrastructure_failure(api):
+    settings = Settings.from_env()
+    status = running_status(settings)
+    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    assert launched is not None
+    pod = running_launcher(settings, launched, exit_code=0, ended=4)
+    pod["metadata"].update(deletionTimestamp=st.format_time(launched + dt.timedelta(seconds=33)),
+                           deletionGracePeriodSeconds=30)
+    body = {**job_body(status), "spec": {**job_body()["spec"],
+                                         "runPolicy": {"infrastructureBackoffLimit": 0}}}
+    after = run_policy_pass(settings, body, [worker(0), worker(1), pod],
+                            launched + dt.timedelta(seconds=5))
+    record = after["attempts"][0]
+    assert record["class"] == "Infrastructure" and record["reason"] == st.REASON_LAUNCHER_LOST
+    assert record["message"] == (f"launcher pod {NAME}-launcher deleted while it ran "
+                                 "(it exited 0)"), record
+    assert st.is_true(after, st.FAILED) and not st.is_true(after, st.SUCCEEDED)
