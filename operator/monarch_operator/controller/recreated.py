@@ -19,12 +19,14 @@ from monarch_operator.controller import verdicts
 # Reasons that a worker recreated moments ago can give while the cluster catches up with it:
 # its name does not resolve yet, or resolves to its old address (nothing answers there, or
 # another pod's sshd with another key).
-RECREATED_WORKER_REASONS = frozenset({"DNSNotResolvable", "SSHUnreachable", "HostKeyChanged"})
+RECREATED_WORKER_REASONS = frozenset({"DNSNotResolvable", "DNSStale", "SSHUnreachable",
+                                      "HostKeyChanged"})
 # Every reason monarch-launch's pre-flight gives (launcher/session/preflight.py and ssh.py; a
 # unit test keeps the two equal): a line naming another one is not decided here.
-PREFLIGHT_REASONS = frozenset({"DNSNotResolvable", "LoopbackAddress", "SSHUnreachable",
-                               "SSHAuthFailed", "PythonNotFound", "ImportFailed", "PortInUse",
-                               "HostKeyUnknown", "HostKeyChanged"})
+PREFLIGHT_REASONS = frozenset({"DNSNotResolvable", "DNSStale", "LoopbackAddress",
+                               "SSHUnreachable", "SSHAuthFailed", "SSHSessionFailed",
+                               "PythonNotFound", "ImportFailed", "PortInUse", "HostKeyUnknown",
+                               "HostKeyChanged"})
 
 # "pre-flight failed on 1 of 2 hosts after 0.5s: <host> (<address>): <Reason>: <detail>; ..."
 _HEAD = re.compile(r"pre-flight failed on (?P<failed>\d+) of \d+ hosts after [\d.]+s: ")
