@@ -130,3 +130,36 @@ def test_queued_is_a_phase_and_its_time_is_not_startup_time():
     assert st.summarize_message(status) == "waiting in LocalQueue user-queue"
     later = dt.datetime(2026, 12, 1, 13, tzinfo=dt.UTC)
     assert deadlines.seconds_until_next_deadline(job(), status, later) is None
+
+
+def test_a_labelled_job_waits_saying_kueue_is_missing_when_no_workloads_are_served(
+        monkeypatch):
+    """A job with the queue label on a cluster that serves no Workloads (Kueue not installed):
+    never run past its admission, never left without a status (found by the generated specs):
+    Queued, naming the queue and how to run without Kueue, one Warning, a look every minute."""
+    from kubernetes.client.rest import ApiException
+
+    from monarch_operator.controller import attempts
+    from monarch_operator.controller.kueue import admission, client
+    from monarch_operator.controller.passstate import Pass
+
+    def not_served(desired, owner_uid):
+        raise ApiException(status=404, reason="Not Found")
+
+    monkeypatch.setattr(client, "read_workload", lambda namespace, name: None)
+    monkeypatch.setattr(client, "create_workload", not_served)
+    job = JobSpec.from_body({
+        "metadata": {"name": "demo", "namespace": "team-a", "uid": "u1", "generation": 1,
+                     "labels": {wl.LABEL_QUEUE_NAME: "user-queue"}},
+        "spec": {"image": "img:1", "workers": {"replicas": 2, "gpusPerWorker": 1}}})
+    state = Pass(job=job, status=attempts.begin({}, 1, "t0"),
+                 now=dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC))
+    queue = admission.gate(state, Settings())
+    assert queue is not None and not queue.admitted
+    queued = st.get_condition(state.status, st.QUEUED)
+    assert (queued["status"], queued["reason"]) == ("True", "KueueNotInstalled"), queued
+    assert "user-queue" in queued["message"] and wl.LABEL_QUEUE_NAME in queued["message"]
+    assert [event.reason for event in state.events] == ["KueueNotInstalled"]
+    assert state.wake_after == admission.NOT_SERVED_RETRY_SECONDS
+    admission.gate(state, Settings())  # the next look: still missing, no second Warning
+    assert [event.reason for event in state.events] == ["KueueNotInstalled"]

@@ -21,6 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from kubernetes.client.rest import ApiException
 from prometheus_client import Histogram
 
 from monarch_operator import constants, names
@@ -91,8 +92,14 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
     state.status["queue"] = record
     workload = client.read_workload(job.namespace, record["workload"])
     if workload is None:
-        workload = client.create_workload(
-            wl.build_workload(job, settings, queue, _priority(job)), job.uid)
+        try:
+            workload = client.create_workload(
+                wl.build_workload(job, settings, queue, _priority(job)), job.uid)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            _not_served(state, queue)  # never run a labelled job past its admission
+            return Queue({}, False, job)
     verdict = wl.admission(workload)
     if verdict.state == wl.STATE_ADMITTED:
         _admitted(state, verdict)
@@ -164,6 +171,29 @@ def _stop(state: Pass, verdict: wl.Admission) -> int:
                                                         {constants.LABEL_JOB: job.name}))
     state.status["readyWorkers"] = f"0/{job.replicas}"
     return len(pods)
+
+
+# How often a job labelled for Kueue looks again while the API server serves no Workloads.
+NOT_SERVED_RETRY_SECONDS = 60.0
+REASON_KUEUE_NOT_INSTALLED = "KueueNotInstalled"
+
+
+def _not_served(state: Pass, queue: str) -> None:
+    """The job has the queue label but the API server does not serve Kueue's Workloads (Kueue
+    is not installed, or its CRDs are gone): it waits, saying so, and looks again every
+    :data:`NOT_SERVED_RETRY_SECONDS`; running it unadmitted would pass by the quota the label
+    asks for."""
+    record = state.status["queue"]
+    record.setdefault("queuedSince", state.now_text)
+    message = (f"waiting for LocalQueue {queue}: the API server serves no "
+               f"{wl.API_VERSION} Workloads (is Kueue installed?); remove the label "
+               f"{wl.LABEL_QUEUE_NAME} to run without Kueue")
+    if (st.get_condition(state.status, st.QUEUED) or {}).get("reason") != \
+            REASON_KUEUE_NOT_INSTALLED:
+        state.events.append(Event("Warning", REASON_KUEUE_NOT_INSTALLED, message))
+    state.condition(st.QUEUED, True, REASON_KUEUE_NOT_INSTALLED, message)
+    state.condition(st.WORKERS_READY, False, REASON_QUEUED, "queued: no workers until admitted")
+    state.wake_in(NOT_SERVED_RETRY_SECONDS)
 
 
 def _queued(state: Pass, queue: str, verdict: wl.Admission, pods_left: int) -> None:
