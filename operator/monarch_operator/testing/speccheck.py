@@ -147,6 +147,8 @@ def status_kind(job: dict[str, Any]) -> str:
         return f"Failed/{_condition(status, 'Failed').get('reason')}"
     if phase in SETTLED_PHASES:
         return str(phase)
+    if phase == "Queued":  # Kueue's wait (or the reason there is none to wait in)
+        return f"Queued/{_condition(status, 'Queued').get('reason') or 'no reason'}"
     reasons = waiting_reasons(_condition(status, "WorkersReady").get("message") or "")
     return f"{phase}/{reasons[0].split(':')[0] if reasons else 'no reason'}"
 
@@ -183,6 +185,8 @@ def is_settled(job: dict[str, Any]) -> bool:
     phase = status.get("phase")
     if phase in SETTLED_PHASES:
         return True
+    if phase == "Queued":  # waiting on Kueue, with the reason given: settled until it acts
+        return bool(_condition(status, "Queued").get("reason"))
     if phase not in ("Pending", "Starting"):
         return False
     reasons = waiting_reasons(_condition(status, "WorkersReady").get("message") or "")
