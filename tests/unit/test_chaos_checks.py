@@ -1,0 +1,116 @@
+"""The chaos soak's judgements (``monarch_operator.testing.chaos``), on hand-made statuses:
+each invariant passes on a truthful status and catches the lie it is there for, so that a
+soak with 0 violations means something."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from monarch_operator.testing.chaos import checks, plan
+from monarch_operator.testing.chaos.plan import Verdict
+from monarch_operator.testing.chaos.procs import JobProcess
+
+
+def attempt(number: int, cls: str | None = None, **fields: object) -> dict:
+    record = {"number": number, "startTime": "2026-01-01T00:00:00Z",
+              "launchTime": "2026-01-01T00:00:10Z", **fields}
+    if cls:
+        record.update({"class": cls, "endTime": "2026-01-01T00:01:00Z"})
+    return record
+
+
+def failed_status(records: list[dict], counts: dict, reason: str, code: int | None) -> dict:
+    return {"phase": "Failed", "attempt": records[-1]["number"], "attempts": records,
+            "failureCounts": counts, "restartCount": sum(counts.values()),
+            "completionTime": "2026-01-01T00:02:00Z", "launcher": {"exitCode": code},
+            "conditions": [{"type": "Failed", "status": "True", "reason": reason}]}
+
+
+def test_a_deleted_launcher_judged_application_is_a_violation():
+    accepted = {Verdict(plan.INFRASTRUCTURE, None, frozenset({"LauncherLost"}))}
+    seen = attempt(1, "Application", exitCode=143, reason="LauncherFailed", message="143")
+    assert checks.verdict_problems(seen, accepted) == [
+        ("Infrastructure (LauncherLost)", "Application exit 143 (LauncherFailed): 143")]
+    lost = attempt(1, "Infrastructure", reason="LauncherLost")
+    assert checks.verdict_problems(lost, accepted) == []
+
+
+def test_natural_verdicts_follow_exit_code_rules():
+    rng = random.Random(0)
+    fatal = plan.make_plan("f", "fatal", rng)
+    assert fatal.natural(1) == {Verdict(plan.FATAL, 42)}
+    ignore = plan.make_plan("i", "ignore", rng)
+    assert ignore.natural(1) == {Verdict(plan.INFRASTRUCTURE, 134)}
+    assert ignore.natural(2) == {Verdict(plan.SUCCEEDED, 0)}
+    hang = plan.make_plan("h", plan.WORKER_DELETED, rng)
+    assert hang.natural(1) == set(), "a hang ends only by its fault"
+
+
+@pytest.mark.parametrize("scenario", sorted(plan.SCENARIOS))
+def test_every_scenario_makes_a_valid_launcher_script(scenario):
+    job = plan.make_plan(f"j-{scenario}", scenario, random.Random(3))
+    body = job.manifest("/venv/bin/monarch-torchrun", "/venv/bin/python", "/repo/operator")
+    script = body["spec"]["launcher"]["command"][2]
+    assert script.count(";;") == len(job.actions) + 1
+    assert ("monarch-torchrun" in script) == job.torchrun
+
+
+def test_budgets_exact_catch_a_spent_budget_not_counted():
+    records = [attempt(1, "Infrastructure", reason="WorkerEvicted"),
+               attempt(2, "Application", exitCode=3, reason="LauncherFailed")]
+    truthful = failed_status(records, {"infrastructure": 1}, "LauncherFailed", 3)
+    assert checks.budget_problems(truthful, backoff_limit=0, infra_limit=3) == []
+    assert checks.final_problems(truthful) == []
+    uncounted = failed_status(records, {}, "LauncherFailed", 3)
+    assert checks.budget_problems(uncounted, 0, 3)[0][0].startswith("failureCounts {'applic")
+    early = failed_status(records, {"infrastructure": 1}, "LauncherFailed", 3)
+    assert "restarts are left" in checks.budget_problems(early, 1, 3)[0][0]
+
+
+def test_final_state_must_tell_the_last_attempt():
+    records = [attempt(1, "Application", exitCode=3, reason="LauncherFailed")]
+    status = failed_status(records, {}, "LauncherFailed", 3)
+    status["phase"] = "Succeeded"
+    assert checks.final_problems(status)[0][0] == "Succeeded: the last attempt Succeeded, exit 0"
+    wrong_reason = failed_status(records, {}, "WorkerEvicted", 3)
+    assert "reason LauncherFailed" in checks.final_problems(wrong_reason)[0][0]
+
+
+def test_phantom_attempts_and_launches_while_suspended():
+    phantom = {"phase": "Running", "attempt": 2,
+               "attempts": [{"number": 1, "class": "Suspended", "endTime": "x"},
+                            {"number": 2}]}
+    assert "no launchTime (phantom)" in checks.record_problems(phantom)[0][1]
+    status = {"attempts": [attempt(1, launchTime="2026-01-01T00:00:30Z")]}
+    start = checks.epoch("2026-01-01T00:00:20Z")
+    assert start is not None
+    assert checks.suspended_span_problems(status, [(start, start + 20)])
+    assert not checks.suspended_span_problems(status, [(start - 60, start - 30)])
+
+
+def test_two_live_launchers_and_survivors():
+    pods = [{"metadata": {"name": f"j-launcher{s}"}, "spec": {"nodeName": node},
+             "status": {"phase": phase}}
+            for s, node, phase in (("", "kwok-gpu-0", "Running"), ("-2", "kwok-gpu-1", "Pending"),
+                                   ("-3", "kwok-gpu-2", "Failed"))]
+    assert checks.live_launcher_problems(pods, set()) == [
+        ("one launcher pod not ended", "2: j-launcher, j-launcher-2")]
+    assert checks.live_launcher_problems(pods, {"kwok-gpu-0"}) == []
+    old = JobProcess(10, "uid", 1, False, "sleep 1000")
+    new = JobProcess(11, "uid", 2, False, "python worker")
+    survivors, _ = checks.process_problems([old, new])
+    assert "pid 10 (worker, attempt 1): sleep 1000" in survivors[0][1]
+    assert checks.process_problems([new]) == ([], [])
+    _, launchers = checks.process_problems([JobProcess(5, "uid", 1, True, "sh"),
+                                            JobProcess(6, "uid", 2, True, "sh")])
+    assert launchers
+
+
+def test_ledger_counts_checks_and_keeps_each_violation_once():
+    ledger = checks.Ledger()
+    for _ in range(3):
+        ledger.judge(checks.BUDGETS, "j", None, [("a", "b")], 1.0)
+    ledger.judge(checks.BUDGETS, "k", None, [], 2.0)
+    assert ledger.checks[checks.BUDGETS] == 4 and len(ledger.violations) == 1
