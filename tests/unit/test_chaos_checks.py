@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from monarch_operator.testing.chaos import checks, plan
+from monarch_operator.testing.chaos import checks, plan, procs
 from monarch_operator.testing.chaos.plan import Verdict
 from monarch_operator.testing.chaos.procs import JobProcess
 
@@ -114,3 +114,24 @@ def test_ledger_counts_checks_and_keeps_each_violation_once():
         ledger.judge(checks.BUDGETS, "j", None, [("a", "b")], 1.0)
     ledger.judge(checks.BUDGETS, "k", None, [], 2.0)
     assert ledger.checks[checks.BUDGETS] == 4 and len(ledger.violations) == 1
+
+
+def test_the_process_scan_tells_launcher_and_worker_processes_apart(tmp_path):
+    def fake(pid: int, environ: dict[str, str], state: str = "S", command: str = "sleep") -> None:
+        folder = tmp_path / str(pid)
+        folder.mkdir()
+        (folder / "environ").write_bytes(b"\0".join(f"{k}={v}".encode()
+                                                    for k, v in environ.items()) + b"\0")
+        (folder / "stat").write_text(f"{pid} ({command}) {state} 1 2 3")
+        (folder / "cmdline").write_bytes(command.encode() + b"\0" + b"1000\0")
+
+    fake(10, {"MONARCH_RUN_MARK": "uid-a/2/run1", "PATH": "/bin"})
+    fake(11, {"MONARCH_JOB_UID": "uid-a", "MONARCH_ATTEMPT": "3"}, command="sh")
+    fake(12, {"MONARCH_RUN_MARK": "uid-b/1/run2"})  # another job
+    fake(13, {"MONARCH_RUN_MARK": "uid-a/1/run0"}, state="Z")  # a zombie has ended
+    fake(14, {"HOME": "/root"})
+    (tmp_path / "self").mkdir()
+
+    found = procs.scan({"uid-a"}, proc=str(tmp_path))
+    assert found == [JobProcess(10, "uid-a", 2, False, "sleep 1000"),
+                     JobProcess(11, "uid-a", 3, True, "sh 1000")]

@@ -31,8 +31,9 @@ NO_SURVIVOR = "no survivor of an ended attempt"
 NO_PHANTOM = "no phantom attempt or pod (suspend)"
 FINAL_STATE = "truthful final state in time"
 NOTHING_LEFT = "nothing left after deletion"
+OPERATOR_STOP = "operator exits 0 on SIGTERM"
 INVARIANTS = (ATTEMPT_CLASS, BUDGETS, ONE_LAUNCHER, NO_SURVIVOR, NO_PHANTOM, FINAL_STATE,
-              NOTHING_LEFT)
+              NOTHING_LEFT, OPERATOR_STOP)
 # Classes only an attempt whose launcher started can end with.
 LAUNCHED_CLASSES = frozenset({SUCCEEDED, APPLICATION, INFRASTRUCTURE, SUSPENDED})
 FINAL_PHASES = ("Succeeded", "Failed")
