@@ -43,6 +43,11 @@ __all__ = ["Event", "Outcome", "reconcile"]
 # passes.py); nothing of the foreign object is watched, so this is how the job goes on.
 NOT_OWNED_RETRY_SECONDS = 5.0
 
+# After an infrastructure restart the next attempt's gate is looked at again this soon (seconds):
+# no watch event may come (a launcher pod deleted while the operator was stopped is long gone,
+# the workers unchanged), and without this pass the job waited for its startup timeout's timer.
+INFRASTRUCTURE_RECHECK_SECONDS = 1.0
+
 # The spec field a refused child comes from, named in the Failed message.
 _USER_FIELDS = {"StatefulSet": "spec.workers.template", "Pod": "spec.launcher"}
 
@@ -167,13 +172,16 @@ def _ttl_expired(state: Pass, previous: dict[str, Any]) -> bool:
 
 def _run_attempt(state: Pass, settings: Settings) -> None:
     """The gate, then the current attempt's launcher; once more at once when an application
-    failure restarted on the same, still Ready workers (the fast path)."""
+    failure restarted on the same, still Ready workers (the fast path); a pass soon after an
+    infrastructure restart (:data:`INFRASTRUCTURE_RECHECK_SECONDS`)."""
     for _ in range(2):
         attempt = state.status["attempt"]
         pods = gate.ensure_workers(state, settings)
         if st.is_finished(state.status):
             return
         restarted_class = launching.start_or_follow_launcher(state, settings, pods)
+        if restarted_class == policy.INFRASTRUCTURE:
+            state.wake_in(INFRASTRUCTURE_RECHECK_SECONDS)
         if restarted_class != policy.APPLICATION or state.status["attempt"] == attempt:
             return
 
