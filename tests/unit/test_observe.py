@@ -153,9 +153,15 @@ def launcher_pod(*containers: tuple[str, dict[str, Any]], phase: str = "Failed",
         (launcher_pod(reason="Evicted", message="The node was low on resource: memory."),
          None, "Evicted: The node was low on resource: memory."),
         (launcher_pod(), None, "pod failed"),
+        # The kubelet lost the container with its node: 137 is no exit of the program.
+        (launcher_pod(("launcher", {"exitCode": 137, "reason": "ContainerStatusUnknown",
+                                    "message": "The container could not be located when the "
+                                               "pod was terminated"})),
+         None, "ContainerStatusUnknown: The container could not be located when the pod was "
+               "terminated"),
     ],
     ids=["termination-message", "reason-only", "blank-message", "sidecar-ignored", "log-tail",
-         "evicted", "no-reason"],
+         "evicted", "no-reason", "container-lost-with-its-node"],
 )
 def test_failed_launcher_outcome_prefers_the_termination_message(pod, exit_code, message):
     outcome = launcher_outcome(pod)

@@ -171,6 +171,12 @@ class LauncherOutcome:
     message: str = ""
 
 
+# The kubelet's reason for a container it could not find any more when the pod was
+# terminated (pkg/kubelet/kubelet_pods.go; its node or runtime lost it): exit code 137 is
+# written in place of an exit that never came.
+CONTAINER_STATUS_UNKNOWN = "ContainerStatusUnknown"
+
+
 def launcher_outcome(pod: dict[str, Any] | None,
                      container_name: str = LAUNCHER_CONTAINER) -> LauncherOutcome:
     """Judge the launcher pod by its phase and its launcher container's termination state.
@@ -184,13 +190,21 @@ def launcher_outcome(pod: dict[str, Any] | None,
         Not finished while the pod is Pending or Running (or absent); Succeeded and Failed are
         final (kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-phase). A failed
         pod whose launcher never ended (evicted, its node lost) has ``exit_code`` None and the
-        pod's own reason and message, e.g. ``Evicted: The node was low on resource: memory``.
+        pod's own reason and message, e.g. ``Evicted: The node was low on resource: memory``;
+        so has one whose container the kubelet lost (``ContainerStatusUnknown``, 137 written
+        in place of an exit: found by the chaos soak, a node down for seconds under a launcher).
     """
     status = (pod or {}).get("status") or {}
     phase = status.get("phase")
     if phase not in ("Succeeded", "Failed"):
         return LauncherOutcome(finished=False)
     terminated = _launcher_terminated([pod] if pod else [], container_name)
+    if terminated is not None and terminated.get("reason") == CONTAINER_STATUS_UNKNOWN:
+        # No exit at all: the kubelet lost the container (its node went down under it) and
+        # wrote 137 in its place. Judged as a pod lost, not as the program's exit code.
+        pod_failure = terminated.get("message") or CONTAINER_STATUS_UNKNOWN
+        return LauncherOutcome(finished=True, succeeded=False, exit_code=None,
+                               message=f"{CONTAINER_STATUS_UNKNOWN}: {pod_failure}")
     exit_code = None if terminated is None else int(terminated.get("exitCode", 0))
     if phase == "Succeeded":
         return LauncherOutcome(finished=True, succeeded=True, exit_code=exit_code or 0)

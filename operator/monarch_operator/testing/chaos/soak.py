@@ -60,8 +60,9 @@ class Track:
     ended_launchers: dict[int, float] = field(default_factory=dict)
 
     def accepted(self, attempt: int) -> set[Verdict]:
-        if attempt in self.strict:
-            return {self.strict[attempt]}
+        if attempt in self.strict:  # a job's deadline may still come first
+            return {self.strict[attempt]} | (self.plan.natural(attempt) if self.plan.deadline
+                                              is not None else set())
         return self.plan.natural(attempt) | self.extra.get(attempt, set())
 
     def widen(self, attempt: int, *verdicts: Verdict) -> None:
@@ -380,7 +381,8 @@ class Soak:
             if not any((p.get("spec") or {}).get("nodeName") == node for p in track.pods):
                 continue
             if track.running_hang() and track.attempt not in track.strict:
-                track.strict[track.attempt] = Verdict(*plan.FAULT_VERDICTS[plan.NODE_LOST])
+                cls, reasons = plan.FAULT_VERDICTS[plan.NODE_LOST]
+                track.strict[track.attempt] = Verdict(cls, None, reasons)
         self._mark_node_losses()
         self.say(f"node {node} lost")
 
