@@ -33,7 +33,7 @@ from pathlib import Path
 
 from monarch_operator.localcluster.cluster import LocalCluster
 from monarch_operator.localcluster.demo import Kubectl, install_crds
-from monarch_operator.testing.chaos import plan
+from monarch_operator.testing.chaos import faults, plan
 from monarch_operator.testing.chaos.faults import OperatorControl
 from monarch_operator.testing.chaos.soak import Soak
 
@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=4, help="jobs at once (default 4)")
     parser.add_argument("--scenarios", nargs="*", choices=sorted(plan.SCENARIOS),
                         help="only these job scenarios (default: all)")
+    parser.add_argument("--global-faults", nargs="*", choices=sorted(faults.GLOBAL_FAULTS),
+                        help="only these global faults (default: all)")
     parser.add_argument("--dir", type=Path, default=None,
                         help="the cluster's state directory (default: a new temporary one)")
     args = parser.parse_args(argv)
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         soak = Soak(cluster, operator, f"chaos-{args.seed}", args.seed, args.minutes,
                     concurrency=args.jobs,
                     scenarios=tuple(args.scenarios) if args.scenarios else None,
+                    global_faults=(tuple(args.global_faults) if args.global_faults is not None
+                                   else None),
                     progress=lambda line: print(line, flush=True))
         report = soak.run()
     finally:

@@ -132,16 +132,20 @@ class Soak:
         minutes: how long faults are injected and jobs created; then every job finishes.
         concurrency: jobs running at once.
         scenarios: only these (``plan.SCENARIOS`` names); None: all.
+        global_faults: only these (``faults.GLOBAL_FAULTS`` names); None: all.
         progress: prints one line per job, fault and violation.
     """
 
     def __init__(self, cluster: LocalCluster, operator: faults.OperatorControl, namespace: str,
                  seed: int, minutes: float, concurrency: int = 4,
                  scenarios: tuple[str, ...] | None = None,
+                 global_faults: tuple[str, ...] | None = None,
                  progress: Callable[[str], None] = print) -> None:
         self.cluster, self.operator, self.namespace = cluster, operator, namespace
         self.rng = random.Random(seed)
         self.minutes, self.concurrency, self.scenarios = minutes, concurrency, scenarios
+        self.global_faults = {name: weight for name, weight in faults.GLOBAL_FAULTS.items()
+                              if global_faults is None or name in global_faults}
         self.progress = progress
         self.report = Report(seed, minutes)
         self.tracks: list[Track] = []
@@ -351,8 +355,10 @@ class Soak:
         self.say(f"resumed {track.plan.name}")
 
     def _global_fault(self) -> None:
-        kind = self.rng.choices(list(faults.GLOBAL_FAULTS),
-                                weights=list(faults.GLOBAL_FAULTS.values()))[0]
+        if not self.global_faults:
+            return
+        kind = self.rng.choices(list(self.global_faults),
+                                weights=list(self.global_faults.values()))[0]
         if kind == faults.NODE_LOST_ANY:
             if self.down:
                 return
