@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.images, pytest.mark.timeout(2700)]  # a cold build: 15
 
 SSH_ADDRESS = "127.0.0.251"
 DNS_ADDRESS = "127.0.0.252"
-EXPECTED_USERS = {"worker": "1000", "operator": "65532", "examples": "1000",
+EXPECTED_USERS = {"worker": "1000", "operator": "65532", "examples": "1000", "mpi-peer": "1000",
                   "pause": "65535:65535", "coredns": "65532:65532"}
 IMPORTS = "import monarch, torch, monarch_operator; print('imported', torch.__version__)"
 
