@@ -180,14 +180,15 @@ def test_c10a_created_suspended_then_resumed(kubectl, namespace):
 
 def test_c10b_suspend_running_job_change_launcher_image_resume(kubectl, namespace):
     body = job_manifest("c10b", launcher={"command": ["sh", "-c", HANG_FIRST]})
+    # A label of the user's own (a Kueue queue label would put the job under Kueue instead).
     body = body.replace("metadata:\n  name: c10b\n", "metadata:\n  name: c10b\n  labels:\n"
-                        "    kueue.x-k8s.io/queue-name: team-q\n  annotations:\n"
+                        "    example.com/team: team-q\n  annotations:\n"
                         "    example.com/owner: alice\n")
     watch = PodWatch(kubectl, namespace, "c10b")
     apply(kubectl, namespace, body)
     running_attempt(kubectl, namespace, "c10b", 1)
     for pod in job_pods(kubectl, namespace, "c10b"):
-        assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-q"
+        assert pod["metadata"]["labels"]["example.com/team"] == "team-q"
         assert pod["metadata"]["annotations"]["example.com/owner"] == "alice"
     old_hostfile = get_json(kubectl, "configmap", "c10b-hostfile", "-n", namespace)
 
