@@ -12,6 +12,7 @@ client or an orphaned worker would break the next job on that port.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import NoReturn
@@ -27,7 +28,7 @@ from monarch_operator.testing.loopback_sshd import (
     reap_processes_mentioning,
 )
 
-__all__ = ["SSH_HOSTS", "SshCluster", "free_port"]
+__all__ = ["SSH_HOSTS", "SshCluster", "free_port", "running"]
 
 SSH_HOSTS = loopback_hosts(3)
 
@@ -39,10 +40,10 @@ def _unavailable(reason: str) -> NoReturn:
     pytest.skip(message)
 
 
-@pytest.fixture(scope="session")
-def ssh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshCluster]:
-    """Three sshd daemons on 127.0.0.2-4, one shared free port, key-only root login."""
-    daemons = LoopbackSshd(len(SSH_HOSTS), tmp_path_factory.mktemp("ssh"))
+@contextlib.contextmanager
+def running(daemons: LoopbackSshd) -> Iterator[SshCluster]:
+    """``daemons`` started for the block and stopped after it; without sshd or root the test
+    fails when ``CI`` is set and is skipped otherwise (:func:`_unavailable`)."""
     try:
         cluster = daemons.start()
     except SshdUnavailable as error:
@@ -51,6 +52,13 @@ def ssh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshCluster
         yield cluster
     finally:
         daemons.stop()
+
+
+@pytest.fixture(scope="session")
+def ssh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshCluster]:
+    """Three sshd daemons on 127.0.0.2-4, one shared free port, key-only root login."""
+    with running(LoopbackSshd(len(SSH_HOSTS), tmp_path_factory.mktemp("ssh"))) as cluster:
+        yield cluster
 
 
 @pytest.fixture

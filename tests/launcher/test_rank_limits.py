@@ -18,10 +18,10 @@ from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
 from monarch_operator.testing.loopback_sshd import (
     LoopbackSshd,
     SshCluster,
-    SshdUnavailable,
     free_port,
     reap_processes_mentioning,
 )
+from tests.launcher.conftest import running
 from tests.launcher.launching import run_launch
 
 pytestmark = pytest.mark.ssh
@@ -33,14 +33,8 @@ MEMLOCK_BYTES = 65536
 def limited_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshCluster]:
     """Two sshd daemons whose locked-memory limit is 64 KiB."""
     daemons = LoopbackSshd(2, tmp_path_factory.mktemp("limited"), memlock_bytes=MEMLOCK_BYTES)
-    try:
-        cluster = daemons.start()
-    except SshdUnavailable as error:
-        pytest.skip(f"ssh cluster unavailable: {error}")
-    try:
+    with running(daemons) as cluster:
         yield cluster
-    finally:
-        daemons.stop()
 
 
 def login_ulimit(cluster: SshCluster, host: str) -> str:

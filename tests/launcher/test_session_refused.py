@@ -22,7 +22,8 @@ from monarch_operator.launcher.session.preflight import (
     run_preflight,
 )
 from monarch_operator.launcher.session.ssh import SshSettings
-from monarch_operator.testing.loopback_sshd import LoopbackSshd, SshCluster, SshdUnavailable
+from monarch_operator.testing.loopback_sshd import LoopbackSshd, SshCluster
+from tests.launcher.conftest import running
 
 pytestmark = pytest.mark.ssh
 
@@ -34,14 +35,8 @@ def refusing_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshCl
         tmp_path_factory.mktemp("refusing"),
         extra_config="ChrootDirectory /nonexistent-monarch-test-dir\n",
     )
-    try:
-        cluster = daemons.start()
-    except SshdUnavailable as error:
-        pytest.skip(f"ssh cluster unavailable: {error}")
-    try:
+    with running(daemons) as cluster:
         yield cluster
-    finally:
-        daemons.stop()
 
 
 def test_a_session_that_cannot_start_is_named_as_such_not_as_unreachable(

@@ -7,7 +7,6 @@ bench/ssh_scale.py times these runs (and 64 hosts behind 4 daemons).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,10 +17,10 @@ import pytest
 from monarch_operator.testing.loopback_sshd import (
     LoopbackSshd,
     SshCluster,
-    SshdUnavailable,
     free_port,
     reap_processes_mentioning,
 )
+from tests.launcher.conftest import running
 from tests.launcher.launching import Launch, run_launch
 
 pytestmark = pytest.mark.ssh
@@ -37,16 +36,8 @@ def cluster_of(
     state = tmp_path / "sshd"
     state.mkdir()
     daemon = LoopbackSshd(hosts, state, daemons=daemons, extra_config=extra_config)
-    try:
-        cluster = daemon.start()
-    except SshdUnavailable as error:
-        if os.environ.get("CI"):
-            pytest.fail(f"ssh cluster unavailable: {error}")
-        pytest.skip(f"ssh cluster unavailable: {error}")
-    try:
+    with running(daemon) as cluster:
         yield cluster
-    finally:
-        daemon.stop()
 
 
 def echo_ok_everywhere(tmp_path: Path, cluster: SshCluster, *flags: str) -> Launch:
