@@ -132,7 +132,7 @@ def test_host_address_of_an_unknown_host_is_refused_before_any_ssh(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
     launch = launch_with_resolver(
-        tmp_path, ssh_cluster, monarch_port, "--host-address", "typo-host=10.0.0.1"
+        tmp_path, ssh_cluster, monarch_port, "--host-address", "typo-host=10.244.0.1"
     )
 
     assert launch.returncode == 2, launch.describe()

@@ -43,10 +43,10 @@ class FakeDns:
 
 
 def test_waits_until_the_name_gives_the_expected_address_for_the_stable_window() -> None:
-    dns = FakeDns([(0, None), (3, "10.0.0.9"), (6, "10.0.0.5")])
+    dns = FakeDns([(0, None), (3, "10.244.0.9"), (6, "10.244.0.5")])
 
     wait_for_addresses(
-        {"w-1": "10.0.0.5"}, stable_s=30, wait_s=10, resolve=dns.resolve,
+        {"w-1": "10.244.0.5"}, stable_s=30, wait_s=10, resolve=dns.resolve,
         clock=lambda: dns.now, sleep=dns.sleep,
     )  # fmt: skip
 
@@ -54,10 +54,10 @@ def test_waits_until_the_name_gives_the_expected_address_for_the_stable_window()
 
 
 def test_a_flip_back_to_the_old_address_restarts_the_stable_window() -> None:
-    dns = FakeDns([(0, "10.0.0.9"), (2, "10.0.0.5"), (10, "10.0.0.9"), (12, "10.0.0.5")])
+    dns = FakeDns([(0, "10.244.0.9"), (2, "10.244.0.5"), (10, "10.244.0.9"), (12, "10.244.0.5")])
 
     wait_for_addresses(
-        {"w-1": "10.0.0.5"}, stable_s=30, wait_s=10, resolve=dns.resolve,
+        {"w-1": "10.244.0.5"}, stable_s=30, wait_s=10, resolve=dns.resolve,
         clock=lambda: dns.now, sleep=dns.sleep,
     )  # fmt: skip
 
@@ -66,10 +66,10 @@ def test_a_flip_back_to_the_old_address_restarts_the_stable_window() -> None:
 
 def test_a_name_right_at_its_first_answer_is_taken_at_once() -> None:
     """The normal path (fresh or kept pods): no resolver showed an old record, no wait."""
-    dns = FakeDns([(0, "10.0.0.5")])
+    dns = FakeDns([(0, "10.244.0.5")])
 
     wait_for_addresses(
-        {"w-1": "10.0.0.5"}, stable_s=30, wait_s=10, resolve=dns.resolve,
+        {"w-1": "10.244.0.5"}, stable_s=30, wait_s=10, resolve=dns.resolve,
         clock=lambda: dns.now, sleep=dns.sleep,
     )  # fmt: skip
 
@@ -77,17 +77,17 @@ def test_a_name_right_at_its_first_answer_is_taken_at_once() -> None:
 
 
 def test_a_name_that_stays_stale_fails_after_the_wait_naming_both_addresses() -> None:
-    dns = FakeDns([(0, "10.0.0.9")])
+    dns = FakeDns([(0, "10.244.0.9")])
 
     with pytest.raises(PreflightError) as caught:
         wait_for_addresses(
-            {"w-1": "10.0.0.5"}, stable_s=30, wait_s=5, resolve=dns.resolve,
+            {"w-1": "10.244.0.5"}, stable_s=30, wait_s=5, resolve=dns.resolve,
             clock=lambda: dns.now, sleep=dns.sleep,
         )  # fmt: skip
 
     (failure,) = caught.value.failures
     assert (failure.host, failure.reason) == ("w-1", "DNSStale")
-    assert "10.0.0.9" in failure.detail and "10.0.0.5" in failure.detail
+    assert "10.244.0.9" in failure.detail and "10.244.0.5" in failure.detail
     assert "--host-wait" in str(caught.value)
     assert 5 <= dns.now < 8
 
@@ -97,8 +97,8 @@ def test_a_name_that_stays_stale_fails_after_the_wait_naming_both_addresses() ->
     [
         ("w-1", "expected NAME=IP"),
         ("w-1=not-an-ip", "is not an IPv4 address"),
-        ("w-9=10.0.0.1", "is not one of the run's hosts"),
-        ("w-1=10.0.0.1,w-1=10.0.0.2", "given two addresses"),
+        ("w-9=10.244.0.1", "is not one of the run's hosts"),
+        ("w-1=10.244.0.1,w-1=10.244.0.2", "given two addresses"),
     ],
 )
 def test_malformed_host_addresses_are_refused_naming_the_rule(item: str, rule: str) -> None:
@@ -107,28 +107,28 @@ def test_malformed_host_addresses_are_refused_naming_the_rule(item: str, rule: s
 
 
 def test_host_addresses_from_flags_and_the_environment_variable() -> None:
-    assert parse_host_addresses(["w-0=10.0.0.4, w-1=10.0.0.5", "", "w-1=10.0.0.5"],
-                                ["w-0", "w-1"]) == {"w-0": "10.0.0.4", "w-1": "10.0.0.5"}
+    assert parse_host_addresses(["w-0=10.244.0.4, w-1=10.244.0.5", "", "w-1=10.244.0.5"],
+                                ["w-0", "w-1"]) == {"w-0": "10.244.0.4", "w-1": "10.244.0.5"}
 
 
 def test_the_operators_addresses_file_gives_the_same_mapping() -> None:
     # What the hostfile ConfigMap's "addresses" key holds: "<fqdn> <pod IP>" per worker.
-    text = "# attempt 2\nd-worker-0.d-worker.ns.svc.cluster.local 10.0.0.4\n\n" \
-        "d-worker-1.d-worker.ns.svc.cluster.local 10.0.0.5  # recreated\n"
+    text = "# attempt 2\nd-worker-0.d-worker.ns.svc.cluster.local 10.244.0.4\n\n" \
+        "d-worker-1.d-worker.ns.svc.cluster.local 10.244.0.5  # recreated\n"
     names = ["d-worker-0.d-worker.ns.svc.cluster.local", "d-worker-1.d-worker.ns.svc.cluster.local"]
     assert parse_host_addresses(host_address_lines(text, "addresses"), names) == {
-        names[0]: "10.0.0.4",
-        names[1]: "10.0.0.5",
+        names[0]: "10.244.0.4",
+        names[1]: "10.244.0.5",
     }
     with pytest.raises(HostAddressError, match="addresses:2: expected 'NAME IP'"):
-        host_address_lines("a 10.0.0.1\nb\n", "addresses")
+        host_address_lines("a 10.244.0.1\nb\n", "addresses")
 
 
 # -- locked memory (C26) ---------------------------------------------------------------------
 
 
 def check(host: str, memlock: int, infiniband: bool = False) -> HostCheck:
-    return HostCheck(host, "10.0.0.1", memlock=(memlock, memlock), infiniband=infiniband)
+    return HostCheck(host, "10.244.0.1", memlock=(memlock, memlock), infiniband=infiniband)
 
 
 def test_the_plan_line_names_each_hosts_limit() -> None:

@@ -57,8 +57,8 @@ def test_a_resume_after_a_suspend_is_no_restart(monkeypatch):
 
 
 def world(**restarts: Any) -> World:
-    return World(hosts=("h0", "h1"), addresses=("10.0.0.1", "10.0.0.2"), nproc_per_node=2,
-                 master_addr="10.0.0.1", master_port=29500, run_id="r", **restarts)
+    return World(hosts=("h0", "h1"), addresses=("10.244.0.1", "10.244.0.2"), nproc_per_node=2,
+                 master_addr="10.244.0.1", master_port=29500, run_id="r", **restarts)
 
 
 def test_every_rank_sees_the_same_restart_variables():
