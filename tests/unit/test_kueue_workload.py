@@ -163,3 +163,30 @@ def test_a_labelled_job_waits_saying_kueue_is_missing_when_no_workloads_are_serv
     assert state.wake_after == admission.NOT_SERVED_RETRY_SECONDS
     admission.gate(state, Settings())  # the next look: still missing, no second Warning
     assert [event.reason for event in state.events] == ["KueueNotInstalled"]
+
+
+def test_a_requeued_job_says_why_it_stopped_running_while_it_waits_again():
+    """After a preemption Kueue's own message says only what the job waits for ("insufficient
+    unused quota"); the Queued message keeps what ended the last attempt until it is admitted
+    again (seen in CI: the eviction's words were gone by the time the pods had stopped)."""
+    from monarch_operator.controller import attempts
+    from monarch_operator.controller.kueue import admission
+    from monarch_operator.controller.passstate import Pass
+
+    status = attempts.update_current(attempts.begin({}, 1, "t0"), **{
+        "class": admission.EVICTED, "reason": "EvictedPreempted",
+        "message": "Preempted to accommodate a workload (UID: u-2)"})
+    state = Pass(job=job(), status={**attempts.begin(status, 2, "t1"), "queue": {}},
+                 now=dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC))
+    pending = wl.Admission(wl.STATE_PENDING, reason="Pending",
+                           message="insufficient unused quota for nvidia.com/gpu")
+    admission._queued(state, "user-queue", pending, 0)
+    message = st.get_condition(state.status, st.QUEUED)["message"]
+    assert message.startswith("requeued after attempt 1 was evicted (EvictedPreempted: "
+                              "Preempted to accommodate"), message
+    assert message.endswith("waiting in LocalQueue user-queue for admission: Pending: "
+                            "insufficient unused quota for nvidia.com/gpu"), message
+    # A job that was never evicted: Kueue's words alone.
+    fresh = Pass(job=job(), status={**attempts.begin({}, 1, "t0"), "queue": {}}, now=state.now)
+    admission._queued(fresh, "user-queue", pending, 0)
+    assert st.get_condition(fresh.status, st.QUEUED)["message"].startswith("waiting in")

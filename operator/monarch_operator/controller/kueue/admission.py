@@ -207,7 +207,7 @@ def _queued(state: Pass, queue: str, verdict: wl.Admission, pods_left: int) -> N
         reason = REASON_EVICTED
     else:
         detail = f"{verdict.reason}: {verdict.message}" if verdict.message else verdict.reason
-        message = f"waiting in LocalQueue {queue} for admission: {detail}"
+        message = f"{_requeued_after(state)}waiting in LocalQueue {queue} for admission: {detail}"
         reason = REASON_QUEUED
     if not st.is_true(state.status, st.QUEUED) and reason == REASON_QUEUED:
         state.events.append(Event("Normal", REASON_QUEUED, message))
@@ -215,6 +215,20 @@ def _queued(state: Pass, queue: str, verdict: wl.Admission, pods_left: int) -> N
     if st.get_condition(state.status, st.RUNNING) is not None:
         state.condition(st.RUNNING, False, REASON_QUEUED, "queued")
     state.condition(st.WORKERS_READY, False, REASON_QUEUED, "queued: no workers until admitted")
+
+
+def _requeued_after(state: Pass) -> str:
+    """What ended the job's last attempt, when Kueue evicted it and the job has not been
+    admitted since ("requeued after EvictedPreempted: ...; "), else "": once requeued, Kueue's
+    own message says only what the job waits for, and the user still needs to know why it
+    stopped running."""
+    ended = [record for record in state.status.get("attempts") or [] if record.get("class")]
+    if not ended or ended[-1].get("class") != EVICTED:
+        return ""
+    last = ended[-1]
+    cause = f"{last.get('reason')}: {last['message']}" if last.get("message") else \
+        str(last.get("reason"))
+    return f"requeued after attempt {last.get('number')} was evicted ({cause}); "
 
 
 def report(state: Pass, queue: Queue) -> None:
