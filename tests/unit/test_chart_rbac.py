@@ -33,12 +33,15 @@ CLIENT_VERBS = {"read": "get", "get": "get", "list": "list", "create": "create",
 # k8s.py's own requests past the typed client, by the verb they are (the kind is the caller's).
 RAW_REQUESTS = {"_post": "create"}
 API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps", "BatchV1Api": "batch",
-              "NetworkingV1Api": "networking.k8s.io", "CustomObjectsApi": constants.GROUP}
+              "NetworkingV1Api": "networking.k8s.io", "CoordinationV1Api": "coordination.k8s.io",
+              "CustomObjectsApi": constants.GROUP}
 
 # Subresources as the typed client's method names end (`..._pod_log`, `..._object_status`).
 SUBRESOURCES = ("log", "status", "scale", "eviction", "binding", "exec", "attach")
-# Cluster-scoped resources: only a ClusterRole grants them, so namespaced mode goes without.
+# Cluster-scoped resources, and node Leases (kube-node-lease is never a watched namespace): only
+# a ClusterRole grants them, so namespaced mode goes without.
 CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "nodes"),
+                  ("coordination.k8s.io", "leases"),
                   ("", "namespaces"), ("kueue.x-k8s.io", "resourceflavors"),
                   ("kueue.x-k8s.io", "workloadpriorityclasses")}
 

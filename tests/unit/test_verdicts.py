@@ -152,6 +152,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: (
         sent["status"].append(status) or job_body(status)))
     monkeypatch.setattr(k8s, "node_is_ready", lambda node: True)
+    monkeypatch.setattr(k8s, "node_heartbeats", lambda: None)  # unknown: judged at once
     monkeypatch.setattr(k8s, "stop_pod", lambda pod: bool(pod) and not sent["deleted"].append(
         pod["metadata"]["name"]))
     monkeypatch.setattr(k8s, "delete_if_present", lambda *args: True)
@@ -248,3 +249,78 @@ def test_a_launcher_deleted_mid_run_that_exits_0_is_an_infrastructure_failure(ap
     assert record["message"] == (f"launcher pod {NAME}-launcher deleted while it ran "
                                  "(it exited 0)"), record
     assert st.is_true(after, st.FAILED) and not st.is_true(after, st.SUCCEEDED)
+
+
+# -- a failed launcher waits for its workers' nodes to heartbeat (issue 20, chaos soak) --------
+
+
+def beats(seconds_after_t0: float, *nodes: str) -> dict[str, dt.datetime]:
+    return {node: T0 + dt.timedelta(seconds=seconds_after_t0) for node in nodes}
+
+
+def test_silent_nodes_are_those_without_a_heartbeat_after_the_launchers_end():
+    snapshot = [{"name": f"{NAME}-worker-{i}"} for i in (0, 1)]
+    pods = [worker(0), worker(1)]  # on node-0 and node-1
+    ended = T0 + dt.timedelta(seconds=10)
+    # A renewal in the second of the end may have come before it: not a sign of life after it.
+    assert verdicts.silent_nodes(snapshot, pods, {**beats(10.5, "node-0"), **beats(11, "node-1")},
+                                 ended) == ["node-0"]
+    assert verdicts.silent_nodes(snapshot, pods, beats(12, "node-0", "node-1"), ended) == []
+    assert verdicts.silent_nodes(snapshot, pods, {}, ended) == ["node-0", "node-1"]  # no Lease
+    # Only the attempt's workers count.
+    assert verdicts.silent_nodes(snapshot[:1], pods, beats(12, "node-0"), ended) == []
+
+
+def test_the_hold_is_bounded_and_needs_heartbeats_to_be_readable():
+    snapshot, pods = [{"name": f"{NAME}-worker-0"}], [worker(0)]
+    ended = T0 + dt.timedelta(seconds=10)
+    hold = verdicts.NODE_SILENCE_HOLD_SECONDS
+    assert verdicts.heartbeat_hold(snapshot, pods, {}, ended, ended) == ["node-0"]
+    assert verdicts.heartbeat_hold(snapshot, pods, {}, ended,
+                                   ended + dt.timedelta(seconds=hold)) == []
+    assert verdicts.heartbeat_hold(snapshot, pods, None, ended, ended) == []  # may not read
+    assert verdicts.heartbeat_hold(snapshot, pods, {}, None, ended) == []
+
+
+def test_a_launcher_failed_while_a_workers_node_is_silent_waits_then_is_infrastructure(api):
+    """Seen in the 30-minute chaos soak: a node crashed, the launcher's ssh to it failed and
+    the launcher exited 1 seconds later, long before the node controller marked the node
+    NotReady; the attempt was judged Application and spent the backoff limit. Now the verdict
+    waits for the node: NotReady -> Infrastructure, a heartbeat -> the exit code decides."""
+    settings = Settings.from_env()
+    status = running_status(settings)
+    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    assert launched is not None
+    body = {**job_body(status), "spec": {**job_body()["spec"],
+                                         "runPolicy": {"backoffLimit": 0}}}
+    failed = running_launcher(settings, launched, exit_code=1, ended=6)
+    end = launched + dt.timedelta(seconds=6)
+    silent = {"node-0": end + dt.timedelta(seconds=2), "node-1": end - dt.timedelta(seconds=3)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(k8s, "node_heartbeats", lambda: silent)
+        held = run_policy_pass(settings, body, [worker(0), worker(1), failed],
+                               end + dt.timedelta(seconds=5))
+    assert held["attempts"][0].get("class") is None and not st.is_true(held, st.FAILED), held
+    running = st.get_condition(held, st.RUNNING)
+    assert running["reason"] == st.REASON_AWAITING_NODE_HEARTBEAT, running
+    assert "node-1" in running["message"] and "node-0" not in running["message"], running
+
+    # The node controller marks node-1 NotReady and its pod not Ready: a lost worker.
+    lost = worker(1)
+    lost["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(k8s, "node_heartbeats", lambda: silent)
+        patch.setattr(k8s, "node_is_ready", lambda node: node != "node-1")
+        patch.setattr(k8s, "delete_pod", lambda *args, **kwargs: True)  # the lost worker
+        judged = run_policy_pass(settings, {**body, "status": held}, [worker(0), lost, failed],
+                                 end + dt.timedelta(seconds=25))
+    record = judged["attempts"][0]
+    assert (record["class"], record["reason"]) == ("Infrastructure", st.REASON_WORKER_EVICTED)
+
+    # Had node-1 heartbeated after the end, the exit code would have decided.
+    alive = {**silent, "node-1": end + dt.timedelta(seconds=4)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(k8s, "node_heartbeats", lambda: alive)
+        app = run_policy_pass(settings, {**body, "status": held}, [worker(0), worker(1), failed],
+                              end + dt.timedelta(seconds=6))
+    assert app["attempts"][0]["class"] == "Application", app["attempts"][0]

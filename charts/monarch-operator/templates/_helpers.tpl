@@ -124,9 +124,11 @@ compares these rules with the API calls in operator/monarch_operator/controller/
 {{- end }}
 
 {{/* Cluster-wide only: kopf watches CustomResourceDefinitions to notice the MonarchJob CRD
-being added or removed while it runs, and a pass reads the node of a worker that stopped being
-Ready (a lost node is an infrastructure failure). Namespaced mode needs no cluster-scoped rule:
-kopf's scan is off (--namespace), and a 403 on nodes leaves the pod's own state to tell. */}}
+being added or removed while it runs, a pass reads the node of a worker that stopped being
+Ready (a lost node is an infrastructure failure), and a failed launcher's verdict waits for the
+node heartbeats (Leases in kube-node-lease) of its workers. Namespaced mode needs no such rule:
+kopf's scan is off (--namespace), and a 403 on nodes or Leases leaves the pod's own state to
+tell. */}}
 {{- define "monarch-operator.clusterOnlyRules" -}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
@@ -134,6 +136,9 @@ kopf's scan is off (--namespace), and a 403 on nodes leaves the pod's own state 
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [list]
 {{- if .Values.kueue.enabled }}
 - apiGroups: [kueue.x-k8s.io]
   resources: [resourceflavors, workloadpriorityclasses]

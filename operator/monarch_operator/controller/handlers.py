@@ -17,8 +17,8 @@ from typing import Any
 import kopf
 
 from monarch_operator import constants, names
-from monarch_operator.controller import (cache, k8s, metrics, observe, passes, wakeups,
-                                         watchhealth)
+from monarch_operator.controller import (cache, indexready, k8s, metrics, observe, passes,
+                                         wakeups, watchhealth)
 from monarch_operator.controller.kueue import watch as kueue_watch
 from monarch_operator.controller.settings import Settings
 
@@ -125,6 +125,8 @@ def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     # log, and /healthz failing while one cannot be (field case C18).
     watchhealth.configure(settings)
     watchhealth.install()
+    # A namespace that goes before kopf indexed it never holds every handler back.
+    indexready.install()
     # Nothing of kopf's is stored on jobs (no change-detection handlers); its progress would be
     # kept in our own prefix in case a handler that needs it is added.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(

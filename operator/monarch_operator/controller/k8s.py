@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import datetime as dt
 import json
 import os
 import re
@@ -555,12 +556,48 @@ def _forbid_nodes() -> None:
         _nodes_forbidden = True
 
 
+# Where each kubelet renews its node's Lease (the node heartbeat).
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+_leases_forbidden = False  # a 403 once: this operator may not read node Leases
+
+
+def node_heartbeats() -> dict[str, dt.datetime] | None:
+    """When each node's kubelet last renewed its Lease in ``kube-node-lease`` (the node
+    heartbeat: every ``nodeLeaseDurationSeconds`` / 4, 10 s by default; see
+    https://kubernetes.io/docs/concepts/architecture/leases/#node-heartbeats), by node name,
+    as aware UTC datetimes. One list request, whatever the number of nodes.
+
+    Returns None when the operator may not read them (the chart's namespaced mode); after the
+    first 403 they are never asked for again.
+
+    Raises:
+        ApiException: any other API error.
+    """
+    global _leases_forbidden
+    with _node_memo_lock:
+        if _leases_forbidden:
+            return None
+    try:
+        leases = kubernetes.client.CoordinationV1Api(_client()).list_namespaced_lease(
+            NODE_LEASE_NAMESPACE)
+    except ApiException as error:
+        if error.status != 403:
+            raise
+        with _node_memo_lock:
+            _leases_forbidden = True
+        return None
+    return {lease.metadata.name: lease.spec.renew_time for lease in leases.items
+            if lease.spec is not None and lease.spec.renew_time is not None}
+
+
 def forget_nodes() -> None:
-    """Drop what :func:`node_is_ready` remembers (for tests, and after credentials change)."""
-    global _nodes_forbidden
+    """Drop what :func:`node_is_ready` and :func:`node_heartbeats` remember (for tests, and
+    after credentials change)."""
+    global _nodes_forbidden, _leases_forbidden
     with _node_memo_lock:
         _node_memo.clear()
         _nodes_forbidden = False
+        _leases_forbidden = False
 
 
 def pod_log_tail(namespace: str, pod: str, container: str, lines: int) -> str | None:

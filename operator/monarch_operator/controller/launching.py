@@ -94,6 +94,8 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
     if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
         return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                                    f"launcher pod lost: {outcome.message}", outcome, None, pods)
+    if _awaiting_heartbeats(state, launcher, outcome, worker_pods, snapshot):
+        return None
     unreachable = recreated.recreated_workers_unreachable(
         outcome.message, job.name, attempt, record, worker_pods)
     if unreachable:  # the program never ran: not its failure (C20)
@@ -108,6 +110,26 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
     if judged.rule_index is not None:
         message += f" ({judged.describe(outcome.exit_code)})"
     return endings.end_attempt(state, judged.failure_class, reason, message, outcome, None, pods)
+
+
+def _awaiting_heartbeats(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutcome,
+                        worker_pods: list[dict[str, Any]], snapshot: list[dict[str, Any]]) -> bool:
+    """Whether the failed launcher's verdict waits for a node of its workers that has not
+    heartbeated since the launcher ended (:func:`.verdicts.heartbeat_hold`): a host lost with
+    its node makes the launcher fail long before the node is NotReady. The Running condition
+    says so meanwhile, and a pass comes back every few seconds."""
+    ended = verdicts.launcher_end(launcher)
+    waiting = verdicts.heartbeat_hold(snapshot, worker_pods, k8s.node_heartbeats(), ended,
+                                      state.now)
+    if not waiting:
+        return False
+    state.condition(st.RUNNING, True, st.REASON_AWAITING_NODE_HEARTBEAT,
+                    f"launcher {launcher['metadata']['name']} exited with code "
+                    f"{outcome.exit_code}; judged once node {short(waiting)} heartbeats again "
+                    f"or is marked NotReady (at most {verdicts.NODE_SILENCE_HOLD_SECONDS:.0f} s "
+                    f"after its end)")
+    state.wake_in(verdicts.HEARTBEAT_RECHECK_SECONDS)
+    return True
 
 
 def _claimed(outcome: observe.LauncherOutcome) -> str:

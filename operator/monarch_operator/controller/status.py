@@ -34,6 +34,8 @@ QUEUED = "Queued"  # waiting for Kueue to admit its Workload: no workers, no lau
 REASON_WAITING_FOR_WORKERS = "WaitingForWorkers"
 REASON_ALL_WORKERS_READY = "AllWorkersReady"
 REASON_LAUNCHER_STARTED = "LauncherStarted"
+# The launcher failed while a node of its workers has not heartbeated since (verdicts.py).
+REASON_AWAITING_NODE_HEARTBEAT = "AwaitingNodeHeartbeat"
 REASON_LAUNCHER_SUCCEEDED = "LauncherSucceeded"
 REASON_LAUNCHER_FAILED = "LauncherFailed"
 REASON_STARTUP_TIMEOUT = "StartupTimeout"

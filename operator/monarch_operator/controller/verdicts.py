@@ -34,6 +34,14 @@ from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
 # controller's grace period) and is judged when the node is known NotReady.
 SETTLE_SECONDS = 3.0
 
+# How long at most a failed launcher's verdict waits for the nodes of its workers to show
+# they live (:func:`silent_nodes`): a node that crashed is marked NotReady once its Lease went
+# unrenewed for the node controller's grace period (``--node-monitor-grace-period``, 50 s by
+# default since Kubernetes 1.32, 40 s before) and its next look (5 s). Past this, the exit
+# code decides. While waiting, the verdict looks again every HEARTBEAT_RECHECK_SECONDS.
+NODE_SILENCE_HOLD_SECONDS = 65.0
+HEARTBEAT_RECHECK_SECONDS = 2.0
+
 # Verdict kinds.
 RUNNING = "Running"  # nothing decided yet: the launcher runs, nobody was lost
 SETTLING = "Settling"  # the launcher ended; its verdict waits for late reports
@@ -217,3 +225,38 @@ def judge(launcher: dict[str, Any], finished: bool, succeeded: bool,
         if left > 0:
             return Verdict(SETTLING, wait_seconds=min(left, SETTLE_SECONDS))
     return Verdict(SUCCEEDED) if succeeded else Verdict(EXIT_CODE)
+
+
+def silent_nodes(snapshot: list[dict[str, Any]], worker_pods: list[dict[str, Any]],
+                 heartbeats: dict[str, dt.datetime], ended: dt.datetime) -> list[str]:
+    """The nodes of the attempt's workers whose kubelet has not heartbeated since the
+    launcher's end: no Lease renewal in ``heartbeats`` (:func:`.k8s.node_heartbeats`) after
+    the second of ``ended`` (``finishedAt`` has whole seconds).
+
+    A launcher that failed because a host went away (ssh exits 255, a pre-flight cannot
+    connect, a Monarch proc is lost) ends seconds after a node crash, long before the node
+    controller marks the node NotReady. Until one of these nodes heartbeats again (it lives:
+    the exit code decides) or is marked NotReady (its workers are lost: Infrastructure), the
+    failure is not the program's to be charged with. Sorted node names; a worker pod not bound
+    to a node is not waited for.
+    """
+    names_ = {entry["name"] for entry in snapshot}
+    nodes = {str(pod["spec"]["nodeName"]) for pod in worker_pods
+             if pod["metadata"]["name"] in names_ and (pod.get("spec") or {}).get("nodeName")}
+    alive_after = ended + dt.timedelta(seconds=1)
+    return sorted(node for node in nodes
+                  if node not in heartbeats or heartbeats[node] < alive_after)
+
+
+def heartbeat_hold(snapshot: list[dict[str, Any]], worker_pods: list[dict[str, Any]],
+                   heartbeats: dict[str, dt.datetime] | None, ended: dt.datetime | None,
+                   now: dt.datetime) -> list[str]:
+    """The nodes a failed launcher's verdict (:data:`EXIT_CODE`) still waits for
+    (:func:`silent_nodes`), or ``[]`` to judge now: heartbeats unknown (``None``: the
+    operator may not read them), the end not reported, or :data:`NODE_SILENCE_HOLD_SECONDS`
+    passed since ``ended``."""
+    if heartbeats is None or ended is None:
+        return []
+    if (now - ended).total_seconds() >= NODE_SILENCE_HOLD_SECONDS:
+        return []
+    return silent_nodes(snapshot, worker_pods, heartbeats, ended)
