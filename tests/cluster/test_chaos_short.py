@@ -17,14 +17,12 @@ pytestmark = pytest.mark.cluster
 
 SEED = 1
 MINUTES = 3.0
-# No node is lost here (bench/chaos.py loses them): a node that crashes under a torchrun job
-# is seen by the launcher (ssh exits 255, the pre-flight cannot connect) seconds before the
-# node controller marks the node NotReady (20 s here, 40-50 s on a real cluster), and the
-# attempt is then judged Application, spending backoffLimit (an open bug, issue 20 item 1;
-# the soak finds it in about one run in three). Remove this once a launcher failure that names
-# a host whose node stops heartbeating is judged Infrastructure.
-SCENARIOS = tuple(name for name in plan.SCENARIOS if name != plan.NODE_LOST)
-GLOBAL_FAULTS = tuple(name for name in faults.GLOBAL_FAULTS if name != faults.NODE_LOST_ANY)
+# Every scenario and fault, node loss included: a node that crashes under a job is seen by its
+# launcher (ssh exits 255, the pre-flight cannot connect) seconds before the node controller
+# marks it NotReady (20 s here, 50 s on a real cluster); the verdict waits for the node's
+# heartbeat (controller/verdicts.py heartbeat_hold), so the attempt is Infrastructure.
+SCENARIOS = plan.SCENARIOS
+GLOBAL_FAULTS = faults.GLOBAL_FAULTS
 
 
 def test_a_short_chaos_soak_breaks_no_invariant(local_cluster, operator_process):
