@@ -92,6 +92,11 @@ class Policy(Actor):
         }
 
     @endpoint
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        """Resume from a checkpoint's weights."""
+        self.model.load_state_dict(weights)
+
+    @endpoint
     def apply(self, grads: list[torch.Tensor]) -> None:
         """Take one SGD step with the averaged gradients (the same on every rank)."""
         for parameter, grad in zip(self.model.parameters(), grads, strict=True):

@@ -13,16 +13,33 @@ Per step it prints ``step k/n loss=... kl=...``. ``--raise-at-step K`` makes the
 raise at step K; with ``--catch`` the controller catches that as a RankFailure, reports it and
 skips the step, without it the failure ends the job. ``--exit-at-step K --exit-code N`` makes
 every policy rank's process exit with N at step K.
+
+``--checkpoint-dir DIR`` (storage that outlives the launcher pod: a volume of
+``spec.launcher.template``, or a shared filesystem) turns on checkpoint before a stop: when the
+job is suspended or evicted while it runs (``runPolicy.checkpointGracePeriodSeconds``), the
+controller saves the step, the policy's and the reference's weights to ``DIR/step-K.pt``,
+names it (``checkpoint_saved``) and returns; the next attempt resumes from it
+(``resume_checkpoint``, ``MONARCH_CHECKPOINT``) and prints ``resumed from ... at step K``.
+``--step-seconds S`` sleeps S seconds per step (a stand-in for a long step).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 import torch
 
-from monarch_operator.job import Job, RankFailure
+from monarch_operator.job import (
+    Job,
+    RankFailure,
+    checkpoint_saved,
+    on_stop,
+    resume_checkpoint,
+    stop_requested,
+)
 from rl_kl.actors import VOCAB, Policy, Reference
 
 BATCH = 32
@@ -36,6 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--catch", action="store_true", help="catch a rank's failure and go on")
     parser.add_argument("--exit-at-step", type=int, default=0)
     parser.add_argument("--exit-code", type=int, default=1)
+    parser.add_argument("--checkpoint-dir", default="",
+                        help="save to DIR/step-K.pt when asked to stop, resume from it after")
+    parser.add_argument("--step-seconds", type=float, default=0.0)
     return parser.parse_args(argv)
 
 
@@ -62,9 +82,27 @@ def main(job: Job) -> None:
         for where in by_rank(job.get(mesh.where.call())):
             print(f"placement {role} rank={where['rank']} host={where['host']} "
                   f"ssh={where['ssh']} gpus={where['gpus']}", flush=True)
-    job.get(reference.load.call(job.get(policy.slice(hosts=0, gpus=0).weights.call_one())))
+    initial = job.get(policy.slice(hosts=0, gpus=0).weights.call_one())
+    first = 1
+    if args.checkpoint_dir:
+        on_stop()  # a suspend or an eviction gives this program its grace period to save
+        if resume_checkpoint():
+            saved = torch.load(resume_checkpoint(), weights_only=True)
+            initial, first = saved["reference"], saved["step"] + 1
+            job.get(policy.load.call(saved["policy"]))
+            print(f"resumed from {resume_checkpoint()} at step {first}", flush=True)
+    job.get(reference.load.call(initial))
 
-    for step in range(1, args.steps + 1):
+    for step in range(first, args.steps + 1):
+        if args.checkpoint_dir and stop_requested():
+            path = os.path.join(args.checkpoint_dir, f"step-{step - 1}.pt")
+            torch.save({"step": step - 1, "reference": initial,
+                        "policy": job.get(policy.slice(hosts=0, gpus=0).weights.call_one())},
+                       path)
+            checkpoint_saved(path)
+            print(f"asked to stop: saved {path}", flush=True)
+            return
+        time.sleep(args.step_seconds)
         tokens, targets = make_batch(step)
         shards = by_rank(job.get(reference.logprobs.call(tokens)))
         ref_logprobs = torch.empty(BATCH, VOCAB)

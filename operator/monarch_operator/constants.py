@@ -82,6 +82,10 @@ ENV_JOB_UID = "MONARCH_JOB_UID"
 # TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS (field case C21).
 ENV_RESTART_COUNT = "MONARCH_RESTART_COUNT"
 ENV_MAX_RESTARTS = "MONARCH_MAX_RESTARTS"
+# Checkpoint before a stop (launcher/stoprequest.py): runPolicy.checkpointGracePeriodSeconds
+# when above 0, and the last checkpoint an earlier attempt's launcher named (status.lastCheckpoint).
+ENV_STOP_GRACE = "MONARCH_STOP_GRACE_SECONDS"
+ENV_CHECKPOINT = "MONARCH_CHECKPOINT"
 # The launcher pod variables the operator owns; spec.launcher.env may not set them (CRD rule,
 # which lists the same names: a unit test keeps the two equal). Other MONARCH_* names stay the
 # user's: Monarch's own MONARCH_FILE_LOG, the launcher's MONARCH_TERMINATION_LOG and so on.
@@ -93,6 +97,8 @@ LAUNCHER_RESERVED_ENV = (
     ENV_JOB_UID,
     ENV_RESTART_COUNT,
     ENV_MAX_RESTARTS,
+    ENV_STOP_GRACE,
+    ENV_CHECKPOINT,
     ENV_HOSTFILE,
     ENV_HOST_ADDRESSES,
     ENV_SSH_KEY,

@@ -25,6 +25,22 @@ to the role's GPUs. Leaving (normally, by an exception, by SIGTERM or SIGHUP) sh
 down. ``job.host_meshes`` and ``job.plan`` are there for programs that step down the abstraction
 ladder; ``job.ranks[role]`` lists where every rank runs (:class:`RankInfo`).
 
+**Checkpoint before a stop.** When the job is suspended or evicted (Kueue) while it runs and
+its ``runPolicy.checkpointGracePeriodSeconds`` is set, a program that called :func:`on_stop`
+gets that long before it is stopped: :func:`stop_requested` turns True (the callback runs),
+it saves its state, names it with :func:`checkpoint_saved` and returns. The next attempt finds
+the location in :func:`resume_checkpoint`::
+
+    from monarch_operator.job import checkpoint_saved, on_stop, resume_checkpoint, stop_requested
+
+    on_stop()                                  # or on_stop(callback)
+    start = load(resume_checkpoint()) if resume_checkpoint() else 0
+    for step in range(start, steps):
+        train(step)
+        if stop_requested():
+            checkpoint_saved(save(step))       # "/ckpt/step-120" or "s3://bucket/run/120"
+            break
+
 Run it with ``monarch-launch run module:function`` (the function receives the entered job), or
 ``python my_program.py`` with ``Job.from_env()`` / ``Job.from_args(...)``. The README's
 "Write your own trainer and reference model" walks through it.
@@ -38,6 +54,13 @@ from monarch_operator.launcher.programs.job import Job, JobConfig, JobError, Ran
 from monarch_operator.launcher.programs.rankside import RankInfo
 from monarch_operator.launcher.session.lifecycle import Terminated, WorkerLost
 from monarch_operator.launcher.session.preflight import PreflightError
+from monarch_operator.launcher.stoprequest import (
+    checkpoint_saved,
+    on_stop,
+    resume_checkpoint,
+    stop_requested,
+    wait_for_stop,
+)
 
 __all__ = [
     "Job",
@@ -51,4 +74,9 @@ __all__ = [
     "RolePlan",
     "Terminated",
     "WorkerLost",
+    "checkpoint_saved",
+    "on_stop",
+    "resume_checkpoint",
+    "stop_requested",
+    "wait_for_stop",
 ]

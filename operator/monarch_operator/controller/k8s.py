@@ -462,13 +462,15 @@ def delete_if_present(api_version: str, kind: str, namespace: str, name: str) ->
     return delete(api_version, kind, namespace, name)
 
 
-def delete_pod(namespace: str, name: str, force: bool = False) -> bool:
-    """Delete a pod with its own grace period, or with ``force`` at once (grace period 0, as
+def delete_pod(namespace: str, name: str, force: bool = False,
+               grace_seconds: int | None = None) -> bool:
+    """Delete a pod with its own grace period, ``grace_seconds`` instead (seconds between the
+    kubelet's SIGTERM and SIGKILL), or with ``force`` at once (grace period 0, as
     ``kubectl delete pod --force --grace-period=0``: the object goes without waiting for its
     kubelet; only finalizers still hold it). Returns False if it was already gone (404)."""
     try:
         kubernetes.client.CoreV1Api(_client()).delete_namespaced_pod(
-            name, namespace, grace_period_seconds=0 if force else None)
+            name, namespace, grace_period_seconds=0 if force else grace_seconds)
     except ApiException as error:
         if error.status == 404:
             return False
@@ -476,17 +478,19 @@ def delete_pod(namespace: str, name: str, force: bool = False) -> bool:
     return True
 
 
-def stop_pod(pod: dict[str, Any] | None) -> bool:
-    """Delete ``pod`` (as read) with its own grace period unless it is absent or already being
-    deleted: a pass that finds it so sends nothing. The pod stays in the pass's view: it runs
-    until its grace period ends, and whoever waits for it must still see it.
+def stop_pod(pod: dict[str, Any] | None, grace_seconds: int | None = None) -> bool:
+    """Delete ``pod`` (as read) with its own grace period (or ``grace_seconds``) unless it is
+    absent or already being deleted: a pass that finds it so sends nothing. The pod stays in
+    the pass's view: it runs until its grace period ends, and whoever waits for it must still
+    see it.
 
     Returns:
         Whether a delete was sent and the pod existed.
     """
     if pod is None or pod["metadata"].get("deletionTimestamp"):
         return False
-    return delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
+    return delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"],
+                      grace_seconds=grace_seconds)
 
 
 def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:

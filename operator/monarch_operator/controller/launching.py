@@ -9,6 +9,7 @@ from typing import Any
 from monarch_operator import constants, names
 from monarch_operator.controller import (
     attempts,
+    checkpoints,
     deadlines,
     endings,
     k8s,
@@ -219,7 +220,8 @@ def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
     attempt = int(state.status["attempt"])
     _, (launcher, created) = k8s.ensure_together(
         build_hostfile_configmap(job, settings, worker_pods),
-        build_launcher_pod(job, settings, attempt, int(state.status.get("restartCount") or 0)),
+        build_launcher_pod(job, settings, attempt, int(state.status.get("restartCount") or 0),
+                           checkpoints.location(state.status)),
         owner_uid=job.uid)
     state.status["attemptWorkers"] = attempts.worker_snapshot(job.name, job.replicas, worker_pods)
     state.status = attempts.update_current(state.status, launchTime=state.now_text,

@@ -62,6 +62,9 @@ class RunPolicy:
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
     infrastructure_backoff_limit: int = DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT
     rules: tuple[ExitCodeRule, ...] = field(default_factory=tuple)
+    # Seconds a running launcher is given to checkpoint before a suspend or an eviction stops
+    # the job (0: stopped at once); see controller/release.py stop_launcher_first.
+    checkpoint_grace_seconds: int = 0
 
     @classmethod
     def from_spec(cls, run_policy: dict[str, Any] | None) -> RunPolicy:
@@ -80,6 +83,7 @@ class RunPolicy:
             infrastructure_backoff_limit=int(run_policy.get(
                 "infrastructureBackoffLimit", DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT)),
             rules=tuple(rules),
+            checkpoint_grace_seconds=int(run_policy.get("checkpointGracePeriodSeconds", 0)),
         )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from monarch_operator.controller import (
     attempts,
+    checkpoints,
     deadlines,
     endings,
     gate,
@@ -98,6 +99,7 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
     retry_after = None
     if not st.is_finished(state.status) and state.status.get("attempt") is None:
         state.status = attempts.begin(state.status, 1, state.now_text)
+    checkpoints.harvest(state)  # before a next attempt's launcher is built with it
     if not st.is_finished(state.status):
         _check_active_deadline(state)
     if not st.is_finished(state.status):  # noqa: SIM102 (the deadline may have ended it)

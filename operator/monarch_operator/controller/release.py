@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attempts, k8s, observe, stuckpods
+from monarch_operator.controller import attempts, k8s, observe, stuckpods, verdicts
 from monarch_operator.controller import status as st
 from monarch_operator.controller.passstate import Event, Pass
 from monarch_operator.controller.spec import CLEANUP_DELETE_ALL, CLEANUP_KEEP_ALL
@@ -23,6 +23,54 @@ def launcher_pod(namespace: str, job_name: str, attempt: int) -> dict[str, Any] 
     name = names.launcher_pod(job_name, attempt)
     named = [pod for pod in pods if pod["metadata"]["name"] == name]
     return (named or pods or [None])[0]
+
+
+REASON_CHECKPOINT_REQUESTED = "CheckpointRequested"
+
+
+def running_launcher(namespace: str, job_name: str, attempt: int) -> dict[str, Any] | None:
+    """The launcher pod to stop for a suspend or an eviction: attempt ``attempt``'s, else the
+    previous attempt's while it still runs (the stop ended that attempt and began this one, and
+    a launcher given a grace period runs on for it)."""
+    launcher = launcher_pod(namespace, job_name, attempt)
+    if launcher is None and attempt > 1:
+        previous = launcher_pod(namespace, job_name, attempt - 1)
+        if previous is not None and not observe.launcher_outcome(previous).finished:
+            return previous
+    return launcher
+
+
+def stop_launcher_first(state: Pass, launcher: dict[str, Any] | None) -> tuple[bool, bool]:
+    """Stop the running launcher before a suspend or an eviction takes the workers (issue 21
+    item 4, checkpoint before a stop).
+
+    With ``runPolicy.checkpointGracePeriodSeconds`` above 0 and a launcher still running, the
+    launcher pod is deleted with that grace period (the kubelet's SIGTERM is the program's
+    request to stop, ``launcher/stoprequest.py``) and the workers must stay, so that its ranks
+    can save their state, until the launcher has ended or the period has passed (a pass is
+    asked for then). Otherwise the launcher is deleted as any pod, and the workers may go.
+
+    Returns:
+        ``(sent, workers_may_go)``: whether a delete was sent for the launcher this pass, and
+        whether the caller may delete the workers now.
+    """
+    grace = state.job.run_policy.checkpoint_grace_seconds
+    if grace <= 0 or launcher is None or observe.launcher_outcome(launcher).finished:
+        return k8s.stop_pod(launcher), True
+    metadata = launcher["metadata"]
+    if not metadata.get("deletionTimestamp"):
+        sent = k8s.stop_pod(launcher, grace_seconds=grace)
+        state.events.append(Event("Normal", REASON_CHECKPOINT_REQUESTED, (
+            f"launcher {metadata['name']} asked to stop: its program has {grace}s to save its "
+            f"state (runPolicy.checkpointGracePeriodSeconds); the workers go after")))
+        state.wake_in(float(grace))
+        return sent, False
+    ends = verdicts.parse(metadata["deletionTimestamp"])
+    left = (ends - state.now).total_seconds() if ends is not None else 0.0
+    if left > 0:
+        state.wake_in(left)
+        return False, False
+    return False, True
 
 
 def let_go_of_stuck(state: Pass, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -12,13 +12,18 @@ from monarch_operator.controller.passstate import Event, Pass
 def suspend(state: Pass) -> None:
     """``spec.suspend``: delete the launcher and the workers (GPUs released) and the hostfile
     (stale once the pods go); keep the key, the Service and every counter. A running attempt
-    ends as ``Suspended`` (no budget spent); resuming starts the next one."""
+    ends as ``Suspended`` (no budget spent); resuming starts the next one. With a checkpoint
+    grace period the launcher goes first (:func:`.release.stop_launcher_first`)."""
     job = state.job
     attempt = int(state.status["attempt"])
     record = attempts.current(state.status) or {}
-    k8s.stop_pod(release.launcher_pod(job.namespace, job.name, attempt))
-    k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace, names.worker_set(job.name))
-    k8s.delete_if_present("v1", "ConfigMap", job.namespace, names.hostfile_configmap(job.name))
+    launcher = release.running_launcher(job.namespace, job.name, attempt)
+    _, workers_may_go = release.stop_launcher_first(state, launcher)
+    if workers_may_go:
+        k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace,
+                              names.worker_set(job.name))
+        k8s.delete_if_present("v1", "ConfigMap", job.namespace,
+                              names.hostfile_configmap(job.name))
     if record.get("launchTime") and not record.get("endTime"):
         state.status.pop("attemptWorkers", None)
         state.status = attempts.update_current(
@@ -34,7 +39,11 @@ def suspend(state: Pass) -> None:
     # The gate's first step made the Service, which a suspension keeps: without it nothing of
     # the job ever started (created with spec.suspend: true).
     started = k8s.read("v1", "Service", job.namespace, names.worker_service(job.name)) is not None
-    if pods:
+    if not workers_may_go:
+        message = (f"spec.suspend is true: launcher {launcher['metadata']['name']} saving its "
+                   f"state (up to {job.run_policy.checkpoint_grace_seconds}s), then the workers "
+                   f"are deleted")  # type: ignore[index]
+    elif pods:
         message = f"spec.suspend is true: {len(pods)} pod(s) still terminating"
     elif started:
         message = "spec.suspend is true: workers and launcher deleted, GPUs released"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from monarch_operator.launcher import stoprequest
+
 # Overrides the path (tests, or a pod with a custom terminationMessagePath).
 ENV_TERMINATION_LOG = "MONARCH_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -34,15 +36,17 @@ def termination_log_path() -> str | None:
 def write_termination_message(message: str) -> None:
     """Replace the termination log's content with ``message`` on one line (line breaks and runs
     of spaces become one space; UTF-8, at most 4096 bytes): the operator shows the message's
-    last line, which then is all of it.
+    last line, which then is all of it. A checkpoint the program named
+    (:func:`.stoprequest.checkpoint_saved`) ends it as `` [checkpoint: LOCATION]``, never cut.
 
     Best effort: an unwritable path is ignored, so reporting a failure never fails the launcher.
     """
     path = termination_log_path()
     if path is None:
         return
-    data = " ".join(message.split()).encode("utf-8", "replace")[:MAX_MESSAGE_BYTES]
-    data = data.decode("utf-8", "ignore").encode("utf-8")  # no character cut in half
+    marker = stoprequest.marker().encode("utf-8")  # where the program saved its state, last
+    data = " ".join(message.split()).encode("utf-8", "replace")[:MAX_MESSAGE_BYTES - len(marker)]
+    data = (data.decode("utf-8", "ignore").encode("utf-8") + marker).strip()  # no char cut
     try:
         with open(path, "wb") as termination_log:
             termination_log.write(data)

@@ -56,13 +56,17 @@ def launcher_command(job: JobSpec) -> list[str]:
     return [*base, *job.launcher_args]
 
 
-def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0) -> list[dict[str, Any]]:
+def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
+                 checkpoint: str | None = None) -> list[dict[str, Any]]:
     """The launcher container's env: the operator's ``MONARCH_*`` contract, then the user's.
 
     ``MONARCH_ATTEMPT`` is ``attempt`` (1 for the first run, 2 after one restart, ...);
     ``MONARCH_RESTART_COUNT`` is ``restart_count`` (``status.restartCount`` when the attempt
     started: restarts after failures, not resumes) and ``MONARCH_MAX_RESTARTS`` the most the
     run policy allows, ``backoffLimit + infrastructureBackoffLimit`` (field case C21).
+    ``MONARCH_STOP_GRACE_SECONDS`` is ``runPolicy.checkpointGracePeriodSeconds`` when above 0,
+    and ``MONARCH_CHECKPOINT`` the last checkpoint an earlier launcher named (``checkpoint``,
+    ``status.lastCheckpoint.location``), when there is one (launcher/stoprequest.py).
     The mesh layout (``MONARCH_TRAINER_*``, ``MONARCH_REF_*``, ``MONARCH_COLOCATE``) is left out
     for ``spec.spmd`` jobs, which ignore the meshes; the GPU split only when the job gives it.
     """
@@ -105,17 +109,22 @@ def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0) -> list
         ]:
             if gpus is not None:
                 env.append({"name": name, "value": str(gpus)})
+    if job.run_policy.checkpoint_grace_seconds > 0:
+        env.append({"name": constants.ENV_STOP_GRACE,
+                    "value": str(job.run_policy.checkpoint_grace_seconds)})
+    if checkpoint:
+        env.append({"name": constants.ENV_CHECKPOINT, "value": checkpoint})
     env.append({"name": constants.ENV_CLIENT_ADDRESS, "value": "tcp://$(POD_IP):0"})
     return env + copy.deepcopy(job.launcher_env)
 
 
 def build_launcher_pod(job: JobSpec, settings: Settings, attempt: int = 1,
-                       restart_count: int = 0) -> dict[str, Any]:
+                       restart_count: int = 0, checkpoint: str | None = None) -> dict[str, Any]:
     """The launcher Pod of ``attempt`` (``<job>-launcher``, then ``<job>-launcher-<n>``), owned
     by the job and created by the operator itself, never restarted in place
     (``restartPolicy: Never``; the operator's run policy decides on restarts).
-    ``restart_count``: the job's restarts after failures when the attempt started
-    (:func:`launcher_env`).
+    ``restart_count``: the job's restarts after failures when the attempt started, and
+    ``checkpoint`` the last checkpoint an earlier launcher named (:func:`launcher_env`).
 
     A bare pod rather than a batch Job: the Job would add nothing the run policy does not do
     (it ran with ``backoffLimit: 0``), and its pod waited for the controller manager's Job
@@ -138,7 +147,7 @@ def build_launcher_pod(job: JobSpec, settings: Settings, attempt: int = 1,
         "image": job.launcher_image,
         "command": launcher_command(job),
         "securityContext": container_security_context(),
-        "env": launcher_env(job, attempt, restart_count),
+        "env": launcher_env(job, attempt, restart_count, checkpoint),
         "volumeMounts": [
             {"name": "hostfile", "mountPath": constants.HOSTFILE_DIR, "readOnly": True},
             {"name": "ssh", "mountPath": constants.SSH_DIR, "readOnly": True},

@@ -149,16 +149,19 @@ def _admitted(state: Pass, verdict: wl.Admission) -> None:
 
 
 def _stop(state: Pass, verdict: wl.Admission) -> int:
-    """Delete the launcher, the workers and the hostfile (as a suspension does); a running
-    or starting attempt ends as :data:`EVICTED`. Returns how many pods are still there."""
+    """Delete the launcher, the workers and the hostfile (as a suspension does, the launcher
+    first with a checkpoint grace period); a running or starting attempt ends as
+    :data:`EVICTED`. Returns how many pods are still there."""
     job = state.job
     attempt = int(state.status["attempt"])
     record = attempts.current(state.status) or {}
-    launcher = release.launcher_pod(job.namespace, job.name, attempt)
-    stopped = k8s.stop_pod(launcher)
-    stopped |= k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace,
-                                     names.worker_set(job.name))
-    k8s.delete_if_present("v1", "ConfigMap", job.namespace, names.hostfile_configmap(job.name))
+    launcher = release.running_launcher(job.namespace, job.name, attempt)
+    stopped, workers_may_go = release.stop_launcher_first(state, launcher)
+    if workers_may_go:
+        stopped |= k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace,
+                                         names.worker_set(job.name))
+        k8s.delete_if_present("v1", "ConfigMap", job.namespace,
+                              names.hostfile_configmap(job.name))
     if stopped and not record.get("endTime"):
         why = f"evicted by Kueue: {verdict.reason}: {verdict.message}".rstrip(": ")
         state.status.pop("attemptWorkers", None)

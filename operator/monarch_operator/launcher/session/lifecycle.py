@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from monarch_operator.launcher import exitcodes, stopsignal
+from monarch_operator.launcher import exitcodes, stopsignal, stoprequest
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.diagnose import SSH_SESSION_FAILED
 from monarch_operator.launcher.session.dnswait import DEFAULT_STABLE_S, wait_for_addresses
@@ -144,6 +144,8 @@ def _raise_terminated(signum: int, _frame: Any) -> None:
     # cannot cut the teardown short; SIGKILL remains the hard stop. The first one decides the
     # exit status, whatever the program does with the exception (launcher.stopsignal).
     stopsignal.record(signum)
+    if stoprequest.defer(signum):  # the program asked for time to checkpoint first
+        return
     signal.signal(signum, _record_only)
     raise Terminated(signum)
 
@@ -639,6 +641,7 @@ def teardown(job: LauncherSSHJob, host_meshes: Mapping[str, HostMesh], reporter:
     session, and the session guard then stops the remote worker and its processes, so it is
     the backstop for a worker shutdown missed.
     """
+    stoprequest.finish()  # a checkpoint deadline still pending has nothing left to stop
     with signals_deferred():
         try:
             for name, host_mesh in host_meshes.items():

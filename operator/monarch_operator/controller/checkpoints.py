@@ -1,0 +1,73 @@
+"""Where the job's program saved its state, as its launchers named it (issue 21 item 4).
+
+A program calls ``monarch_operator.job.checkpoint_saved(LOCATION)`` (typically when asked to
+stop before a suspend or an eviction, see :func:`.release.stop_launcher_first`); the launcher
+ends its termination message with ``[checkpoint: LOCATION]``
+(``launcher/stoprequest.py``; a unit test keeps the two patterns equal). Each pass reads the
+job's ended launcher pods from its view (no request): the newest attempt's location becomes
+``status.lastCheckpoint`` (location, attempt, when its launcher ended) and that attempt's
+``checkpoint``; the next attempt's launcher gets it as ``MONARCH_CHECKPOINT``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from monarch_operator import constants
+from monarch_operator.controller import k8s
+from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
+from monarch_operator.controller.passstate import Event, Pass
+
+MARKER = re.compile(r"\[checkpoint: (?P<location>[^\s\]]+)\]\s*$")
+REASON_CHECKPOINT_SAVED = "CheckpointSaved"
+
+
+def location(status: dict[str, Any]) -> str | None:
+    """The last checkpoint's location (``status.lastCheckpoint.location``), or None."""
+    return (status.get("lastCheckpoint") or {}).get("location") or None
+
+
+def named_in(pod: dict[str, Any]) -> tuple[str, str | None] | None:
+    """``(location, finishedAt)`` of the checkpoint named in the launcher container's
+    termination message, or None (running, or no marker)."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") != LAUNCHER_CONTAINER:
+            continue
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        found = MARKER.search(" ".join(str(terminated.get("message") or "").split()))
+        if found:
+            return found["location"], terminated.get("finishedAt")
+    return None
+
+
+def harvest(state: Pass) -> None:
+    """Record the newest checkpoint the job's ended launcher pods named (see the module doc);
+    an Event ``CheckpointSaved`` for each new one."""
+    job = state.job
+    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
+                                         constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
+    last = dict(state.status.get("lastCheckpoint") or {})
+    numbered = [(_attempt_of(pod), pod) for pod in pods if _attempt_of(pod) is not None]
+    for attempt, pod in sorted(numbered, key=lambda item: item[0]):
+        named = named_in(pod)
+        if named is None or attempt < int(last.get("attempt") or 0):
+            continue
+        where, when = named
+        if (attempt, where) == (last.get("attempt"), last.get("location")):
+            continue
+        last = {"location": where, "attempt": attempt, **({"time": when} if when else {})}
+        state.status["lastCheckpoint"] = last
+        state.status["attempts"] = [
+            {**record, "checkpoint": where} if record.get("number") == attempt else record
+            for record in state.status.get("attempts") or []]
+        state.events.append(Event("Normal", REASON_CHECKPOINT_SAVED,
+                                  f"attempt {attempt} saved its state at {where}; the next "
+                                  f"attempt gets it as {constants.ENV_CHECKPOINT}"))
+
+
+def _attempt_of(pod: dict[str, Any]) -> int | None:
+    try:
+        return int(pod["metadata"].get("labels", {})[constants.LABEL_ATTEMPT])
+    except (KeyError, ValueError):
+        return None
