@@ -252,3 +252,44 @@ def test_wait_for_pods_ready_timeout_evicts_and_requeues(kubectl, namespace, que
     # Quota given back (Kueue requeues it after its back-off, 60 s at first).
     wait_until(lambda: "admission" not in job_workload(kubectl, namespace, "stuck")["status"],
                30, "quota given back")
+
+
+def test_a_preempted_job_checkpoints_first_and_resumes_from_it(kubectl, namespace, queue):
+    """Issue 21 item 4: preempted with runPolicy.checkpointGracePeriodSeconds, the running job's
+    launcher is asked to stop first and saves its state while its workers (and quota) stay;
+    requeued without spending its budget; re-admitted, it resumes from that checkpoint."""
+    from tests.cluster.test_checkpoint_before_stop import PROGRAM
+
+    kueue_objects(kubectl, *({"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
+                              "metadata": {"name": f"{level}-{namespace}"}, "value": value}
+                             for level, value in (("low", 10), ("high", 1000))))
+    try:
+        apply(kubectl, namespace, queued_job(
+            "low", labels={"kueue.x-k8s.io/priority-class": f"low-{namespace}"},
+            runPolicy={"backoffLimit": 0, "checkpointGracePeriodSeconds": 30},
+            launcher={"command": ["python3", "-c", PROGRAM.replace("ckpt-demo", "low")]}))
+        running_attempt(kubectl, namespace, "low", 1)
+        apply(kubectl, namespace, queued_job(
+            "high", labels={"kueue.x-k8s.io/priority-class": f"high-{namespace}"}))
+        asked = wait_until(lambda: (pod := get_json(kubectl, "pod", "low-launcher", "-n",
+                                                    namespace)) and pod["metadata"].get(
+            "deletionTimestamp") and pod, 60, "the low launcher asked to stop")
+        assert asked["metadata"]["deletionGracePeriodSeconds"] == 30
+        workers = get_json(kubectl, "pods", "-n", namespace, "-l",
+                           f"{LABEL_JOB}=low,monarch-operator.dev/role=worker")["items"]
+        assert len(workers) == 2, "the workers stay while the launcher saves its state"
+        saved = wait_until(lambda: (s := job_status(kubectl, namespace, "low")).get(
+            "lastCheckpoint") and s, 60, "low's checkpoint recorded")
+        where = saved["lastCheckpoint"]["location"]
+        assert where.startswith("/ckpt/low/step-"), saved["lastCheckpoint"]
+        first = saved["attempts"][0]
+        assert (first["class"], first["checkpoint"]) == ("Evicted", where), first
+        running_attempt(kubectl, namespace, "high", 1)
+        kubectl("delete", "monarchjob", "high", "-n", namespace, "--wait=true")
+        done = wait_phase(kubectl, namespace, "low", "Succeeded", timeout=120)
+        assert done["attempt"] == 2 and not done.get("failureCounts"), done
+        log = kubectl("logs", "low-launcher-2", "-n", namespace)
+        assert f"resumed from {where}" in log, log
+    finally:
+        kubectl("delete", "workloadpriorityclass", f"low-{namespace}", f"high-{namespace}",
+                check=False)

@@ -116,3 +116,27 @@ def test_the_operator_reads_the_marker_the_launcher_writes():
     for message in ("[checkpoint: /ckpt/7]", "failed: x [checkpoint: /ckpt/7]  "):
         assert checkpoints.MARKER.search(message)["location"] == "/ckpt/7"
     assert checkpoints.MARKER.search("[checkpoint: /ckpt/7] then more") is None
+
+
+def test_a_launcher_gone_before_the_pass_saw_its_end_still_gives_its_checkpoint(api):
+    """The launcher pod's last state came with its DELETED event, the pass ran after: the
+    location is remembered from the watch (handlers.on_child_event)."""
+    settings = Settings.from_env()
+    status = running_status(settings)
+    gone = ended_launcher(settings, "terminated by signal 15 (SIGTERM) [checkpoint: /ckpt/9]")
+    checkpoints.remember("team-a", "demo", gone)
+    try:
+        body = suspended_body(status, GRACE)
+        with k8s.reading_from(make_view(settings, body["status"], [])):
+            outcome = reconcile.reconcile(body, settings,
+                                          dt.datetime(2026, 12, 1, 12, 1, tzinfo=dt.UTC))
+        assert outcome.status["lastCheckpoint"]["location"] == "/ckpt/9"
+        # An older attempt's launcher never replaces it.
+        older = ended_launcher(settings, "[checkpoint: /ckpt/older]")
+        older["metadata"]["labels"] = {**older["metadata"]["labels"],
+                                       constants.LABEL_ATTEMPT: "0"}
+        checkpoints.remember("team-a", "demo", older)
+        with checkpoints._seen_lock:
+            assert checkpoints._seen[("team-a", "demo")] is gone
+    finally:
+        checkpoints.forget("team-a", "demo")

@@ -7,11 +7,17 @@ ends its termination message with ``[checkpoint: LOCATION]``
 job's ended launcher pods from its view (no request): the newest attempt's location becomes
 ``status.lastCheckpoint`` (location, attempt, when its launcher ended) and that attempt's
 ``checkpoint``; the next attempt's launcher gets it as ``MONARCH_CHECKPOINT``.
+
+A launcher deleted for a suspend or an eviction may be gone from the view before a pass saw
+its end: every launcher pod event that names a checkpoint is also remembered here
+(:func:`remember`, from the pod watch, the DELETED event's last state included) until the job
+goes (:func:`forget`), and a pass reads both.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 from monarch_operator import constants
@@ -21,6 +27,28 @@ from monarch_operator.controller.passstate import Event, Pass
 
 MARKER = re.compile(r"\[checkpoint: (?P<location>[^\s\]]+)\]\s*$")
 REASON_CHECKPOINT_SAVED = "CheckpointSaved"
+
+# (namespace, job) -> the newest launcher pod that named a checkpoint, as last seen.
+_seen: dict[tuple[str, str], dict[str, Any]] = {}
+_seen_lock = threading.Lock()
+
+
+def remember(namespace: str, job_name: str, pod: dict[str, Any]) -> None:
+    """Keep ``pod`` (a launcher pod as an event delivered it) for the job's next pass if it
+    names a checkpoint and is of the newest attempt seen so far."""
+    attempt = _attempt_of(pod)
+    if attempt is None or named_in(pod) is None:
+        return
+    with _seen_lock:
+        known = _seen.get((namespace, job_name))
+        if known is None or (_attempt_of(known) or 0) <= attempt:
+            _seen[(namespace, job_name)] = pod
+
+
+def forget(namespace: str, job_name: str) -> None:
+    """The job is gone: drop what :func:`remember` kept for it."""
+    with _seen_lock:
+        _seen.pop((namespace, job_name), None)
 
 
 def location(status: dict[str, Any]) -> str | None:
@@ -47,6 +75,10 @@ def harvest(state: Pass) -> None:
     job = state.job
     pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
                                          constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
+    with _seen_lock:
+        remembered = _seen.get((job.namespace, job.name))
+    if remembered is not None:
+        pods = [*pods, remembered]
     last = dict(state.status.get("lastCheckpoint") or {})
     numbered = [(_attempt_of(pod), pod) for pod in pods if _attempt_of(pod) is not None]
     for attempt, pod in sorted(numbered, key=lambda item: item[0]):

@@ -17,8 +17,8 @@ from typing import Any
 import kopf
 
 from monarch_operator import constants, names
-from monarch_operator.controller import (cache, indexready, k8s, metrics, observe, passes,
-                                         wakeups, watchhealth)
+from monarch_operator.controller import (cache, checkpoints, indexready, k8s, metrics,
+                                         observe, passes, wakeups, watchhealth)
 from monarch_operator.controller.kueue import watch as kueue_watch
 from monarch_operator.controller.settings import Settings
 
@@ -185,6 +185,7 @@ async def on_job_event(type: str | None, namespace: str, name: str, meta: kopf.M
     uid = str(meta.get("uid") or "")
     if type == "DELETED":
         WAKEUPS.forget(key)
+        checkpoints.forget(namespace, name)
         metrics.JOB_PHASES.set(key, None)
         # A pass that raced the deletion stops creating; what it and earlier passes created
         # goes now, not when garbage collection gets to it.
@@ -201,10 +202,15 @@ async def on_job_event(type: str | None, namespace: str, name: str, meta: kopf.M
 
 @kopf.on.event(*_CHILDREN[0], labels={constants.LABEL_JOB: kopf.PRESENT})
 @kopf.on.event(*_CHILDREN[1], labels={constants.LABEL_JOB: kopf.PRESENT})
-async def on_child_event(namespace: str, labels: dict[str, str], **_: Any) -> None:
+async def on_child_event(namespace: str, labels: dict[str, str], body: kopf.Body,
+                         **_: Any) -> None:
     """A child of a job changed: wake its job (found by the job label; a pass of a job that
-    does not exist does nothing)."""
-    WAKEUPS.wake((namespace, labels[constants.LABEL_JOB]))
+    does not exist does nothing). A launcher pod that names a checkpoint is remembered, in
+    case it is gone before the pass (:func:`.checkpoints.remember`)."""
+    job_name = labels[constants.LABEL_JOB]
+    if labels.get(constants.LABEL_ROLE) == constants.ROLE_LAUNCHER:
+        checkpoints.remember(namespace, job_name, dict(body))
+    WAKEUPS.wake((namespace, job_name))
 
 
 @kopf.on.event(*_EVENTS)
