@@ -8,6 +8,7 @@ Each test has its own ClusterQueue (``nvidia.com/gpu`` quota) selecting only its
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -147,11 +148,22 @@ def test_c23_second_job_queued_whole_until_the_first_finishes(kubectl, namespace
           f"{admitted_in:.1f}s after A was deleted")
 
 
-def test_higher_priority_preempts_without_spending_the_budget(kubectl, namespace, queue):
+@contextlib.contextmanager
+def priority_classes(kubectl: Any, namespace: str) -> Iterator[None]:
+    """WorkloadPriorityClasses ``low-<namespace>`` (10) and ``high-<namespace>`` (1000) for
+    the block."""
     kueue_objects(kubectl, *({"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
                               "metadata": {"name": f"{level}-{namespace}"}, "value": value}
                              for level, value in (("low", 10), ("high", 1000))))
     try:
+        yield
+    finally:
+        kubectl("delete", "workloadpriorityclass", f"low-{namespace}", f"high-{namespace}",
+                check=False)
+
+
+def test_higher_priority_preempts_without_spending_the_budget(kubectl, namespace, queue):
+    with priority_classes(kubectl, namespace):
         apply(kubectl, namespace, queued_job(
             "low", labels={"kueue.x-k8s.io/priority-class": f"low-{namespace}"},
             runPolicy={"backoffLimit": 0, "infrastructureBackoffLimit": 0},
@@ -177,9 +189,6 @@ def test_higher_priority_preempts_without_spending_the_budget(kubectl, namespace
         assert status["attempt"] == 2 and status["queue"]["admissions"] == 2, status
         finished = wl_condition(job_workload(kubectl, namespace, "low"), "Finished")
         assert finished.get("status") == "True" and finished["reason"] == "Succeeded"
-    finally:
-        kubectl("delete", "workloadpriorityclass", f"low-{namespace}", f"high-{namespace}",
-                check=False)
 
 
 def test_flavor_node_label_reaches_the_pods(kubectl, namespace, queue):
@@ -260,10 +269,7 @@ def test_a_preempted_job_checkpoints_first_and_resumes_from_it(kubectl, namespac
     requeued without spending its budget; re-admitted, it resumes from that checkpoint."""
     from tests.cluster.test_checkpoint_before_stop import PROGRAM
 
-    kueue_objects(kubectl, *({"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
-                              "metadata": {"name": f"{level}-{namespace}"}, "value": value}
-                             for level, value in (("low", 10), ("high", 1000))))
-    try:
+    with priority_classes(kubectl, namespace):
         apply(kubectl, namespace, queued_job(
             "low", labels={"kueue.x-k8s.io/priority-class": f"low-{namespace}"},
             runPolicy={"backoffLimit": 0, "checkpointGracePeriodSeconds": 30},
@@ -290,6 +296,3 @@ def test_a_preempted_job_checkpoints_first_and_resumes_from_it(kubectl, namespac
         assert done["attempt"] == 2 and not done.get("failureCounts"), done
         log = kubectl("logs", "low-launcher-2", "-n", namespace)
         assert f"resumed from {where}" in log, log
-    finally:
-        kubectl("delete", "workloadpriorityclass", f"low-{namespace}", f"high-{namespace}",
-                check=False)
