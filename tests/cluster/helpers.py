@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -185,3 +186,23 @@ def start_pod(core: Any, namespace: str, name: str, script: str, ready: bool = F
         return pod if "running" in (statuses[0].get("state") or {}) else None
 
     return wait_until(started, 60, f"pod {name} {'Ready' if ready else 'running'}")
+
+
+# A launcher program (checkpoint before a stop, issue 21 item 4): opts in, resumes from
+# MONARCH_CHECKPOINT when there is one (then ends at once), else "trains" until asked to stop,
+# saves its state and names it.
+CHECKPOINTING_PROGRAM = textwrap.dedent("""
+    import sys, time
+    from monarch_operator.job import checkpoint_saved, on_stop, resume_checkpoint, stop_requested
+    on_stop()
+    if resume_checkpoint():
+        print("resumed from", resume_checkpoint(), flush=True)
+        sys.exit(0)
+    step = 0
+    while not stop_requested():
+        time.sleep(0.1)
+        step += 1
+    time.sleep(2)  # saving takes a while: the workers must still be there
+    checkpoint_saved(f"/ckpt/ckpt-demo/step-{step}")
+    print("saved", flush=True)
+""")

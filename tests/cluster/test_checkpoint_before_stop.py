@@ -5,11 +5,10 @@ workers go once it ended; on resume the next attempt starts from that checkpoint
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from tests.cluster.helpers import (
+    CHECKPOINTING_PROGRAM,
     LABEL_JOB,
     apply_manifest,
     get_json,
@@ -22,29 +21,12 @@ from tests.cluster.helpers import (
 
 pytestmark = pytest.mark.cluster
 
-# The launcher's program: opts in, resumes from MONARCH_CHECKPOINT when there is one (then
-# ends at once), else "trains" until asked to stop, saves its state and names it.
-PROGRAM = textwrap.dedent("""
-    import sys, time
-    from monarch_operator.job import checkpoint_saved, on_stop, resume_checkpoint, stop_requested
-    on_stop()
-    if resume_checkpoint():
-        print("resumed from", resume_checkpoint(), flush=True)
-        sys.exit(0)
-    step = 0
-    while not stop_requested():
-        time.sleep(0.1)
-        step += 1
-    time.sleep(2)  # saving takes a while: the workers must still be there
-    checkpoint_saved(f"/ckpt/ckpt-demo/step-{step}")
-    print("saved", flush=True)
-""")
 
 
 def test_suspend_lets_the_program_checkpoint_and_the_next_attempt_resumes(kubectl, namespace):
     apply_manifest(kubectl, namespace, job_manifest(
         "ckpt", runPolicy={"checkpointGracePeriodSeconds": 30},
-        launcher={"command": ["python3", "-c", PROGRAM]}))
+        launcher={"command": ["python3", "-c", CHECKPOINTING_PROGRAM]}))
     running_attempt(kubectl, namespace, "ckpt", 1)
     kubectl("patch", "monarchjob", "ckpt", "-n", namespace, "--type=merge",
             "-p", '{"spec": {"suspend": true}}')

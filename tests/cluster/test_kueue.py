@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.cluster.helpers import (
+    CHECKPOINTING_PROGRAM,
     LABEL_JOB,
     PodWatch,
     condition,
@@ -267,13 +268,11 @@ def test_a_preempted_job_checkpoints_first_and_resumes_from_it(kubectl, namespac
     """Issue 21 item 4: preempted with runPolicy.checkpointGracePeriodSeconds, the running job's
     launcher is asked to stop first and saves its state while its workers (and quota) stay;
     requeued without spending its budget; re-admitted, it resumes from that checkpoint."""
-    from tests.cluster.test_checkpoint_before_stop import PROGRAM
-
     with priority_classes(kubectl, namespace):
         apply(kubectl, namespace, queued_job(
             "low", labels={"kueue.x-k8s.io/priority-class": f"low-{namespace}"},
             runPolicy={"backoffLimit": 0, "checkpointGracePeriodSeconds": 30},
-            launcher={"command": ["python3", "-c", PROGRAM.replace("ckpt-demo", "low")]}))
+            launcher={"command": ["python3", "-c", CHECKPOINTING_PROGRAM.replace("ckpt-demo", "low")]}))
         running_attempt(kubectl, namespace, "low", 1)
         apply(kubectl, namespace, queued_job(
             "high", labels={"kueue.x-k8s.io/priority-class": f"high-{namespace}"}))
