@@ -272,7 +272,8 @@ def test_a_preempted_job_checkpoints_first_and_resumes_from_it(kubectl, namespac
         apply(kubectl, namespace, queued_job(
             "low", labels={"kueue.x-k8s.io/priority-class": f"low-{namespace}"},
             runPolicy={"backoffLimit": 0, "checkpointGracePeriodSeconds": 30},
-            launcher={"command": ["python3", "-c", CHECKPOINTING_PROGRAM.replace("ckpt-demo", "low")]}))
+            launcher={"command": ["python3", "-c",
+                                  CHECKPOINTING_PROGRAM.replace("ckpt-demo", "low")]}))
         running_attempt(kubectl, namespace, "low", 1)
         apply(kubectl, namespace, queued_job(
             "high", labels={"kueue.x-k8s.io/priority-class": f"high-{namespace}"}))

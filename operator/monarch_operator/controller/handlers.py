@@ -17,8 +17,17 @@ from typing import Any
 import kopf
 
 from monarch_operator import constants, names
-from monarch_operator.controller import (cache, checkpoints, indexready, k8s, metrics,
-                                         observe, passes, wakeups, watchhealth)
+from monarch_operator.controller import (
+    cache,
+    checkpoints,
+    indexready,
+    k8s,
+    metrics,
+    observe,
+    passes,
+    wakeups,
+    watchhealth,
+)
 from monarch_operator.controller.kueue import watch as kueue_watch
 from monarch_operator.controller.settings import Settings
 

@@ -7,10 +7,11 @@ with that grace period and keeps the workers until the launcher has ended (or th
 passed). The launcher pod gets ``MONARCH_STOP_GRACE_SECONDS``; the kubelet's SIGTERM is the
 request to stop.
 
-A program opts in with :func:`on_stop` (``Job.on_stop``): then the first SIGTERM does not stop
+A program opts in with :func:`on_stop` (``monarch_operator.job.on_stop``): then the first SIGTERM does not stop
 it at once. :func:`stop_requested` turns True, the callbacks run (in a thread of their own),
 and the program has until :func:`deadline` (the grace period less :data:`TEARDOWN_RESERVE_S`
-for the teardown, then SIGTERM again, to the main thread) to save its state, call :func:`checkpoint_saved` with where, and return;
+for the teardown, then SIGTERM again, to the main thread) to save its state, call
+:func:`checkpoint_saved` with where, and return;
 whatever it does, the exit status stays ``128 + 15`` (:mod:`.stopsignal`). At the deadline the
 stop happens as it does without opting in. Without opting in, or with no grace period, SIGTERM
 stops the program at once, as it always did.
