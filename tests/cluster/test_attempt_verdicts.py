@@ -284,15 +284,22 @@ def test_a_worker_lost_before_the_launcher_failed_wins_though_reported_after(
     assert status.get("failureCounts") == {"infrastructure": 1}
 
 
-# Field case C21's script: every rank says what it sees; attempt 1 (no restart yet) fails.
+# Field case C21's script: every rank says what it sees; attempt 1 (no restart yet) fails,
+# once every rank has written what it saw (the launcher stops the other ranks at the first
+# failure: a rank slower to start, on a loaded machine, would never have written it).
 RESUME_PY = """\
-import os, sys
+import glob, os, sys, time
 seen = {key: os.environ.get(key) for key in ("RANK", "TORCHELASTIC_RESTART_COUNT",
                                              "TORCHELASTIC_MAX_RESTARTS", "MONARCH_ATTEMPT")}
 print(" ".join(f"{key}={value}" for key, value in seen.items()), flush=True)
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                       f"attempt-{seen['MONARCH_ATTEMPT']}-rank-{seen['RANK']}"), "w") as out:
+here = os.path.dirname(os.path.abspath(__file__))
+attempt = seen["MONARCH_ATTEMPT"]
+with open(os.path.join(here, f"attempt-{attempt}-rank-{seen['RANK']}"), "w") as out:
     out.write(repr(seen))
+deadline = time.monotonic() + 60
+while (len(glob.glob(os.path.join(here, f"attempt-{attempt}-rank-*"))) < 4
+       and time.monotonic() < deadline):
+    time.sleep(0.1)
 sys.exit(1 if seen["TORCHELASTIC_RESTART_COUNT"] == "0" else 0)
 """
 REPO_OPERATOR = Path(__file__).resolve().parents[2] / "operator"

@@ -63,6 +63,10 @@ def world_dir() -> Iterator[Path]:
     """A directory the login user can traverse (pytest's tmp_path is root's alone)."""
     path = Path(tempfile.mkdtemp(prefix="monarch-entrypoint-"))
     path.chmod(0o755)
+    # The login user runs the image's entrypoint from here: the checkout may be where it
+    # cannot read (a clone under root's 0700 home).
+    shutil.copy(ENTRYPOINT, path / ENTRYPOINT.name)
+    (path / ENTRYPOINT.name).chmod(0o755)
     try:
         yield path
     finally:
@@ -155,7 +159,7 @@ def test_non_root_sshd_presents_the_jobs_pinned_host_key(login_user, world_dir, 
     with log.open("wb") as log_file:
         process = subprocess.Popen(
             ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={gid}", "--",
-             "sh", str(ENTRYPOINT)],
+             "sh", str(world_dir / ENTRYPOINT.name)],
             env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -213,7 +217,7 @@ def test_a_missing_host_key_stops_the_worker_with_the_path(login_user, world_dir
     missing = world_dir / "ssh" / constants.SSH_HOST_KEY
     result = subprocess.run(
         ["setpriv", f"--reuid={login_user.pw_uid}", f"--regid={login_user.pw_gid}",
-         "--clear-groups", "--", "sh", str(ENTRYPOINT)],
+         "--clear-groups", "--", "sh", str(world_dir / ENTRYPOINT.name)],
         env={"PATH": os.environ["PATH"], "HOME": str(home), "SSHD": "/bin/false",
              "SSH_AUTHORIZED_KEYS": str(authorized_keys), "SSH_HOST_KEY": str(missing)},
         capture_output=True, text=True, timeout=30, check=False,

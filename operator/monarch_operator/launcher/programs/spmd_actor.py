@@ -43,6 +43,8 @@ ROLE_NAME = "default"
 _PR_SET_PDEATHSIG = 1
 # Bytes a script's output is read in (any line length passes, unlike readline's 64 KiB limit).
 _PUMP_CHUNK = 65536
+# How long the start of a line waits for its end before it is written as it is.
+PARTIAL_LINE_WAIT_S = 0.5
 
 # Pids of this proc's running scripts, each the leader of its own process group; shared by
 # SpmdRank (starts them) and SpmdControl (stops them). The two actors run in the same proc but on
@@ -170,21 +172,46 @@ def _die_with_parent() -> None:
 
 async def _pump(stream: asyncio.StreamReader, out: IO[str], prefix: str) -> None:
     """Copy a script's output to ``out`` byte for byte, ``prefix`` at the start of each line
-    (field case C30: no decoding, no line-length limit; a last line without ``\n`` gets one)."""
+    (field case C30: no decoding, no line-length limit; a last line without ``\n`` gets one).
+
+    Each write carries whole lines: a line's start is held until its ``\n`` comes, at most
+    :data:`PARTIAL_LINE_WAIT_S` (a progress bar that redraws with ``\r``) or
+    :data:`_PUMP_CHUNK` bytes. Several ranks write to the same output (the launcher's, through
+    their ssh sessions): a line written in pieces, as ``print('a', b)`` of an unbuffered
+    script does, would be cut into by another rank's line."""
     sink = out.buffer  # type: ignore[attr-defined]
     marker = prefix.encode()
     at_line_start = True
-    while chunk := await stream.read(_PUMP_CHUNK):
+    pending = b""  # the start of a line whose end has not come yet
+    while True:
+        try:
+            chunk: bytes | None = await asyncio.wait_for(
+                stream.read(_PUMP_CHUNK), PARTIAL_LINE_WAIT_S if pending else None)
+        except TimeoutError:
+            chunk = None  # the partial line waited long enough: out it goes as it is
+        if chunk == b"":
+            break
+        if chunk is None or len(pending) + len(chunk) >= _PUMP_CHUNK:
+            data, pending = pending + (chunk or b""), b""
+        else:
+            data = pending + chunk
+            cut = data.rfind(b"\n") + 1
+            data, pending = data[:cut], data[cut:]
+        if not data:
+            continue
         pieces = []
-        for line in chunk.splitlines(keepends=True):
+        for line in data.splitlines(keepends=True):
             pieces.append(marker + line if at_line_start else line)
             at_line_start = line.endswith(b"\n")
         out.flush()  # whatever went through the text layer first
         sink.write(b"".join(pieces))
         sink.flush()
+    if pending:
+        sink.write((marker if at_line_start else b"") + pending)
+        at_line_start = False
     if not at_line_start:
         sink.write(b"\n")
-        sink.flush()
+    sink.flush()
 
 
 def _status(returncode: int) -> int:
