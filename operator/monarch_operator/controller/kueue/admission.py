@@ -162,7 +162,11 @@ def _stop(state: Pass, verdict: wl.Admission) -> int:
                                          names.worker_set(job.name))
         k8s.delete_if_present("v1", "ConfigMap", job.namespace,
                               names.hostfile_configmap(job.name))
-    if stopped and not record.get("endTime"):
+    # Only an attempt admitted and not yet stopped ends here: with a checkpoint grace period
+    # the workers go passes after the launcher, when the next attempt (begun by this eviction,
+    # not admitted: no ClusterQueue in the record) is current.
+    admitted = bool((state.status.get("queue") or {}).get("clusterQueue"))
+    if stopped and admitted and not record.get("endTime"):
         why = f"evicted by Kueue: {verdict.reason}: {verdict.message}".rstrip(": ")
         state.status.pop("attemptWorkers", None)
         state.status = attempts.update_current(
