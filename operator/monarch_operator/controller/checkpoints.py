@@ -80,7 +80,7 @@ def harvest(state: Pass) -> None:
     if remembered is not None:
         pods = [*pods, remembered]
     last = dict(state.status.get("lastCheckpoint") or {})
-    numbered = [(_attempt_of(pod), pod) for pod in pods if _attempt_of(pod) is not None]
+    numbered = [(attempt, pod) for pod in pods if (attempt := _attempt_of(pod)) is not None]
     for attempt, pod in sorted(numbered, key=lambda item: item[0]):
         named = named_in(pod)
         if named is None or attempt < int(last.get("attempt") or 0):
