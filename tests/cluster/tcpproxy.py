@@ -56,6 +56,8 @@ class TcpProxy:
                 continue
             server.settimeout(None)
             with self._lock:
+                if self._stalled:  # stall() came while this connection was being made
+                    frozen.set()
                 self._connections.append((client, server, frozen))
             for source, sink in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(source, sink, frozen),

@@ -47,15 +47,25 @@ class ProxiedOperator:
     log_path: Path
     health_url: str
 
+    last_answer: str = ""
+
     def healthy(self) -> bool:
         try:
             with urllib.request.urlopen(self.health_url, timeout=5) as reply:
+                self.last_answer = f"{reply.status} {reply.read(4000).decode(errors='replace')}"
                 return bool(reply.status == 200)
         except urllib.error.HTTPError as error:
+            self.last_answer = f"HTTP {error.code}"
             error.close()
             return False
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError) as error:
+            self.last_answer = repr(error)
             return False
+
+    def stream_lines(self) -> str:
+        """The operator log's lines about watch streams and index readiness (diagnostics)."""
+        return "\n".join(line for line in self.log().splitlines()
+                         if "watch stream" in line or "index readiness" in line)[-4000:]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -154,9 +164,16 @@ def test_c18_healthz_turns_unhealthy_while_no_stream_can_be_re_established(
     """Forwarding never comes back: /healthz fails before any stream has been without a
     working one for 2 minutes (kopf caches probe results for 10 s)."""
     wait_until(proxied_operator.healthy, 60, "/healthz healthy")
-    proxied_operator.proxy.stall()
+    frozen = proxied_operator.proxy.stall()
     stalled = time.monotonic()
-    wait_until(lambda: not proxied_operator.healthy(), 120, "/healthz unhealthy", interval=1)
+    try:
+        wait_until(lambda: not proxied_operator.healthy(), 120, "/healthz unhealthy",
+                   interval=1)
+    except AssertionError as error:
+        raise AssertionError(
+            f"{error}; {frozen} connections frozen, {proxied_operator.proxy.accepted} accepted;"
+            f" last /healthz answer: {proxied_operator.last_answer}\n"
+            f"{proxied_operator.stream_lines()}") from None
     print(f"C18 /healthz unhealthy {time.monotonic() - stalled:.1f}s after the proxy stopped "
           "forwarding")
     with pytest.raises(urllib.error.HTTPError) as failed:
