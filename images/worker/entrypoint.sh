@@ -113,14 +113,66 @@ if [ "${SSHD_LOG_PROBES:-0}" = 1 ]; then
 fi
 # The readiness probe opens and closes a TCP connection every periodSeconds; sshd logs two lines
 # for each (1800 an hour), burying the lines that matter. Drop exactly those: a connection closed
-# before the ssh handshake began. A client that fails to log in is still logged ("Connection
-# closed by authenticating user ..."), as is everything else. SSHD_LOG_PROBES=1 keeps them all.
-# sshd stays the container's main process (exec); the filter is its child and ends with it.
+# (or reset, when sshd's banner reached the prober before it closed) before the ssh handshake
+# began. A client that fails to log in is still logged ("Connection closed by authenticating
+# user ..."), as is everything else. SSHD_LOG_PROBES=1 keeps them all. sshd stays the
+# container's main process (exec) unless a stop grace period is set (below); the filter ends
+# with it.
 log_pipe="$SSHD_STATE_DIR/sshd.log.pipe"
 rm -f "$log_pipe"
 mkfifo -m 600 "$log_pipe"
 cr=$(printf '\r')  # sshd -e ends its lines with CR LF
 grep --line-buffered -v -E \
-  "^(kex_exchange_identification: Connection closed by remote host|Connection closed by [0-9a-fA-F.:]+ port [0-9]+)$cr?\$" \
+  "^(kex_exchange_identification: (Connection closed by remote host|read: Connection reset by peer)|Connection (closed|reset) by [0-9a-fA-F.:]+ port [0-9]+)$cr?\$" \
   <"$log_pipe" >&2 &
-exec "$SSHD" -D -e -f "$SSHD_STATE_DIR/sshd_config" 2>"$log_pipe"
+STOP_GRACE="${MONARCH_STOP_GRACE_SECONDS:-0}"
+case "$STOP_GRACE" in ''|*[!0-9]*) STOP_GRACE=0 ;; esac
+if [ "$STOP_GRACE" -eq 0 ]; then
+  exec "$SSHD" -D -e -f "$SSHD_STATE_DIR/sshd_config" 2>"$log_pipe"
+fi
+# Checkpoint before a stop (MONARCH_STOP_GRACE_SECONDS, from the job's
+# runPolicy.checkpointGracePeriodSeconds): a drain, a preemption or a deletion sends this
+# container SIGTERM while its Monarch workers (children of sshd's sessions) may be saving the
+# job's state for a launcher that was asked to stop. So sshd runs as a child here, and on
+# SIGTERM the container stays while any ssh session is open, for at most that many seconds;
+# then sshd is stopped. No session open: it stops at once, as without the variable.
+"$SSHD" -D -e -f "$SSHD_STATE_DIR/sshd_config" 2>"$log_pipe" &
+sshd_pid=$!
+stopping=0
+trap 'stopping=1' TERM INT
+wait "$sshd_pid" && status=0 || status=$?
+if [ "$stopping" = 0 ]; then
+  exit "$status"  # sshd ended by itself
+fi
+sessions() {  # sshd's children: one per open ssh connection
+  python3 -I -c '
+import os, sys
+parent, count = sys.argv[1], 0
+for entry in os.listdir("/proc"):
+    if entry.isdigit():
+        try:
+            with open(f"/proc/{entry}/status") as status:
+                count += any(line.split()[1:2] == [parent] for line in status
+                             if line.startswith("PPid:"))
+        except OSError:
+            pass
+print(count)
+' "$sshd_pid"
+}
+deadline=$(( $(date +%s) + STOP_GRACE ))
+open_sessions=$(sessions)
+if [ "$open_sessions" -gt 0 ]; then
+  echo "monarch-worker: SIGTERM with $open_sessions ssh session(s) open: staying up to" \
+    "${STOP_GRACE}s while they end (MONARCH_STOP_GRACE_SECONDS)" >&2
+fi
+while [ "$open_sessions" -gt 0 ] && [ "$(date +%s)" -lt "$deadline" ]; do
+  sleep 1
+  open_sessions=$(sessions)
+done
+if [ "$open_sessions" -gt 0 ]; then
+  echo "monarch-worker: ${STOP_GRACE}s passed with $open_sessions ssh session(s) open;" \
+    "stopping sshd" >&2
+fi
+kill -TERM "$sshd_pid" 2>/dev/null || true
+wait "$sshd_pid" || true
+exit 0

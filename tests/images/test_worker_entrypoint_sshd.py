@@ -185,11 +185,14 @@ def test_non_root_sshd_presents_the_jobs_pinned_host_key(login_user, world_dir, 
         # the login above is still logged.
         for _ in range(3):
             socket.create_connection((ADDRESS, port), timeout=5).close()
+        for _ in range(2):  # closed with sshd's banner unread: the prober's kernel resets
+            with socket.create_connection((ADDRESS, port), timeout=5):
+                time.sleep(0.3)
         wait_until_logged(log, "Received signal", process)
         text = log.read_text()
         assert "Accepted publickey for monarch" in text, text
         assert "kex_exchange_identification" not in text, text
-        assert not re.search(r"^Connection closed by \S+ port \d+\r?$", text, re.M), text
+        assert not re.search(r"^Connection (closed|reset) by \S+ port \d+\r?$", text, re.M), text
         # The client that refused the host key (after the handshake began) is still logged.
         assert "[preauth]" in text, text
     finally:
@@ -225,3 +228,74 @@ def test_a_missing_host_key_stops_the_worker_with_the_path(login_user, world_dir
     assert result.returncode == 1
     assert f"host key file {missing} (SSH_HOST_KEY) is missing" in result.stderr
     assert f"uid {login_user.pw_uid}" in result.stderr
+
+
+def start_worker(login_user: pwd.struct_passwd, world_dir: Path, **extra_env: str,
+                 ) -> tuple[subprocess.Popen[bytes], int, Path, Path, Path]:
+    """The entrypoint as a worker pod runs it: ``(process, port, client key, known_hosts,
+    log)``."""
+    files = secret_files(make_job("demo"))
+    uid, gid = login_user.pw_uid, login_user.pw_gid
+    worker_mount = world_dir / "worker-ssh"
+    mount_like_a_kubelet(worker_mount, files,
+                         (constants.SSH_AUTHORIZED_KEYS, constants.SSH_HOST_KEY), gid, 0o440)
+    home = world_dir / "home"
+    home.mkdir(mode=0o700)
+    os.chown(home, uid, gid)
+    client_key = world_dir / "id_ed25519"
+    client_key.write_bytes(files[constants.SSH_PRIVATE_KEY])
+    client_key.chmod(0o600)
+    known_hosts = world_dir / "known_hosts"
+    known_hosts.write_bytes(files[constants.SSH_KNOWN_HOSTS])
+    port = free_port((ADDRESS,))
+    log = world_dir / "entrypoint.log"
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
+           "SSH_PORT": str(port), "SSH_LISTEN_ADDRESS": ADDRESS,
+           "SSH_AUTHORIZED_KEYS": str(worker_mount / constants.SSH_AUTHORIZED_KEYS),
+           "SSH_HOST_KEY": str(worker_mount / constants.SSH_HOST_KEY), **extra_env}
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(
+            ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={gid}", "--",
+             "sh", str(world_dir / ENTRYPOINT.name)],
+            env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    wait_listening(port, process, log)
+    return process, port, client_key, known_hosts, log
+
+
+def test_with_a_stop_grace_period_an_open_session_outlives_sigterm(login_user, world_dir):
+    """Checkpoint before a stop: a drained worker (SIGTERM) stays while a session is open, so
+    a rank can still save its state, and goes as soon as the session ends."""
+    process, port, client_key, known_hosts, log = start_worker(
+        login_user, world_dir, MONARCH_STOP_GRACE_SECONDS="30")
+    alias = f"[{names.worker_fqdn('demo', 'team-a', 0, SETTINGS.cluster_domain)}]:2222"
+    session = subprocess.Popen(
+        ["ssh", "-p", str(port), "-i", str(client_key), "-l", LOGIN_USER,
+         "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+         "-o", f"HostKeyAlias={alias}", "-o", "CheckHostIP=no", ADDRESS,
+         'echo open; read line; echo "saved $line"'],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert session.stdout is not None and session.stdout.readline() == "open\n"
+        process.terminate()
+        time.sleep(3)
+        assert process.poll() is None, log.read_text()  # it waits for the session
+        assert "staying up to 30s" in log.read_text()
+        out, err = session.communicate("step-7\n", timeout=20)
+        assert out == "saved step-7\n", err + log.read_text()
+        started = time.monotonic()
+        assert process.wait(timeout=15) == 0
+        assert time.monotonic() - started < 10  # it went once the session ended
+    finally:
+        session.kill()
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def test_with_a_stop_grace_period_and_no_session_sigterm_stops_at_once(login_user, world_dir):
+    process, *_ = start_worker(login_user, world_dir, MONARCH_STOP_GRACE_SECONDS="30")
+    started = time.monotonic()
+    process.terminate()
+    assert process.wait(timeout=15) == 0
+    assert time.monotonic() - started < 5

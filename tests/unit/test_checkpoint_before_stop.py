@@ -14,10 +14,21 @@ from monarch_operator import constants, names
 from monarch_operator.controller import checkpoints, k8s, reconcile
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.launcher import launcher_env
+from monarch_operator.controller.builders.statefulset import (
+    WORKER_STOP_MARGIN_SECONDS,
+    build_worker_statefulset,
+)
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
 from monarch_operator.launcher import stoprequest
-from tests.unit.test_launch_pass import job_body, launcher_pod, make_view, running_status
+from tests.unit.test_launch_pass import (
+    job_body,
+    launcher_pod,
+    make_view,
+    ready_worker,
+    running_status,
+    stored,
+)
 
 GRACE = 45
 
@@ -31,6 +42,8 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     monkeypatch.setattr(k8s, "delete_if_present", lambda api_version, kind, namespace, name: (
         sent["deleted"].append(kind) or True))
     monkeypatch.setattr(k8s, "node_is_ready", lambda node: True)
+    monkeypatch.setattr(k8s, "_post", lambda desired: stored(desired, "x"))  # the hostfile
+    monkeypatch.setattr(k8s, "pod_log_tail", lambda *args, **kwargs: "")
     monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: job_body(status))
     return sent
 
@@ -140,3 +153,93 @@ def test_a_launcher_gone_before_the_pass_saw_its_end_still_gives_its_checkpoint(
             assert checkpoints._seen[("team-a", "demo")] is gone
     finally:
         checkpoints.forget("team-a", "demo")
+
+
+def grace_body(status: dict[str, Any], grace: int) -> dict[str, Any]:
+    body = job_body(status)
+    body["spec"] = {**body["spec"], "runPolicy": {"checkpointGracePeriodSeconds": grace}}
+    return body
+
+
+def drained_worker(ordinal: int, **status: Any) -> dict[str, Any]:
+    """Worker ``ordinal`` evicted by a drain: asked to go with its grace period, marked
+    ``DisruptionTarget``, still running (its sessions are open)."""
+    pod = ready_worker(ordinal)
+    pod["metadata"]["deletionTimestamp"] = "2026-12-01T12:01:00Z"
+    pod["metadata"]["deletionGracePeriodSeconds"] = GRACE + 15
+    pod["status"] = {**pod["status"], "conditions": [
+        {"type": "Ready", "status": "True"},
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+         "lastTransitionTime": "2026-12-01T12:00:00Z"}], **status}
+    return pod
+
+
+def run_running(settings: Settings, status: dict[str, Any], grace: int,
+                launcher: dict[str, Any], workers: list[dict[str, Any]],
+                now: dt.datetime) -> reconcile.Outcome:
+    body = grace_body(status, grace)
+    with k8s.reading_from(make_view(settings, status, [launcher], worker_pods=workers,
+                                    body=body)):
+        return reconcile.reconcile(body, settings, now)
+
+
+def test_a_drained_worker_waits_while_the_launcher_saves_then_the_attempt_ends(api):
+    """A node drain evicts worker 0: the launcher is asked to stop first (deleted with the
+    grace period) and the attempt waits, Running, while worker 0 still runs; once the launcher
+    ended with its checkpoint, the attempt ends as a lost worker (Infrastructure) and the
+    checkpoint is kept for the next one."""
+    settings = Settings.from_env()
+    status = running_status(settings)
+    now = dt.datetime(2026, 12, 1, 12, 0, 1, tzinfo=dt.UTC)
+    workers = [drained_worker(0), ready_worker(1)]
+    first = run_running(settings, status, GRACE, launcher_pod(settings), workers, now)
+    assert api["pods"] == [(names.launcher_pod("demo", 1), GRACE)]
+    assert api["deleted"] == []
+    running = st.get_condition(first.status, st.RUNNING)
+    assert running["reason"] == st.REASON_CHECKPOINT_BEFORE_DISRUPTION, running
+    assert "demo-worker-0" in running["message"]
+    assert first.status["attempt"] == 1 and "CheckpointRequested" in [
+        event.reason for event in first.events]
+    terminating = launcher_pod(settings, deletionTimestamp="2026-12-01T12:00:46Z")
+    waiting = run_running(settings, first.status, GRACE, terminating, workers,
+                          now + dt.timedelta(seconds=10))
+    assert waiting.status["attempt"] == 1 and waiting.wake_after == pytest.approx(35)
+    message = "terminated by signal 15 (SIGTERM) [checkpoint: /ckpt/demo/step-7]"
+    done = run_running(settings, waiting.status, GRACE, ended_launcher(settings, message),
+                       workers, now + dt.timedelta(seconds=20))
+    ended = done.status["attempts"][0]
+    assert (ended["class"], ended["reason"]) == ("Infrastructure", st.REASON_WORKER_EVICTED)
+    assert ended["checkpoint"] == "/ckpt/demo/step-7"
+    assert done.status["attempt"] == 2
+    assert done.status["lastCheckpoint"]["location"] == "/ckpt/demo/step-7"
+
+
+@pytest.mark.parametrize("grace, worker", [
+    (0, drained_worker(0)),  # no grace period: as before
+    (GRACE, drained_worker(0, phase="Failed")),  # nothing of it runs any more
+    (GRACE, {**ready_worker(0), "status": {"phase": "Running", "containerStatuses": [
+        {"name": "worker", "restartCount": 1, "state": {"running": {}}}]}}),  # it crashed
+])
+def test_a_worker_that_cannot_wait_ends_the_attempt_at_once(api, grace, worker):
+    settings = Settings.from_env()
+    status = running_status(settings)
+    outcome = run_running(settings, status, grace, launcher_pod(settings),
+                          [worker, ready_worker(1)],
+                          dt.datetime(2026, 12, 1, 12, 0, 1, tzinfo=dt.UTC))
+    assert outcome.status["attempts"][0]["class"] == "Infrastructure"
+    assert (names.launcher_pod("demo", 1), GRACE) not in api["pods"]
+
+
+def test_the_workers_keep_their_sessions_for_the_grace_period():
+    """The worker pods get the period (the entrypoint's wait after SIGTERM) and a pod grace
+    period that covers it; without one, neither."""
+    settings = Settings.from_env()
+    spec = build_worker_statefulset(JobSpec.from_body(grace_body({}, GRACE)),
+                                    settings)["spec"]["template"]["spec"]
+    env = {item["name"]: item.get("value") for item in spec["containers"][0]["env"]}
+    assert env[constants.ENV_STOP_GRACE] == str(GRACE)
+    assert spec["terminationGracePeriodSeconds"] == GRACE + WORKER_STOP_MARGIN_SECONDS
+    plain = build_worker_statefulset(JobSpec.from_body(job_body()),
+                                     settings)["spec"]["template"]["spec"]
+    assert "terminationGracePeriodSeconds" not in plain
+    assert constants.ENV_STOP_GRACE not in {item["name"] for item in plain["containers"][0]["env"]}

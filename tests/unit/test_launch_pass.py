@@ -63,16 +63,21 @@ def ready_worker(ordinal: int) -> dict[str, Any]:
 
 def make_view(settings: Settings, status: dict[str, Any] | None = None,
               extra_pods: list[dict[str, Any]] = (),  # type: ignore[assignment]
-              launcher: dict[str, Any] | None = None, workers: bool = True) -> cache.JobView:
+              launcher: dict[str, Any] | None = None, workers: bool = True,
+              worker_pods: list[dict[str, Any]] | None = None,
+              body: dict[str, Any] | None = None) -> cache.JobView:
     """A view of a job whose Secret, Service and policy exist, and (``workers``) its
-    StatefulSet and Ready workers."""
-    job = JobSpec.from_body(job_body(launcher=launcher))
+    StatefulSet and Ready workers (``worker_pods`` instead of those, when given), all built
+    from ``body`` (default :func:`job_body`)."""
+    body = body or job_body(status, launcher)
+    job = JobSpec.from_body(body)
     secret = {"apiVersion": "v1", "kind": "Secret",
               "metadata": {"name": names.ssh_secret(NAME), "namespace": NAMESPACE,
                            "labels": {constants.LABEL_JOB: NAME},
                            "ownerReferences": [{"uid": JOB_UID, "controller": True}]}}
     children = {
-        ("v1", "Pod"): [ready_worker(i) for i in range(REPLICAS) if workers] + list(extra_pods),
+        ("v1", "Pod"): (worker_pods if worker_pods is not None else
+                        [ready_worker(i) for i in range(REPLICAS) if workers]) + list(extra_pods),
         ("v1", "Secret"): [stored(secret, "s1")],
         ("v1", "Service"): [stored(build_worker_service(job), "svc1")],
         ("apps/v1", "StatefulSet"): [stored(build_worker_statefulset(job, settings), SET_UID)
@@ -80,7 +85,7 @@ def make_view(settings: Settings, status: dict[str, Any] | None = None,
         ("networking.k8s.io/v1", "NetworkPolicy"): [stored(build_network_policy(job), "np1")],
     }
     job_cache = cache.JobCache(JOB_KIND)
-    job_cache.attach(JOB_KIND, {(NAMESPACE, NAME): [job_body(status, launcher)]})
+    job_cache.attach(JOB_KIND, {(NAMESPACE, NAME): [body]})
     for kind in KINDS:
         job_cache.attach(kind, {(NAMESPACE, NAME): children.get(kind, [])})
     return job_cache.view((NAMESPACE, NAME))

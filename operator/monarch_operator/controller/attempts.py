@@ -105,6 +105,31 @@ def lost_workers(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]],
     return lost
 
 
+def leaving_gracefully(lost: list[LostWorker], pods: list[dict[str, Any]]) -> bool:
+    """Whether every one of ``lost`` is being stopped from outside with a grace period and
+    still runs: the pod is there, asked to go (a ``deletionTimestamp``: a drain's eviction, a
+    preemption, the taint manager, ``kubectl delete``) or marked ``DisruptionTarget``, and its
+    containers have not ended. Its ranks can still save the job's state then, if the launcher
+    is asked to stop first (checkpoint before a stop); a crashed container, a pod gone or a
+    lost node cannot."""
+    by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    for worker in lost:
+        pod = by_name.get(worker.name)
+        if pod is None or worker.node_lost or worker.in_place:
+            return False
+        status = pod.get("status") or {}
+        disrupted = any(condition.get("type") == "DisruptionTarget"
+                        and condition.get("status") == "True"
+                        for condition in status.get("conditions") or [])
+        if not (pod["metadata"].get("deletionTimestamp") or disrupted):
+            return False
+        if status.get("phase") != "Running" or any(
+                "terminated" in (container.get("state") or {})
+                for container in status.get("containerStatuses") or []):
+            return False
+    return bool(lost)
+
+
 def nodes_to_check(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]]) -> set[str]:
     """Nodes of the snapshot's pods that are not Ready now: only their node's health can tell
     a lost node from a slow probe (so nodes are read only then)."""

@@ -74,6 +74,9 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
     lost = attempts.lost_workers(snapshot, worker_pods, unready_nodes)
     verdict = verdicts.judge(launcher, outcome.finished, outcome.succeeded, lost, snapshot,
                              worker_pods, state.now, verdicts.parse(record.get("launchTime")))
+    if (verdict.kind == verdicts.WORKER_LOST and not outcome.finished
+            and _checkpoint_first(state, launcher, list(verdict.lost), worker_pods)):
+        return None
     if verdict.kind == verdicts.WORKER_LOST:
         restarted = all(worker.in_place for worker in verdict.lost)
         reason = st.REASON_WORKER_RESTARTED if restarted else st.REASON_WORKER_EVICTED
@@ -111,6 +114,28 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
     if judged.rule_index is not None:
         message += f" ({judged.describe(outcome.exit_code)})"
     return endings.end_attempt(state, judged.failure_class, reason, message, outcome, None, pods)
+
+
+def _checkpoint_first(state: Pass, launcher: dict[str, Any], lost: list[attempts.LostWorker],
+                      worker_pods: list[dict[str, Any]]) -> bool:
+    """Whether the attempt, whose ``lost`` workers are being stopped from outside with a grace
+    period (a node drain, a preemption: :func:`.attempts.leaving_gracefully`), waits while its
+    launcher, asked to stop first, lets the program save its state (issue 21 item 4, with
+    ``runPolicy.checkpointGracePeriodSeconds`` above 0). The workers' pods keep their open
+    sessions meanwhile (images/worker/entrypoint.sh). The attempt ends as for any lost worker
+    once the launcher ended (its checkpoint harvested) or the period passed."""
+    if (state.job.run_policy.checkpoint_grace_seconds <= 0
+            or not attempts.leaving_gracefully(lost, worker_pods)):
+        return False
+    _, workers_may_go = release.stop_launcher_first(state, launcher)
+    if workers_may_go:
+        return False
+    state.condition(st.RUNNING, True, st.REASON_CHECKPOINT_BEFORE_DISRUPTION,
+                    f"worker {short([worker.describe() for worker in lost])} is being stopped; "
+                    f"launcher {launcher['metadata']['name']} asked to stop first so that the "
+                    f"program can save its state (up to "
+                    f"{state.job.run_policy.checkpoint_grace_seconds}s)")
+    return True
 
 
 def _awaiting_heartbeats(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutcome,

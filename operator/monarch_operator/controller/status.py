@@ -36,6 +36,8 @@ REASON_ALL_WORKERS_READY = "AllWorkersReady"
 REASON_LAUNCHER_STARTED = "LauncherStarted"
 # The launcher failed while a node of its workers has not heartbeated since (verdicts.py).
 REASON_AWAITING_NODE_HEARTBEAT = "AwaitingNodeHeartbeat"
+# Running: a worker is being drained or preempted and the launcher was asked to stop first.
+REASON_CHECKPOINT_BEFORE_DISRUPTION = "CheckpointBeforeDisruption"
 REASON_LAUNCHER_SUCCEEDED = "LauncherSucceeded"
 REASON_LAUNCHER_FAILED = "LauncherFailed"
 REASON_STARTUP_TIMEOUT = "StartupTimeout"

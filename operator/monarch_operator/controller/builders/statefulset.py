@@ -33,6 +33,9 @@ SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"
 # Entrypoint of images/worker: prepares sshd's runtime paths and host keys, then runs sshd.
 WORKER_ENTRYPOINT = "/usr/local/bin/monarch-worker-entrypoint"
+# With a checkpoint grace period: the worker pod's terminationGracePeriodSeconds is that period
+# plus this margin (sshd's own stop, the kubelet's delay in sending SIGTERM).
+WORKER_STOP_MARGIN_SECONDS = 15
 
 
 def build_worker_statefulset(job: JobSpec, settings: Settings) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
     service_domain = (
         f"{names.worker_service(job.name)}.{job.namespace}.svc.{settings.cluster_domain}"
     )
-    return {
+    spec: dict[str, Any] = {
         # No kubelet-style <SERVICE>_HOST variables pointing at ClusterIPs.
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
@@ -128,6 +131,17 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
             }
         ],
     }
+    grace = job.run_policy.checkpoint_grace_seconds
+    if grace > 0:
+        # Checkpoint before a stop: a drained or preempted worker keeps its open ssh sessions
+        # (its ranks may be saving state for the launcher, which the operator asks to stop
+        # first) for up to `grace` seconds after SIGTERM (images/worker/entrypoint.sh), and
+        # the kubelet must not kill it before: the pod's grace period covers that and sshd's
+        # own stop. A template's terminationGracePeriodSeconds still wins.
+        spec["containers"][0]["env"].append({"name": constants.ENV_STOP_GRACE,
+                                             "value": str(grace)})
+        spec["terminationGracePeriodSeconds"] = grace + WORKER_STOP_MARGIN_SECONDS
+    return spec
 
 
 def _keep_one_shm_mount(spec: dict[str, Any]) -> None:
