@@ -296,3 +296,31 @@ def test_a_preempted_job_checkpoints_first_and_resumes_from_it(kubectl, namespac
         assert done["attempt"] == 2 and not done.get("failureCounts"), done
         log = kubectl("logs", "low-launcher-2", "-n", namespace)
         assert f"resumed from {where}" in log, log
+
+
+def test_a_spec_fixed_while_queued_is_what_kueue_admits(kubectl, namespace, queue):
+    """2 workers x 4 GPUs can never fit the ClusterQueue's 4: the job waits, Kueue saying
+    why. Suspended, lowered to 1 GPU per worker (the spec is editable only while suspended)
+    and resumed, its Workload is replaced (Kueue's own integrations do the same with a
+    Workload that no longer matches its job) and the job is admitted as it now is."""
+    apply(kubectl, namespace, queued_job("big", workers={"replicas": 2, "gpusPerWorker": 4},
+                                         launcher={"command": ["sh", "-c", "exit 0"]}))
+    status = wait_until(lambda: (s := job_status(kubectl, namespace, "big")).get(
+        "phase") == "Queued" and "insufficient" in s.get("message", "") and s, 60,
+        "big Queued for quota")
+    old = job_workload(kubectl, namespace, "big")["metadata"]["uid"]
+    kubectl("patch", "monarchjob", "big", "-n", namespace, "--type=merge",
+            "-p", '{"spec": {"suspend": true, "workers": {"gpusPerWorker": 1}}}')
+    wait_phase(kubectl, namespace, "big", "Suspended", timeout=60)
+    kubectl("patch", "monarchjob", "big", "-n", namespace, "--type=merge",
+            "-p", '{"spec": {"suspend": false}}')
+    done = wait_phase(kubectl, namespace, "big", "Succeeded", timeout=120)
+    workload = job_workload(kubectl, namespace, "big")
+    assert workload["metadata"]["uid"] != old
+    limits = workload["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]
+    assert limits["limits"][GPU] == "1"
+    assert done["restartCount"] == 0 and done["queue"]["admissions"] == 1, done
+    events = kubectl("get", "events", "-n", namespace, "--field-selector",
+                     "involvedObject.name=big", "-o", "jsonpath={.items[*].reason}")
+    assert "WorkloadReplaced" in events.split(), events
+    assert status["queue"]["name"] == "user-queue"

@@ -190,3 +190,50 @@ def test_a_requeued_job_says_why_it_stopped_running_while_it_waits_again():
     fresh = Pass(job=job(), status={**attempts.begin({}, 1, "t0"), "queue": {}}, now=state.now)
     admission._queued(fresh, "user-queue", pending, 0)
     assert st.get_condition(fresh.status, st.QUEUED)["message"].startswith("waiting in")
+
+
+def test_a_spec_changed_while_queued_replaces_the_workload(monkeypatch):
+    """More GPUs per worker while the job waits: its Workload asks Kueue for the old amount,
+    so it is deleted (one Event) and a pass soon makes the new one; a Workload holding quota,
+    or one that asks for the same, is kept."""
+    from monarch_operator.controller import attempts
+    from monarch_operator.controller.kueue import admission, client
+    from monarch_operator.controller.passstate import Pass
+
+    def spec(gpus: int) -> JobSpec:
+        return JobSpec.from_body({
+            "metadata": {"name": "demo", "namespace": "team-a", "uid": "u1", "generation": 2,
+                         "labels": {wl.LABEL_QUEUE_NAME: "user-queue"}},
+            "spec": {"image": "img:1", "workers": {"replicas": 2, "gpusPerWorker": gpus}}})
+
+    stored = wl.build_workload(spec(1), Settings(), "user-queue")
+    stored["metadata"]["uid"] = "w-1"
+    stored["status"] = {"conditions": conditions(QuotaReserved="False")}
+    deleted: list[str] = []
+    monkeypatch.setattr(client, "read_workload", lambda namespace, name: stored)
+    monkeypatch.setattr(client, "delete_workload",
+                        lambda workload: deleted.append(workload["metadata"]["uid"]))
+    monkeypatch.setattr(client, "create_workload", lambda desired, owner_uid: stored)
+    from monarch_operator.controller import k8s
+    monkeypatch.setattr(k8s, "list_pods", lambda *args, **kwargs: [])  # nothing runs yet
+    monkeypatch.setattr(k8s, "delete_if_present", lambda *args, **kwargs: False)
+    now = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+    same = Pass(job=spec(1), status=attempts.begin({}, 1, "t0"), now=now)
+    assert not admission.gate(same, Settings()).admitted and deleted == []
+
+    changed = Pass(job=spec(2), status=attempts.begin({}, 1, "t0"), now=now)
+    queue = admission.gate(changed, Settings())
+    assert not queue.admitted and deleted == ["w-1"]
+    assert [event.reason for event in changed.events] == [admission.REASON_WORKLOAD_REPLACED]
+    assert changed.wake_after == admission.REPLACE_RECHECK_SECONDS
+    new = wl.build_workload(spec(2), Settings(), "user-queue")
+    assert new["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"][
+        "limits"]["nvidia.com/gpu"] == "2"
+    assert wl.outdated(stored, new) and not wl.outdated(new, new)
+
+    stored["status"] = {"conditions": conditions(QuotaReserved="True")}  # admitted: kept
+    assert not wl.outdated(stored, new)
+    legacy = {**stored, "metadata": {**stored["metadata"], "annotations": {}}}
+    legacy["status"] = {}
+    assert not wl.outdated(legacy, new)  # made before the hash existed: left alone

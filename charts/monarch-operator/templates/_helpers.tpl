@@ -113,7 +113,7 @@ compares these rules with the API calls in operator/monarch_operator/controller/
 {{- if .Values.kueue.enabled }}
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [get, list, watch, create]
+  verbs: [get, list, watch, create, delete]
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [update]

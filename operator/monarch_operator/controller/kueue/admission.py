@@ -91,6 +91,8 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
     record.update(name=queue, workload=names.workload(job.name, job.uid))
     state.status["queue"] = record
     workload = client.read_workload(job.namespace, record["workload"])
+    if workload is not None and _replaced(state, settings, queue, workload):
+        return Queue({}, False, job)
     if workload is None:
         try:
             workload = client.create_workload(
@@ -116,6 +118,31 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
         client.write_workload_status(workload, wl.released_status(workload, state.now_text))
     _queued(state, queue, verdict, left)
     return Queue(workload, False, job)
+
+
+REASON_WORKLOAD_REPLACED = "WorkloadReplaced"
+# How soon a pass looks again after the job's outdated Workload was deleted.
+REPLACE_RECHECK_SECONDS = 1.0
+
+
+def _replaced(state: Pass, settings: Settings, queue: str, workload: dict[str, Any]) -> bool:
+    """Whether the job's Workload is going (or was just deleted) because the job's spec
+    changed while it was queued (:func:`.workload.outdated`); a pass comes back soon to make
+    the new one. Kueue's quota is unaffected: an outdated Workload holds none."""
+    if workload["metadata"].get("deletionTimestamp"):
+        state.wake_in(REPLACE_RECHECK_SECONDS)
+        return True
+    if wl.admission(workload).state != wl.STATE_PENDING:
+        return False
+    if not wl.outdated(workload, wl.build_workload(state.job, settings, queue,
+                                                   _priority(state.job))):
+        return False
+    client.delete_workload(workload)
+    state.events.append(Event("Normal", REASON_WORKLOAD_REPLACED, (
+        f"the job's spec changed while it was queued: Workload {workload['metadata']['name']} "
+        "is replaced so that Kueue sees the new request")))
+    state.wake_in(REPLACE_RECHECK_SECONDS)
+    return True
 
 
 def _priority(job: JobSpec) -> tuple[str, int] | None:

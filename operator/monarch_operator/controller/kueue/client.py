@@ -68,6 +68,21 @@ def create_workload(desired: dict[str, Any], owner_uid: str) -> dict[str, Any]:
     return dict(created)
 
 
+def delete_workload(workload: dict[str, Any]) -> None:
+    """Delete ``workload`` as read (a precondition on its uid: never a newer one of that
+    name); already gone (404) or replaced (409) is fine."""
+    metadata = workload["metadata"]
+    try:
+        _api().delete_namespaced_custom_object(
+            wl.GROUP, _VERSION, metadata["namespace"], "workloads", metadata["name"],
+            body=kubernetes.client.V1DeleteOptions(
+                preconditions=kubernetes.client.V1Preconditions(uid=metadata.get("uid")),
+                propagation_policy="Background"))
+    except ApiException as error:
+        if error.status not in (404, 409):
+            raise
+
+
 def write_workload_status(workload: dict[str, Any], status: dict[str, Any]) -> bool:
     """Replace the Workload's status (PUT, with its ``resourceVersion``: a status Kueue
     changed meanwhile is not overwritten). Returns False on such a conflict (409) or when it

@@ -16,6 +16,8 @@ No I/O and no clock: times come in as RFC 3339 text.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +36,9 @@ LABEL_QUEUE_NAME = f"{GROUP}/queue-name"
 LABEL_PRIORITY_CLASS = f"{GROUP}/priority-class"
 # On the Workload: the uid of the job it stands for (as jobframework labels its workloads).
 LABEL_JOB_UID = f"{GROUP}/job-uid"
+# On the Workload: a hash of what it asks Kueue for (queue, priority, pod sets), to tell that
+# the job's spec changed while it was queued (:func:`outdated`).
+ANNOTATION_SPEC_HASH = "monarch-operator.dev/workload-spec-hash"
 # The LocalQueue Kueue's webhooks put on a job that has none (jobframework/defaults.go).
 DEFAULT_LOCAL_QUEUE = "default"
 # Pod set names (DNS labels, unique in the Workload).
@@ -100,10 +105,30 @@ def build_workload(job: JobSpec, settings: Settings, queue: str,
             "name": names.workload(job.name, job.uid),
             "namespace": job.namespace,
             "labels": {**job_labels(job), LABEL_JOB_UID: job.uid},
+            "annotations": {ANNOTATION_SPEC_HASH: _spec_hash(spec)},
             "ownerReferences": [owner_reference(job)],
         },
         "spec": spec,
     }
+
+
+def _spec_hash(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def outdated(workload: dict[str, Any], desired: dict[str, Any]) -> bool:
+    """Whether ``workload`` (as read) no longer asks for what ``desired`` (built from the job's
+    spec now) does, while no quota is reserved for it: the job's spec changed while queued
+    (more workers, other GPUs, another priority). Kueue must then see the new request, so
+    the Workload is replaced, as Kueue's own job integrations do with a Workload that is no
+    longer equivalent to its job (jobframework ``EquivalentToWorkload``). A Workload holding
+    quota is never replaced (the job runs as admitted); one made before this hash existed
+    is left as it is."""
+    if _is_true(workload, QUOTA_RESERVED):
+        return False
+    known = ((workload.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
+    wanted = desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+    return known is not None and known != wanted
 
 
 @dataclass(frozen=True)
