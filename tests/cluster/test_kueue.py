@@ -324,3 +324,62 @@ def test_a_spec_fixed_while_queued_is_what_kueue_admits(kubectl, namespace, queu
                      "involvedObject.name=big", "-o", "jsonpath={.items[*].reason}")
     assert "WorkloadReplaced" in events.split(), events
     assert status["queue"]["name"] == "user-queue"
+
+
+def test_topology_aware_scheduling_puts_the_workers_in_the_domain_kueue_chose(
+        kubectl, namespace, queue):
+    """The flavor has a Topology (one level: the node); the workers' template asks for one
+    node for all of them (``podset-required-topology``). Kueue assigns a node; the pods are
+    created gated, Kueue's TAS ungater pins each to that node and removes the gate, and the
+    job runs there."""
+    hostname = "kubernetes.io/hostname"
+    topology = f"topo-{namespace}"
+    kueue_objects(kubectl, {"apiVersion": KUEUE, "kind": "Topology",
+                            "metadata": {"name": topology},
+                            "spec": {"levels": [{"nodeLabel": hostname}]}})
+    try:
+        # Every flavor has a topology: every pod set is placed by it, so the launcher needs a
+        # covered resource to get a flavor (the Queued message says so otherwise).
+        tas_queue = cluster_queue(queue["cluster_queue"], queue["flavor"], namespace, gpus=4)
+        group = tas_queue["spec"]["resourceGroups"][0]
+        group["coveredResources"] = ["cpu", GPU]
+        group["flavors"][0]["resources"].insert(0, {"name": "cpu", "nominalQuota": "4"})
+        kueue_objects(kubectl, {"apiVersion": KUEUE, "kind": "ResourceFlavor",
+                                "metadata": {"name": queue["flavor"]},
+                                "spec": {"nodeLabels": {"type": "kwok"},
+                                         "topologyName": topology}}, tas_queue)
+        apply(kubectl, namespace, queued_job("tas", workers={
+            "replicas": 2, "gpusPerWorker": 2, "template": {"metadata": {"annotations": {
+                "kueue.x-k8s.io/podset-required-topology": hostname}}}},
+            launcher={"command": ["sh", "-c", "exec sleep 300"], "template": {"spec": {
+                "containers": [{"name": "launcher",
+                                "resources": {"requests": {"cpu": "100m"}}}]}}}))
+        try:
+            running_attempt(kubectl, namespace, "tas", 1)
+        except AssertionError as error:
+            raise AssertionError(
+                f"{error}; job {job_status(kubectl, namespace, 'tas')}; workload "
+                f"{job_workload(kubectl, namespace, 'tas').get('status')}; pods "
+                f"{kubectl('get', 'pods', '-n', namespace, '-o', 'yaml')[-3000:]}") from None
+        workload = job_workload(kubectl, namespace, "tas")
+        assert workload["spec"]["podSets"][0]["topologyRequest"] == {
+            "required": hostname, "podIndexLabel": "apps.kubernetes.io/pod-index"}
+        assignment = {a["name"]: a for a in workload["status"]["admission"][
+            "podSetAssignments"]}["workers"]
+        chosen = assignment["topologyAssignment"]
+        workers = get_json(kubectl, "pods", "-n", namespace, "-l",
+                           f"{LABEL_JOB}=tas,monarch-operator.dev/role=worker")["items"]
+        nodes = {pod["spec"]["nodeName"] for pod in workers}
+        assert len(workers) == 2 and len(nodes) == 1, (nodes, chosen)
+        node = nodes.pop()
+        assert node in json.dumps(chosen), chosen
+        for pod in workers:
+            assert pod["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "workers"
+            assert pod["metadata"]["annotations"]["kueue.x-k8s.io/workload"] == \
+                workload["metadata"]["name"]
+            assert pod["spec"]["nodeSelector"].get(hostname) == node, pod["spec"]
+            assert not pod["spec"].get("schedulingGates"), pod["spec"]  # ungated by Kueue
+    finally:
+        kubectl("delete", "monarchjobs", "--all", "-n", namespace, "--wait=true",
+                "--timeout=60s", check=False)
+        kubectl("delete", "topology", topology, "--wait=false", check=False)

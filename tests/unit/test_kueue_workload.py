@@ -75,7 +75,8 @@ def test_kueue_verdicts():
 
 
 def test_flavors_and_admission_checks_go_into_the_pod_templates():
-    workload = {"status": {"admission": ADMISSION, "admissionChecks": [{
+    workload = {"metadata": {"name": "demo-abc"}, "status": {
+        "admission": ADMISSION, "admissionChecks": [{
         "name": "prov", "state": "Ready", "podSetUpdates": [
             {"name": "workers", "labels": {"x": "1"}, "nodeSelector": {"zone": "z1"}}]}]}}
     toleration = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -85,9 +86,74 @@ def test_flavors_and_admission_checks_go_into_the_pod_templates():
     merged = wl.with_updates(template, updates["workers"])
     assert merged["spec"]["nodeSelector"] == {"mine": "y", "pool": "a100", "zone": "z1"}
     assert merged["spec"]["tolerations"] == [{"key": "own"}, toleration]
-    assert merged["metadata"]["labels"] == {"x": "1"}
+    # Kueue's pod set label and Workload annotation, as its own integrations put them.
+    assert merged["metadata"]["labels"] == {"x": "1", "kueue.x-k8s.io/podset": "workers"}
+    assert merged["metadata"]["annotations"] == {"kueue.x-k8s.io/workload": "demo-abc"}
+    assert "schedulingGates" not in merged["spec"]  # no topology assigned
     assert template == {"spec": {"nodeSelector": {"mine": "y"}, "tolerations": [{"key": "own"}]}}
-    assert wl.with_updates({}, updates["launcher"]) == {"spec": {}, "metadata": {}}
+    assert wl.with_updates({}, updates["launcher"]) == {"spec": {}, "metadata": {
+        "labels": {"kueue.x-k8s.io/podset": "launcher"},
+        "annotations": {"kueue.x-k8s.io/workload": "demo-abc"}}}
+
+
+def test_topology_annotations_become_the_pod_sets_topology_request():
+    from monarch_operator.controller.kueue import topology
+
+    def with_annotations(**annotations: str) -> JobSpec:
+        body = {"metadata": {"name": "demo", "namespace": "team-a", "uid": "u-1",
+                             "labels": {"kueue.x-k8s.io/queue-name": "q"}},
+                "spec": {"image": "img", "workers": {"replicas": 4, "gpusPerWorker": 8,
+                                                     "template": {"metadata": {
+                                                         "annotations": annotations}}}}}
+        return JobSpec.from_body(body)
+
+    def request(**annotations: str) -> dict:
+        pod_sets = wl.build_workload(with_annotations(**annotations), Settings(), "q")[
+            "spec"]["podSets"]
+        assert "topologyRequest" not in pod_sets[1]  # the launcher asked for nothing
+        return pod_sets[0]["topologyRequest"]
+
+    index = {"podIndexLabel": "apps.kubernetes.io/pod-index"}
+    assert request() == index  # ranked by ordinal, placed by a TAS flavor if there is one
+    rack = "cloud.example.com/rack"
+    assert request(**{topology.ANNOTATION_REQUIRED: rack,
+                      topology.ANNOTATION_GROUP_NAME: "g"}) == {
+        "required": rack, "podSetGroupName": "g", **index}
+    assert request(**{topology.ANNOTATION_PREFERRED: rack}) == {"preferred": rack, **index}
+    assert request(**{topology.ANNOTATION_UNCONSTRAINED: "true"}) == {
+        "unconstrained": True, **index}
+    assert request(**{topology.ANNOTATION_SLICE_REQUIRED: rack,
+                      topology.ANNOTATION_SLICE_SIZE: "2"}) == {
+        "podSetSliceRequiredTopology": rack, "podSetSliceSize": 2, **index}
+    for bad, rule in (({topology.ANNOTATION_UNCONSTRAINED: "yes"}, "must be true or false"),
+                      ({topology.ANNOTATION_SLICE_REQUIRED: rack,
+                        topology.ANNOTATION_SLICE_SIZE: "0"}, "positive integer")):
+        try:
+            request(**bad)
+        except topology.TopologyRequestError as error:
+            assert "spec.workers.template.metadata.annotations[" in str(error) and rule in str(
+                error)
+        else:
+            raise AssertionError(f"{bad} accepted")
+
+
+def test_a_topology_assignment_gates_the_pods_for_kueues_ungater():
+    workload = wl.build_workload(job(), Settings(), "user-queue")
+    workload["metadata"]["name"] = "demo-abc"
+    workload["status"] = {"admission": {"clusterQueue": "cq", "podSetAssignments": [
+        {"name": "workers", "flavors": {"nvidia.com/gpu": "tas"},
+         "topologyAssignment": {"levels": ["kubernetes.io/hostname"], "slices": []}},
+        {"name": "launcher"}]}}
+    updates = wl.pod_set_updates(workload, {})
+    merged = wl.with_updates({"spec": {"schedulingGates": [{"name": "mine"}]}},
+                             updates["workers"])
+    assert merged["spec"]["schedulingGates"] == [{"name": "mine"},
+                                                 {"name": "kueue.x-k8s.io/topology"}]
+    # No level asked for: placed by the flavor's topology alone, as "unconstrained".
+    assert merged["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/workload": "demo-abc",
+        "kueue.x-k8s.io/podset-unconstrained-topology": "true"}
+    assert "schedulingGates" not in wl.with_updates({}, updates["launcher"])["spec"]
 
 
 def test_an_evicted_workload_gives_its_quota_back_and_is_requeued():
@@ -237,3 +303,18 @@ def test_a_spec_changed_while_queued_replaces_the_workload(monkeypatch):
     legacy = {**stored, "metadata": {**stored["metadata"], "annotations": {}}}
     legacy["status"] = {}
     assert not wl.outdated(legacy, new)  # made before the hash existed: left alone
+
+
+def test_a_launcher_without_a_flavor_under_a_tas_only_queue_is_explained():
+    from monarch_operator.controller import attempts
+    from monarch_operator.controller.kueue import admission
+    from monarch_operator.controller.passstate import Pass
+
+    state = Pass(job=job(), status={**attempts.begin({}, 1, "t0"), "queue": {}},
+                 now=dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC))
+    admission._queued(state, "user-queue", wl.Admission(
+        wl.STATE_PENDING, reason="Pending",
+        message="failed to assign flavors to pod set launcher: no TAS flavor assigned"), 0)
+    message = st.get_condition(state.status, st.QUEUED)["message"]
+    assert "no TAS flavor assigned; the launcher requests no resource" in message, message
+    assert "spec.launcher.template" in message

@@ -589,7 +589,10 @@ class LocalCluster:
             nodes.append({
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": NODE_NAME.format(index=index),
+                             # kubernetes.io/hostname as a kubelet sets it (Kueue's
+                             # topology-aware scheduling uses it as the lowest level).
                              "labels": {"type": "kwok", "kubernetes.io/os": "linux",
+                                        "kubernetes.io/hostname": NODE_NAME.format(index=index),
                                         "nvidia.com/gpu.present": "true"},
                              "annotations": {"kwok.x-k8s.io/node": "fake"}},
                 "status": {"capacity": resources, "allocatable": resources},

@@ -27,7 +27,7 @@ from prometheus_client import Histogram
 from monarch_operator import constants, names
 from monarch_operator.controller import attempts, deadlines, k8s, release
 from monarch_operator.controller import status as st
-from monarch_operator.controller.kueue import client
+from monarch_operator.controller.kueue import client, topology
 from monarch_operator.controller.kueue import workload as wl
 from monarch_operator.controller.passstate import Event, Pass
 from monarch_operator.controller.settings import Settings
@@ -95,8 +95,7 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
         return Queue({}, False, job)
     if workload is None:
         try:
-            workload = client.create_workload(
-                wl.build_workload(job, settings, queue, _priority(job)), job.uid)
+            workload = client.create_workload(_desired(state, settings, queue), job.uid)
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -134,8 +133,7 @@ def _replaced(state: Pass, settings: Settings, queue: str, workload: dict[str, A
         return True
     if wl.admission(workload).state != wl.STATE_PENDING:
         return False
-    if not wl.outdated(workload, wl.build_workload(state.job, settings, queue,
-                                                   _priority(state.job))):
+    if not wl.outdated(workload, _desired(state, settings, queue)):
         return False
     client.delete_workload(workload)
     state.events.append(Event("Normal", REASON_WORKLOAD_REPLACED, (
@@ -143,6 +141,20 @@ def _replaced(state: Pass, settings: Settings, queue: str, workload: dict[str, A
         "is replaced so that Kueue sees the new request")))
     state.wake_in(REPLACE_RECHECK_SECONDS)
     return True
+
+
+def _desired(state: Pass, settings: Settings, queue: str) -> dict[str, Any]:
+    """The job's Workload as it should be now.
+
+    Raises:
+        k8s.RefusedError: a template's topology annotation is malformed, or the priority
+            class does not exist (the job says so and waits for a fix).
+    """
+    try:
+        return wl.build_workload(state.job, settings, queue, _priority(state.job))
+    except topology.TopologyRequestError as error:
+        raise k8s.RefusedError(wl.KIND, names.workload(state.job.name, state.job.uid),
+                               str(error)) from None
 
 
 def _priority(job: JobSpec) -> tuple[str, int] | None:
@@ -241,7 +253,8 @@ def _queued(state: Pass, queue: str, verdict: wl.Admission, pods_left: int) -> N
         reason = REASON_EVICTED
     else:
         detail = f"{verdict.reason}: {verdict.message}" if verdict.message else verdict.reason
-        message = f"{_requeued_after(state)}waiting in LocalQueue {queue} for admission: {detail}"
+        message = (f"{_requeued_after(state)}waiting in LocalQueue {queue} for admission: "
+                   f"{detail}{_hint(verdict.message)}")
         reason = REASON_QUEUED
     if not st.is_true(state.status, st.QUEUED) and reason == REASON_QUEUED:
         state.events.append(Event("Normal", REASON_QUEUED, message))
@@ -249,6 +262,22 @@ def _queued(state: Pass, queue: str, verdict: wl.Admission, pods_left: int) -> N
     if st.get_condition(state.status, st.RUNNING) is not None:
         state.condition(st.RUNNING, False, REASON_QUEUED, "queued")
     state.condition(st.WORKERS_READY, False, REASON_QUEUED, "queued: no workers until admitted")
+
+
+# Kueue's words when a pod set that requests no resource the ClusterQueue covers meets a
+# ClusterQueue whose flavors all have a topology (flavorassigner: every pod set is then placed
+# by topology, and one without a flavor cannot be).
+_NO_TAS_FLAVOR = "no TAS flavor assigned"
+
+
+def _hint(message: str) -> str:
+    """What the user can do about Kueue's ``message``, when we know (else "")."""
+    if _NO_TAS_FLAVOR in message and f"pod set {wl.PODSET_LAUNCHER}" in message:
+        return ("; the launcher requests no resource this ClusterQueue covers, and every pod "
+                "set of a ClusterQueue whose flavors all have a topology needs one: give "
+                "spec.launcher.template a request of a covered resource (e.g. cpu), or add a "
+                "flavor without a topology")
+    return ""
 
 
 def _requeued_after(state: Pass) -> str:

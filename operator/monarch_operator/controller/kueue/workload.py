@@ -25,6 +25,7 @@ from monarch_operator import names
 from monarch_operator.controller.builders.common import job_labels, owner_reference
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
+from monarch_operator.controller.kueue import topology
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
 
@@ -80,6 +81,9 @@ def build_workload(job: JobSpec, settings: Settings, queue: str,
             to the reference, as Kueue's job integrations copy it.
 
     Returns the object to create (``kueue.x-k8s.io/v1beta2`` Workload).
+
+    Raises:
+        topology.TopologyRequestError: a template's topology annotation is malformed.
     """
     worker_template = build_worker_statefulset(job, settings)["spec"]["template"]
     launcher = build_launcher_pod(job, settings, 1)
@@ -87,13 +91,17 @@ def build_workload(job: JobSpec, settings: Settings, queue: str,
                                       for key in ("labels", "annotations")
                                       if launcher["metadata"].get(key)},
                          "spec": launcher["spec"]}
-    spec: dict[str, Any] = {
-        "queueName": queue,
-        "podSets": [
-            {"name": PODSET_WORKERS, "count": job.replicas, "template": worker_template},
-            {"name": PODSET_LAUNCHER, "count": 1, "template": launcher_template},
-        ],
-    }
+    workers: dict[str, Any] = {"name": PODSET_WORKERS, "count": job.replicas,
+                               "template": worker_template,
+                               "topologyRequest": topology.topology_request(
+                                   worker_template, "spec.workers.template",
+                                   topology.POD_INDEX_LABEL)}
+    launcher_set: dict[str, Any] = {"name": PODSET_LAUNCHER, "count": 1,
+                                    "template": launcher_template}
+    launcher_topology = topology.topology_request(launcher_template, "spec.launcher.template")
+    if launcher_topology is not None:
+        launcher_set["topologyRequest"] = launcher_topology
+    spec: dict[str, Any] = {"queueName": queue, "podSets": [workers, launcher_set]}
     if priority is not None:
         spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass",
                                     "name": priority[0]}
@@ -140,6 +148,7 @@ class PodSetUpdate:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    scheduling_gates: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -211,12 +220,17 @@ def pod_set_updates(workload: dict[str, Any],
     """Per pod set, what admission puts into its pods: for each flavor assigned to it, that
     ResourceFlavor's ``spec.nodeLabels`` (node selector) and ``spec.tolerations``; then each
     admission check's ``podSetUpdates`` entry for it (labels, annotations, nodeSelector,
-    tolerations), as Kueue's jobframework does when it starts a job (``podset.Merge``).
+    tolerations), as Kueue's jobframework does when it starts a job (``podset.Merge``); and
+    the pod set label, the Workload annotation and, with a topology assignment, the TAS
+    scheduling gate (:func:`.topology.admitted_metadata`).
 
     Args:
         flavor_specs: ResourceFlavor name -> its ``spec`` (missing flavors add nothing).
     """
     status = workload.get("status") or {}
+    pod_sets = {str(pod_set.get("name")): pod_set
+                for pod_set in (workload.get("spec") or {}).get("podSets") or []}
+    name = str((workload.get("metadata") or {}).get("name") or "")
     updates: dict[str, PodSetUpdate] = {}
     for assignment in (status.get("admission") or {}).get("podSetAssignments") or []:
         node_selector: dict[str, str] = {}
@@ -225,7 +239,10 @@ def pod_set_updates(workload: dict[str, Any],
             spec = flavor_specs.get(flavor) or {}
             node_selector.update(spec.get("nodeLabels") or {})
             tolerations.extend(t for t in spec.get("tolerations") or [] if t not in tolerations)
-        updates[str(assignment["name"])] = PodSetUpdate(node_selector, tolerations)
+        labels, annotations, gates = topology.admitted_metadata(
+            name, pod_sets.get(str(assignment["name"])) or {}, assignment)
+        updates[str(assignment["name"])] = PodSetUpdate(node_selector, tolerations, labels,
+                                                        annotations, gates)
     for check in status.get("admissionChecks") or []:
         for entry in check.get("podSetUpdates") or []:
             current = updates.get(str(entry["name"]), PodSetUpdate())
@@ -234,14 +251,16 @@ def pod_set_updates(workload: dict[str, Any],
                 current.tolerations + [t for t in entry.get("tolerations") or []
                                        if t not in current.tolerations],
                 {**current.labels, **(entry.get("labels") or {})},
-                {**current.annotations, **(entry.get("annotations") or {})})
+                {**current.annotations, **(entry.get("annotations") or {})},
+                current.scheduling_gates)
     return updates
 
 
 def with_updates(template: dict[str, Any], update: PodSetUpdate | None) -> dict[str, Any]:
     """A pod template (``spec.workers.template`` or ``spec.launcher.template``) with
     ``update`` merged in: node selector and labels added (the user's own keys kept unless
-    admission sets them), tolerations appended. The job's own templates are never changed, so
+    admission sets them), tolerations and scheduling gates appended. The job's own templates
+    are never changed, so
     an eviction restores them by building from the spec again."""
     merged = copy.deepcopy(template)
     if update is None:
@@ -252,6 +271,12 @@ def with_updates(template: dict[str, Any], update: PodSetUpdate | None) -> dict[
     if update.tolerations:
         spec["tolerations"] = list(spec.get("tolerations") or []) + [
             t for t in update.tolerations if t not in (spec.get("tolerations") or [])]
+    gates = list(spec.get("schedulingGates") or [])
+    for gate in update.scheduling_gates:
+        if {"name": gate} not in gates:
+            gates.append({"name": gate})
+    if gates:
+        spec["schedulingGates"] = gates
     metadata = merged.setdefault("metadata", {})
     if update.labels:
         metadata["labels"] = {**(metadata.get("labels") or {}), **update.labels}
