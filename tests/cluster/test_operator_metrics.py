@@ -76,8 +76,17 @@ def test_real_passes_are_counted_and_the_job_is_shown_in_its_phase(
         assert samples[("monarch_operator_reconcile_wait_seconds_count",
                         (("urgent", "false"),))] >= 1
 
+        # Its own series (issue 22 item 3): phase, 2 workers wanted, none Ready.
+        mine = (("job", "demo"), ("namespace", chart_namespace))
+        phases = {dict(labels)["phase"] for (name, labels), value in samples.items()
+                  if name == "monarch_operator_job_phase" and dict(labels)["job"] == "demo"}
+        assert len(phases) == 1, phases
+        assert samples[("monarch_operator_job_workers", mine)] == 2
+        assert samples[("monarch_operator_job_ready_workers", mine)] == 0
+
         kubectl("delete", "monarchjob", "demo", "-n", chart_namespace, "--wait=true")
         wait_until(lambda: _jobs_by_phase(_scrape(url)) == {}, 60, "the deleted job to leave")
+        assert not [name for name, labels in _scrape(url) if dict(labels).get("job") == "demo"]
     finally:
         process.terminate()
         try:

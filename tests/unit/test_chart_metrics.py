@@ -44,7 +44,8 @@ def test_metrics_on_serve_the_port_behind_a_service(values):
 @pytest.mark.parametrize("enabled", [False, True])
 def test_helm_lint_strict_with_metrics(enabled):
     result = helm("lint", str(CHART), "--strict",
-                  "--set", f"metrics.enabled={str(enabled).lower()}")
+                  "--set", f"metrics.enabled={str(enabled).lower()}",
+                  "--set", f"metrics.grafanaDashboard.enabled={str(enabled).lower()}")
     assert "0 chart(s) failed" in result.stdout
     assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
 

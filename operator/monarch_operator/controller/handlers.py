@@ -21,6 +21,7 @@ from monarch_operator.controller import (
     cache,
     checkpoints,
     indexready,
+    jobmetrics,
     k8s,
     metrics,
     observe,
@@ -196,6 +197,7 @@ async def on_job_event(type: str | None, namespace: str, name: str, meta: kopf.M
         WAKEUPS.forget(key)
         checkpoints.forget(namespace, name)
         metrics.JOB_PHASES.set(key, None)
+        jobmetrics.JOBS.forget(key)
         # A pass that raced the deletion stops creating; what it and earlier passes created
         # goes now, not when garbage collection gets to it.
         known = CACHE.job_deleted(key, uid)

@@ -18,7 +18,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.controller import cache, deadlines, k8s, metrics, reconcile
+from monarch_operator.controller import cache, deadlines, jobmetrics, k8s, metrics, reconcile
 from monarch_operator.controller import status as st
 from monarch_operator.controller.cache import JobView
 from monarch_operator.controller.progress import ProgressWrites
@@ -45,6 +45,7 @@ class PassReport:
     events: list[reconcile.Event] = field(default_factory=list)
     next_pass_seconds: float | None = None
     phase: str | None = None
+    status: dict[str, Any] | None = None
 
 
 class PassRunner:
@@ -72,6 +73,7 @@ class PassRunner:
             # deletes what the pass had created, see cache.JobCache.job_deleted).
             metrics.record_pass(metrics.RESULT_OK, time.monotonic() - started)
             metrics.JOB_PHASES.set(key, None)
+            jobmetrics.JOBS.forget(key)
             self._forget(key)
             logger.info("%s/%s: pass stopped: %s", namespace, name, error)
             return PassReport(None)
@@ -91,6 +93,10 @@ class PassRunner:
             return report
         metrics.record_pass(metrics.RESULT_OK, time.monotonic() - started)
         metrics.JOB_PHASES.set(key, report.phase)
+        if report.phase is None:
+            jobmetrics.JOBS.forget(key)
+        else:
+            jobmetrics.JOBS.observe(key, report.status or {"phase": report.phase})
         self._failures.pop(key, None)
         return report
 
@@ -118,7 +124,8 @@ class PassRunner:
         if outcome.status_written:
             self._progress.written((namespace, name), now)
         return PassReport(body, outcome.events, min(delays) if delays else None,
-                          phase=None if outcome.deleted else outcome.status.get("phase"))
+                          phase=None if outcome.deleted else outcome.status.get("phase"),
+                          status=None if outcome.deleted else outcome.status)
 
     def _forget(self, key: tuple[str, str]) -> None:
         """What is remembered of a job that is gone."""
