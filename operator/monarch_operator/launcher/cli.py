@@ -509,7 +509,7 @@ def run_main(argv: Sequence[str]) -> int:
     except (UsageError, PlacementError) as error:
         return reporter.result(2, str(error))
     if args.dry_run:
-        return check_target(args.target, job, reporter)
+        return check_target(args.target, job, reporter, args.args)
     install_sigterm_handler()
     return run_program(args.target, args.args, launch_args, reporter)
 

@@ -9,7 +9,11 @@ TARGET is one of
   with ``Job.from_env()``;
 - ``path/to/script.py``: run as ``__main__``, likewise.
 
-The user's ARGS are in ``sys.argv[1:]`` (``sys.argv[0]`` is TARGET). ``monarch-launch``'s own
+The user's ARGS are in ``sys.argv[1:]`` (``sys.argv[0]`` is TARGET). A ``module:function``
+target's module that defines ``parse_args(argv)`` (argparse's shape: it raises ``SystemExit``
+on bad arguments) has ARGS checked by it before any host is touched (field case C29): bad
+arguments end the run at once with argparse's message and status 2, not after the meshes
+started. ``monarch-launch``'s own
 host, placement and ssh flags reach ``Job.from_env()`` inside the program through
 ``MONARCH_LAUNCH_ARGS`` (a JSON list), so the program needs no flags of its own.
 
@@ -86,7 +90,34 @@ def load_target(target: str) -> tuple[str, Callable[..., Any] | None]:
     return "function", function
 
 
-def check_target(target: str, job: Job, reporter: Reporter) -> int:
+def check_program_args(target: str, function: Callable[..., Any] | None,
+                       program_args: Sequence[str]) -> str | None:
+    """Check the program's ARGS with its module's ``parse_args(argv)`` when it has one (see
+    the module doc), before anything connects; argparse prints its own usage and error.
+
+    Returns:
+        None when they pass (or nothing checks them), else the reason for the usage error.
+    """
+    module = sys.modules.get(getattr(function, "__module__", "") or "")
+    parse_args = getattr(module, "parse_args", None)
+    if function is None or not callable(parse_args):
+        return None
+    saved_argv = sys.argv
+    sys.argv = [target, *program_args]
+    try:
+        parse_args(list(program_args))
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            shown = " ".join(program_args) or "(none)"
+            return (f"{target}: its arguments {shown} were refused by "
+                    f"{module.__name__}.parse_args (see above); no host was contacted")
+    finally:
+        sys.argv = saved_argv
+    return None
+
+
+def check_target(target: str, job: Job, reporter: Reporter,
+                 program_args: Sequence[str] = ()) -> int:
     """``monarch-launch run --dry-run``: print the job's placement plan and resolve TARGET the
     way :func:`run_program` would (a ``module:function`` target's module is imported to find the
     function; a module or script is only located, never run); connect to nothing.
@@ -106,9 +137,12 @@ def check_target(target: str, job: Job, reporter: Reporter) -> int:
         [f"hosts: {job.config.source}", *format_plan(job.plan)], plan_to_dict(job.plan), True
     )
     try:
-        kind, _function = load_target(target)
+        kind, function = load_target(target)
     except TargetError as error:
         return reporter.result(exitcodes.USAGE, str(error))
+    refused = check_program_args(target, function, program_args)
+    if refused is not None:
+        return reporter.result(exitcodes.USAGE, refused)
     if not reporter.json_mode:
         print(f"target: {target} ({kind})", file=reporter.out, flush=True)
     return reporter.result(exitcodes.SUCCESS, None, dry_run=True, target=target, kind=kind)
@@ -142,6 +176,9 @@ def run_program(
         kind, function = load_target(target)
     except TargetError as error:
         return reporter.result(exitcodes.USAGE, str(error))
+    refused = check_program_args(target, function, program_args)
+    if refused is not None:
+        return reporter.result(exitcodes.USAGE, refused)
     os.environ[LAUNCH_ARGS_ENV] = json.dumps(list(launch_args))
     saved_argv = sys.argv
     sys.argv = [target, *program_args]
