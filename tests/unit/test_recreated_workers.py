@@ -13,7 +13,7 @@ import pytest
 from monarch_operator.controller import attempts, k8s, recreated
 from monarch_operator.controller import status as st
 from monarch_operator.controller.settings import Settings
-from monarch_operator.launcher.session import preflight, ssh
+from monarch_operator.launcher.session import preflight, ssh, versions
 from tests.unit.test_launch_pass import NAME, NAMESPACE, job_body, launcher_pod
 from tests.unit.test_verdicts import run_policy_pass, worker
 
@@ -37,7 +37,7 @@ def test_the_reason_lists_match_the_launchers():
     launcher_reasons = {value for name, value in vars(preflight).items()
                         if name.isupper() and isinstance(value, str) and value[:1].isupper()
                         and " " not in value and name not in ("RETRYABLE",)}
-    launcher_reasons |= {ssh.HOST_KEY_UNKNOWN, ssh.HOST_KEY_CHANGED}
+    launcher_reasons |= {ssh.HOST_KEY_UNKNOWN, ssh.HOST_KEY_CHANGED, versions.VERSION_SKEW}
     assert recreated.PREFLIGHT_REASONS == launcher_reasons
     assert recreated.RECREATED_WORKER_REASONS <= recreated.PREFLIGHT_REASONS
 

@@ -107,6 +107,12 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
             state, policy.INFRASTRUCTURE, st.REASON_WORKER_UNREACHABLE,
             f"pre-flight could not reach recreated worker {short(unreachable)}: "
             f"{observe.launcher_failure_message(outcome)}", outcome, None, pods)
+    skewed = recreated.version_skew_hosts(outcome.message)
+    if skewed:  # C27: no restart can make the versions match
+        return endings.end_attempt(
+            state, policy.FATAL, st.REASON_VERSION_SKEW,
+            f"pre-flight refused worker {short(skewed)} (versions differ from the launcher's): "
+            f"{observe.launcher_failure_message(outcome)}", outcome, None, pods)
     judged = policy.classify_exit_code(job.run_policy, outcome.exit_code)
     reason = (st.REASON_FATAL_EXIT_CODE if judged.failure_class == policy.FATAL
               else st.REASON_LAUNCHER_FAILED)

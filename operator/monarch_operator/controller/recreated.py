@@ -26,7 +26,10 @@ RECREATED_WORKER_REASONS = frozenset({"DNSNotResolvable", "DNSStale", "SSHUnreac
 PREFLIGHT_REASONS = frozenset({"DNSNotResolvable", "DNSStale", "LoopbackAddress",
                                "SSHUnreachable", "SSHAuthFailed", "SSHSessionFailed",
                                "PythonNotFound", "ImportFailed", "PortInUse", "HostKeyUnknown",
-                               "HostKeyChanged"})
+                               "HostKeyChanged", "VersionSkew"})
+# A host whose torchmonarch, torch, monarch-operator or Python differs from the launcher's
+# (field case C27): no restart can fix it, the images must match.
+VERSION_SKEW = "VersionSkew"
 
 # "pre-flight failed on 1 of 2 hosts after 0.5s: <host> (<address>): <Reason>: <detail>; ..."
 _HEAD = re.compile(r"pre-flight failed on (?P<failed>\d+) of \d+ hosts after [\d.]+s: ")
@@ -43,6 +46,13 @@ def preflight_failures(message: str) -> dict[str, str] | None:
     listing = message[head.end():]
     found = {match["host"]: match["reason"] for match in _HOST.finditer(listing)}
     return found if found and len(found) == int(head["failed"]) else None
+
+
+def version_skew_hosts(message: str) -> list[str]:
+    """The hosts a pre-flight failure in ``message`` refused for :data:`VERSION_SKEW`, in
+    its order; ``[]`` when it is not such a failure."""
+    return [host for host, reason in (preflight_failures(message) or {}).items()
+            if reason == VERSION_SKEW]
 
 
 def recreated_workers_unreachable(message: str, job_name: str, attempt: int,

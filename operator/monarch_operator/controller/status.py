@@ -36,6 +36,9 @@ REASON_ALL_WORKERS_READY = "AllWorkersReady"
 REASON_LAUNCHER_STARTED = "LauncherStarted"
 # The launcher failed while a node of its workers has not heartbeated since (verdicts.py).
 REASON_AWAITING_NODE_HEARTBEAT = "AwaitingNodeHeartbeat"
+# Failed: a worker's torchmonarch, torch, monarch-operator or Python differs from the
+# launcher's (field case C27).
+REASON_VERSION_SKEW = "VersionSkew"
 # Running: a worker is being drained or preempted and the launcher was asked to stop first.
 REASON_CHECKPOINT_BEFORE_DISRUPTION = "CheckpointBeforeDisruption"
 REASON_LAUNCHER_SUCCEEDED = "LauncherSucceeded"

@@ -12,7 +12,8 @@ For every host, in parallel:
    start the session, see :mod:`launcher.session.diagnose`), which imports Monarch and the actor
    module (``ImportFailed``), stops Monarch workers of an earlier run still bound to this host's
    worker port, and checks that the port is then free (``PortInUse``, naming the process holding
-   it). Only orphaned workers are stopped, those with no sshd process among their ancestors:
+   it); its torchmonarch, torch, monarch-operator and Python versions must be the launcher's
+   (``VersionSkew``, naming each component and both versions: :mod:`.versions`, C27). Only orphaned workers are stopped, those with no sshd process among their ancestors:
    their launcher is gone. A worker still attached to an ssh session may belong to a run in
    progress (another user's, or the same user's in another terminal) and is reported, never
    killed.
@@ -46,6 +47,7 @@ from monarch_operator.launcher.session.fanout import (
     run_with_retries,
 )
 from monarch_operator.launcher.session.network import NetworkCheckError, probe_sshd, resolve_host
+from monarch_operator.launcher.session import versions
 from monarch_operator.launcher.session.ssh import SshSettings, host_key_failure, ssh_args
 from monarch_operator.launcher.session.stragglers import (
     RunMark,
@@ -100,7 +102,8 @@ def done(reason=None, detail="", cleaned=()):
     # What a worker started in this login inherits (field case C26): locked memory, RDMA.
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     print(json.dumps({"reason": reason, "detail": detail, "cleaned": list(cleaned),
-                      "memlock": list(memlock), "infiniband": os.path.isdir("/dev/infiniband")}))
+                      "memlock": list(memlock), "infiniband": os.path.isdir("/dev/infiniband"),
+                      "versions": fingerprint()}))
     sys.exit(0)
 missing = []
 for name in modules:
@@ -321,7 +324,7 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
     ]
     command = preflight_prefix(settings.python_exe, settings.run_mark, settings.clean_stale) + (
         f"{env_prefix(settings.environment)}{shlex.quote(settings.python_exe)} -c "
-        f"{shlex.quote(_REMOTE_CHECK)} {shlex.join(script_args)}"
+        f"{shlex.quote(versions.REMOTE_FINGERPRINT + _REMOTE_CHECK)} {shlex.join(script_args)}"
     )
     def attempt() -> tuple[int | None, str]:
         nonlocal result
@@ -369,11 +372,15 @@ def check_login(host: str, address: str, settings: PreflightSettings) -> HostChe
             f"{settings.python_exe} exited {result.returncode}: {_last_line(result.stderr)}",
         )
     memlock = report.get("memlock")
+    reason, detail = report["reason"], report["detail"]
+    differences = versions.skew(versions.fingerprint(), report.get("versions") or {})
+    if reason is None and differences:
+        reason, detail = versions.VERSION_SKEW, versions.describe_skew(differences)
     return HostCheck(
         host,
         address,
-        report["reason"],
-        report["detail"],
+        reason,
+        detail,
         tuple(report.get("cleaned", ())),
         survivors=parse_report(result.stdout),
         memlock=(int(memlock[0]), int(memlock[1])) if memlock else None,
