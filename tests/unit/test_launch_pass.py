@@ -218,3 +218,27 @@ def test_without_a_launcher_template_nothing_is_tried(dry_runs):
     settings = Settings.from_env()
     run_pass(settings, make_view(settings, workers=False))
     assert dry_runs["creates"] == [("StatefulSet", False)]
+
+
+def test_the_attempt_records_the_image_digests_that_ran(api):
+    """Issue 23 item 3: an attempt's fingerprint: the workers' image digests as their pods
+    report them at its launch (two differing: mixed images), then its launcher's."""
+    settings = Settings.from_env()
+    digests = ["docker.io/x/worker@sha256:aaa", "docker.io/x/worker@sha256:bbb"]
+    workers = []
+    for ordinal, digest in zip(range(REPLICAS), digests, strict=True):
+        pod = ready_worker(ordinal)
+        pod["status"]["containerStatuses"] = [{"name": "worker", "imageID": digest,
+                                               "restartCount": 0, "state": {"running": {}}}]
+        workers.append(pod)
+    run_pass(settings, make_view(settings, worker_pods=workers))
+    launched = api["status"][-1]
+    assert launched["attempts"][-1]["workerImages"] == digests
+    assert "launcherImage" not in launched["attempts"][-1]
+    launcher = launcher_pod(settings)
+    launcher["status"]["containerStatuses"] = [{"name": "launcher", "restartCount": 0,
+                                                "imageID": "docker.io/x/launcher@sha256:ccc",
+                                                "state": {"running": {}}}]
+    run_pass(settings, make_view(settings, launched, [launcher], worker_pods=workers))
+    assert api["status"][-1]["attempts"][-1]["launcherImage"] == \
+        "docker.io/x/launcher@sha256:ccc"

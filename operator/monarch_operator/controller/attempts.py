@@ -75,6 +75,20 @@ def worker_snapshot(job_name: str, replicas: int,
     return snapshot
 
 
+# At most this many distinct worker image digests are recorded per attempt.
+MAX_WORKER_IMAGES = 8
+
+
+def image_ids(pods: list[dict[str, Any]], container: str) -> list[str]:
+    """The distinct image digests (``containerStatuses[].imageID``) that ``container`` of
+    ``pods`` runs, sorted, at most :data:`MAX_WORKER_IMAGES`; pods that report none are left
+    out. Part of an attempt's fingerprint (issue 23 item 3): the versions that ran."""
+    found = {str(status["imageID"]) for pod in pods
+             for status in (pod.get("status") or {}).get("containerStatuses") or []
+             if status.get("name") == container and status.get("imageID")}
+    return sorted(found)[:MAX_WORKER_IMAGES]
+
+
 def restart_count(pod: dict[str, Any]) -> int:
     """Sum of the pod's container restart counts (kubectl's RESTARTS)."""
     statuses = (pod.get("status") or {}).get("containerStatuses") or []

@@ -22,7 +22,8 @@ from monarch_operator.controller import (
 )
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
-from monarch_operator.controller.builders.launcher import build_launcher_pod
+from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER, build_launcher_pod
+from monarch_operator.controller.builders.statefulset import WORKER_CONTAINER
 from monarch_operator.controller.passstate import Event, Pass, short
 from monarch_operator.controller.settings import Settings
 
@@ -52,11 +53,22 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
                     f"launcher {launcher_name} running (attempt {attempt})")
     outcome = observe.launcher_outcome(launcher)
+    _record_launcher_image(state, launcher, record)
     if not outcome.finished and not launcher["metadata"].get("deletionTimestamp"):
         # Its hostfile, whose create may have failed while the pod's went through (they are
         # sent together); found in the cache (or just created), it costs no request.
         k8s.ensure(build_hostfile_configmap(job, settings, worker_pods), job.uid)
     return _judge(state, launcher, outcome, worker_pods, record)
+
+
+def _record_launcher_image(state: Pass, launcher: dict[str, Any],
+                           record: dict[str, Any]) -> None:
+    """The attempt's ``launcherImage``, once its pod reports the digest its container runs."""
+    if record.get("launcherImage"):
+        return
+    found = attempts.image_ids([launcher], LAUNCHER_CONTAINER)
+    if found:
+        state.status = attempts.update_current(state.status, launcherImage=found[0])
 
 
 def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutcome,
@@ -255,8 +267,10 @@ def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
                            checkpoints.location(state.status)),
         owner_uid=job.uid)
     state.status["attemptWorkers"] = attempts.worker_snapshot(job.name, job.replicas, worker_pods)
+    images = attempts.image_ids(worker_pods, WORKER_CONTAINER)
     state.status = attempts.update_current(state.status, launchTime=state.now_text,
-                                           launcherPod=launcher_name)
+                                           launcherPod=launcher_name,
+                                           **({"workerImages": images} if images else {}))
     if created:
         state.events.append(Event("Normal", st.REASON_LAUNCHER_STARTED,
                                   f"all {job.replicas} workers ready; launcher {launcher_name} "
