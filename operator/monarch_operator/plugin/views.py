@@ -1,0 +1,168 @@
+"""Pure: what ``kubectl monarch`` shows, from objects as kubectl returns them (no I/O).
+
+Ranks are placed as the launcher places them (:func:`.placement.plan_placement` over the job's
+hostfile, workers in ordinal order): role mode gives each role's ranks on its mesh's hosts, one
+per GPU, host by host; SPMD mode gives ranks ``ordinal * nproc + local`` on worker ``ordinal``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from monarch_operator import names
+from monarch_operator.controller.builders.hostfile import hostfile_hosts
+from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec import JobSpec
+from monarch_operator.launcher.hosts.placement import plan_placement
+
+# A rank's output line in SPMD mode: "[role/host/rank] text" (launcher/programs/spmd_actor.py).
+_SPMD_LINE = re.compile(r"^\[(?P<role>[^/\]]+)/(?P<host>[^/\]]+)/(?P<rank>\d+)\] ")
+# Role mode: the launcher's and the example's lines that name a rank ("trainer rank 3/4 ...",
+# "placement trainer rank=3 ...").
+_ROLE_LINE = re.compile(r"\b(?P<role>[a-z][\w-]*) rank[= ](?P<rank>\d+)\b")
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one rank runs: its role, rank, worker ordinal, local rank and GPU index."""
+
+    role: str
+    rank: int
+    ordinal: int
+    local_rank: int
+    gpu: int
+
+
+def rank_places(body: dict[str, Any], settings: Settings | None = None) -> list[RankPlace]:
+    """Every rank of the job, role by role (trainer, ref; or ``spmd``), in rank order.
+
+    Raises:
+        monarch_operator.launcher.hosts.placement.PlacementError: the spec cannot be placed
+            (the operator would have refused it).
+    """
+    job = JobSpec.from_body(body)
+    settings = settings or Settings()
+    hosts = hostfile_hosts(job, settings)
+    ordinal_of = {host.name: index for index, host in enumerate(hosts)}
+    if job.spmd is not None:
+        per_node = job.spmd.nproc_per_node or job.gpus_per_worker
+        return [RankPlace("spmd", ordinal * per_node + local, ordinal, local, local)
+                for ordinal in range(job.replicas) for local in range(per_node)]
+    plan = plan_placement(hosts, job.trainer_hosts, job.ref_hosts, job.colocate,
+                          job.trainer_gpus, job.ref_gpus)
+    places = []
+    for role in plan.roles:
+        mesh = plan.mesh(role.mesh)
+        gpus = role.gpus or tuple(range(role.procs_per_host))
+        for host_index, host in enumerate(mesh.hosts[:role.hosts]):
+            for local in range(role.procs_per_host):
+                places.append(RankPlace(role.role, host_index * role.procs_per_host + local,
+                                        ordinal_of[host], local, gpus[local]))
+    return places
+
+
+def find_rank(places: list[RankPlace], rank: int, role: str | None) -> RankPlace:
+    """The place of ``rank`` of ``role`` (default: the trainer, or the SPMD ranks).
+
+    Raises:
+        LookupError: no such rank, naming the ranks the role has.
+    """
+    wanted = role if role is not None else (places[0].role if places else "trainer")
+    matching = [place for place in places if place.role == wanted]
+    for place in matching:
+        if place.rank == rank:
+            return place
+    raise LookupError(f"{wanted} has no rank {rank} (ranks 0..{len(matching) - 1})")
+
+
+def hosts_table(body: dict[str, Any], pods: list[dict[str, Any]],
+                settings: Settings | None = None) -> list[list[str]]:
+    """Rows ``ROLE RANK HOST POD NODE GPU`` (header first): rank -> host -> pod -> node."""
+    job = JobSpec.from_body(body)
+    settings = settings or Settings()
+    by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    rows = [["ROLE", "RANK", "LOCAL", "HOST", "POD", "NODE", "GPU"]]
+    for place in rank_places(body, settings):
+        pod_name = names.worker_pod(job.name, place.ordinal)
+        pod = by_name.get(pod_name) or {}
+        rows.append([place.role, str(place.rank), str(place.local_rank),
+                     names.worker_fqdn(job.name, job.namespace, place.ordinal,
+                                       settings.cluster_domain),
+                     pod_name if pod else f"{pod_name} (missing)",
+                     str((pod.get("spec") or {}).get("nodeName") or "-"), str(place.gpu)])
+    return rows
+
+
+def attempts_table(status: dict[str, Any]) -> list[list[str]]:
+    """Rows ``ATTEMPT CLASS REASON EXIT ROLE RANK HOST STARTED ENDED`` (header first)."""
+    rows = [["ATTEMPT", "CLASS", "REASON", "EXIT", "FAILING", "STARTED", "ENDED",
+             "CHECKPOINT"]]
+    for record in status.get("attempts") or []:
+        failing = ""
+        if record.get("rank") is not None:
+            failing = f"{record.get('role') or 'rank'} {record['rank']}"
+            if record.get("host"):
+                failing += f" on {str(record['host']).split('.')[0]}"
+        rows.append([str(record.get("number", "")),
+                     str(record.get("class") or ("running" if not record.get("endTime")
+                                                 else "")),
+                     str(record.get("reason") or ""),
+                     "" if record.get("exitCode") is None else str(record["exitCode"]),
+                     failing, str(record.get("startTime") or ""),
+                     str(record.get("endTime") or ""), str(record.get("checkpoint") or "")])
+    return rows
+
+
+def status_lines(body: dict[str, Any]) -> list[str]:
+    """The job's state in a few lines: phase and message, workers, restarts, queue."""
+    status = body.get("status") or {}
+    meta = body["metadata"]
+    lines = [f"{meta.get('namespace')}/{meta['name']}: {status.get('phase') or 'Pending'}"
+             + (f": {status['message']}" if status.get("message") else ""),
+             f"attempt {status.get('attempt', 1)}, restarts {status.get('restartCount', 0)}, "
+             f"workers Ready {status.get('readyWorkers') or '-'}"]
+    queue = status.get("queue") or {}
+    if queue.get("name"):
+        lines.append(f"queue {queue['name']} (Workload {queue.get('workload')}), queued "
+                     f"{queue.get('queuedSeconds', 0)}s, admissions {queue.get('admissions', 0)}")
+    if (status.get("lastCheckpoint") or {}).get("location"):
+        lines.append(f"last checkpoint {status['lastCheckpoint']['location']} (attempt "
+                     f"{status['lastCheckpoint'].get('attempt')})")
+    return lines
+
+
+def launcher_pod_name(body: dict[str, Any], attempt: int | None) -> str:
+    """The launcher pod of ``attempt`` (default: the current one), as the status records it."""
+    status = body.get("status") or {}
+    number = attempt or int(status.get("attempt") or 1)
+    for record in status.get("attempts") or []:
+        if record.get("number") == number and record.get("launcherPod"):
+            return str(record["launcherPod"])
+    return names.launcher_pod(body["metadata"]["name"], number)
+
+
+def filter_lines(lines: Iterable[str], role: str | None, rank: int | None) -> Iterable[str]:
+    """The lines of the launcher's output that belong to ``role`` and/or ``rank`` (both None:
+    every line). A rank's line is ``[role/host/rank] ...`` (SPMD) or names ``<role> rank N``."""
+    for line in lines:
+        if role is None and rank is None:
+            yield line
+            continue
+        found = _SPMD_LINE.match(line) or _ROLE_LINE.search(line)
+        if found is None:
+            continue
+        if role is not None and found["role"] != role:
+            continue
+        if rank is not None and int(found["rank"]) != rank:
+            continue
+        yield line
+
+
+def table(rows: list[list[str]]) -> str:
+    """Rows as kubectl prints them: columns padded to their widest cell, three spaces apart."""
+    widths = [max(len(row[index]) for row in rows) for index in range(len(rows[0]))]
+    return "\n".join("   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+                     .rstrip() for row in rows)

@@ -1,0 +1,74 @@
+"""``kubectl monarch``'s pure parts (issue 22 item 4): where each rank runs, the tables, and
+the launcher output of one role or rank. The plugin itself runs against the local cluster in
+tests/cluster/test_kubectl_plugin.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from monarch_operator.plugin import views
+
+
+def body(**spec) -> dict:
+    return {"metadata": {"name": "demo", "namespace": "team-a", "uid": "u1", "generation": 1},
+            "spec": {"image": "img", **spec}, "status": {}}
+
+
+def test_separate_roles_put_ranks_host_by_host():
+    job = body(workers={"replicas": 3, "gpusPerWorker": 2},
+               meshes={"trainer": {"hosts": 2}, "ref": {"hosts": 1}})
+    places = [(p.role, p.rank, p.ordinal, p.local_rank, p.gpu) for p in views.rank_places(job)]
+    assert places == [("trainer", 0, 0, 0, 0), ("trainer", 1, 0, 1, 1), ("trainer", 2, 1, 0, 0),
+                      ("trainer", 3, 1, 1, 1), ("ref", 0, 2, 0, 0), ("ref", 1, 2, 1, 1)]
+    assert views.find_rank(views.rank_places(job), 3, None).ordinal == 1
+    assert views.find_rank(views.rank_places(job), 1, "ref").ordinal == 2
+    with pytest.raises(LookupError, match="ref has no rank 2 .ranks 0..1."):
+        views.find_rank(views.rank_places(job), 2, "ref")
+
+
+def test_colocated_roles_split_each_hosts_gpus():
+    job = body(workers={"replicas": 2, "gpusPerWorker": 4},
+               meshes={"trainer": {"hosts": 2, "gpus": 3}, "ref": {"hosts": 2},
+                       "colocate": True})
+    ref = [(p.rank, p.ordinal, p.gpu) for p in views.rank_places(job) if p.role == "ref"]
+    assert ref == [(0, 0, 3), (1, 1, 3)]
+
+
+def test_spmd_ranks_follow_the_ordinals():
+    job = body(workers={"replicas": 2, "gpusPerWorker": 4},
+               spmd={"script": "/train.py", "nprocPerNode": 2})
+    assert [(p.rank, p.ordinal, p.local_rank) for p in views.rank_places(job)] == [
+        (0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+
+
+def test_hosts_table_names_pod_and_node():
+    job = body(workers={"replicas": 2, "gpusPerWorker": 1},
+               meshes={"trainer": {"hosts": 1}, "ref": {"hosts": 1}})
+    pods = [{"metadata": {"name": "demo-worker-0"}, "spec": {"nodeName": "node-a"}}]
+    rows = views.hosts_table(job, pods)
+    assert rows[0] == ["ROLE", "RANK", "LOCAL", "HOST", "POD", "NODE", "GPU"]
+    assert rows[1][:3] == ["trainer", "0", "0"] and rows[1][4:] == ["demo-worker-0", "node-a", "0"]
+    assert rows[1][3].startswith("demo-worker-0.demo-worker.team-a.svc.")
+    assert rows[2][4:6] == ["demo-worker-1 (missing)", "-"]
+
+
+def test_attempts_table_and_logs_filter():
+    status = {"attempt": 2, "attempts": [
+        {"number": 1, "class": "Application", "reason": "LauncherFailed", "exitCode": 3,
+         "role": "trainer", "rank": 3, "host": "demo-worker-1.demo-worker.team-a.svc",
+         "startTime": "t0", "endTime": "t1"},
+        {"number": 2, "startTime": "t2", "launcherPod": "demo-launcher-2"}]}
+    rows = views.attempts_table(status)
+    assert rows[1][:5] == ["1", "Application", "LauncherFailed", "3", "trainer 3 on demo-worker-1"]
+    assert rows[2][1] == "running"
+    assert views.launcher_pod_name({"metadata": {"name": "demo"}, "status": status}, None) == \
+        "demo-launcher-2"
+    assert views.launcher_pod_name({"metadata": {"name": "demo"}, "status": status}, 1) == \
+        "demo-launcher"
+    lines = ["monarch-launch: pre-flight ok\n", "[worker/demo-worker-0/0] loss 1.0\n",
+             "[worker/demo-worker-1/1] loss 2.0\n", "trainer rank 1/2 host=h pid=1\n",
+             "placement ref rank=0 host=h\n"]
+    assert list(views.filter_lines(lines, None, 1)) == [lines[2], lines[3]]
+    assert list(views.filter_lines(lines, "ref", None)) == [lines[4]]
+    assert list(views.filter_lines(lines, None, None)) == lines
+    assert views.table([["A", "BB"], ["ccc", "d"]]) == "A     BB\nccc   d"
