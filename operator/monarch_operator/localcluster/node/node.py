@@ -337,6 +337,23 @@ def leftover_node_names() -> list[str]:
     return sorted(names)
 
 
+def _iptables_rules(saved: str) -> list[str]:
+    """``iptables-save`` output as comparable lines: each table's rules under its ``*table``
+    line, sorted; comments, chain policy lines and tables without a rule are left out (a table
+    the kernel loaded once and that holds no rule is the same as one never loaded: on a fresh
+    machine the first cluster loads ``filter``, and ``down`` leaves it empty)."""
+    tables: dict[str, list[str]] = {}
+    current = ""
+    for line in saved.splitlines():
+        if line.startswith("*"):
+            current = line
+            tables.setdefault(current, [])
+        elif line.strip() and not line.startswith(("#", ":", "COMMIT")):
+            tables.setdefault(current, []).append(line)
+    return sorted(line for table, lines in tables.items() if lines
+                  for line in (table, *lines))
+
+
 def host_state() -> dict[str, object]:
     """What a cluster with real nodes may change on this machine, as comparable data: the
     sysctls a kubelet or node changes, links, routes of every table, mount points, iptables
@@ -352,8 +369,7 @@ def host_state() -> dict[str, object]:
     mounts = sorted(point for point in (line.split()[4] for line in
                                         Path("/proc/self/mountinfo").read_text().splitlines())
                     if "buildah" not in point)
-    rules = sorted(line for line in read("iptables-save").splitlines()
-                   if line.strip() and not line.startswith(("#", ":")))
+    rules = _iptables_rules(read("iptables-save"))
     cgroups = sorted(str(p) for h in cgroup_hierarchies(unified=True) for p in h.iterdir()
                      if p.is_dir())
     folders = {path: Path(path).exists()
