@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,9 +18,11 @@ LAUNCHER = ("echo 'trainer rank 0/1 host=h pid=1'; echo 'placement ref rank=0 ho
 
 
 def plugin(local_cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    """``kubectl monarch ARGS`` as a user runs it: kubectl resolves the plugin on PATH."""
+    """``kubectl monarch ARGS`` as a user runs it after ``eval "$(monarch-localcluster env)"``:
+    kubectl resolves the plugin on that PATH."""
     env = {**os.environ, **local_cluster.env()}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    # Only what `env` adds (kubectl's folder, this environment's scripts) and the system's.
+    env["PATH"] = os.pathsep.join([*env["PATH"].split(os.pathsep)[:2], "/usr/bin", "/bin"])
     return subprocess.run(["kubectl", "monarch", *args], env=env, capture_output=True,
                           text=True, timeout=60, check=False)
 
