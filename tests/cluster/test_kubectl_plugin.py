@@ -5,11 +5,13 @@ finished job's attempts; kubectl finds the plugin on PATH as ``kubectl monarch``
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
+import sysconfig
 
 import pytest
 
-from tests.cluster.helpers import apply_manifest, job_manifest, running_attempt, wait_phase
+from tests.cluster.helpers import apply_manifest, job_manifest, running_attempt
 
 pytestmark = pytest.mark.cluster
 
@@ -20,8 +22,16 @@ LAUNCHER = ("echo 'trainer rank 0/1 host=h pid=1'; echo 'placement ref rank=0 ho
 def plugin(local_cluster, *args: str) -> subprocess.CompletedProcess[str]:
     """``kubectl monarch ARGS`` as a user runs it after ``eval "$(monarch-localcluster env)"``:
     kubectl resolves the plugin on that PATH."""
-    env = {**os.environ, **local_cluster.env()}
-    # Only what `env` adds (kubectl's folder, this environment's scripts) and the system's.
+    exports = subprocess.run(
+        [os.path.join(sysconfig.get_path("scripts"), "monarch-localcluster"), "--dir",
+         str(local_cluster.state_dir), "env"], capture_output=True, text=True, check=True,
+        env={**os.environ}).stdout
+    env = {**os.environ}
+    for line in exports.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = shlex.split(value)[0]
+    # Only what `env` put on PATH (kubectl's folder, this environment's scripts) and the
+    # system's folders: kubectl must find the plugin there.
     env["PATH"] = os.pathsep.join([*env["PATH"].split(os.pathsep)[:2], "/usr/bin", "/bin"])
     return subprocess.run(["kubectl", "monarch", *args], env=env, capture_output=True,
                           text=True, timeout=60, check=False)
@@ -62,7 +72,7 @@ def test_the_plugin_shows_status_hosts_logs_and_runs_in_a_ranks_worker(
     assert "LauncherStarted" in described.stdout and "plug-worker-1" in described.stdout
 
     kubectl("delete", "pod", "plug-launcher", "-n", namespace, "--wait=false")
-    wait_phase(kubectl, namespace, "plug", "Running", timeout=90)
+    running_attempt(kubectl, namespace, "plug", 2)
     after = plugin(local_cluster, "status", "plug", "-n", namespace)
     assert "Infrastructure" in after.stdout and "LauncherLost" in after.stdout, after.stdout
 

@@ -21,6 +21,7 @@ import argparse
 import os
 import shlex
 import sys
+import sysconfig
 from pathlib import Path
 
 from monarch_operator.localcluster import nodestate
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with real nodes: images imported into every node, comma separated "
                          "(worker, operator, examples; default %(default)s)")
     sub.add_parser("down", help="stop the cluster")
-    sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
+    sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH (kubectl, kubectl-monarch)")
     sub.add_parser("status", help="whether the cluster runs (exit 0) or not (exit 1), and where")
     logs = sub.add_parser("logs", help="print a pod's container output (NAMESPACE/POD)")
     logs.add_argument("pod")
@@ -133,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         if not cluster.is_running():
             print(f"# no local cluster runs in {cluster.state_dir} "
                   "(monarch-localcluster up starts one)", file=sys.stderr)
-        for key, value in cluster.env().items():
+        exports = cluster.env()
+        # Also this environment's scripts: kubectl finds the kubectl-monarch plugin on PATH.
+        kubectl_dir, _, rest = exports["PATH"].partition(os.pathsep)
+        exports["PATH"] = os.pathsep.join([kubectl_dir, sysconfig.get_path("scripts"), rest])
+        for key, value in exports.items():
             print(f"export {key}={shlex.quote(value)}")
     elif args.command == "status":
         return print_status(cluster)

@@ -26,7 +26,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import sysconfig
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -409,13 +408,10 @@ class LocalCluster:
             time.sleep(0.5)
 
     def env(self) -> dict[str, str]:
-        """Environment for clients: ``KUBECONFIG``, and on ``PATH`` kubectl's directory and
-        this Python environment's scripts (``kubectl-monarch``, the plugin kubectl finds
-        there; ``monarch-launch``; ``monarch-localcluster``)."""
+        """Environment for clients: ``KUBECONFIG`` and kubectl's directory on ``PATH``."""
         bin_dir = ensure_binaries()
-        scripts = sysconfig.get_path("scripts")
         return {"KUBECONFIG": str(self.kubeconfig),
-                "PATH": os.pathsep.join([str(bin_dir), scripts, os.environ.get("PATH", "")])}
+                "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
     def user_kubeconfig(self, user: str) -> Path:
         """A kubeconfig for the running cluster whose client certificate names ``user`` (group
