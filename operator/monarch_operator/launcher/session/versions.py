@@ -52,11 +52,12 @@ def fingerprint() -> dict[str, str]:
 def skew(launcher: Mapping[str, str], host: Mapping[str, str]) -> list[str]:
     """What differs between the launcher's fingerprint and a host's, one phrase per component
     in :data:`COMPONENTS` order then Python (``torchmonarch 0.6.0 on the host, 0.7.0 on the
-    launcher``); ``[]`` when they match. A component the host did not report is not compared
-    (an older remote check)."""
+    launcher``); ``[]`` when they match. A component the host did not report (an older remote
+    check), or that either side does not have, is not compared: whether the host can import
+    what the job needs is the pre-flight's ``ImportFailed`` check."""
     differences = []
     for name in (*COMPONENTS, PYTHON):
-        if name not in host or name not in launcher:
+        if NOT_INSTALLED in (host.get(name, NOT_INSTALLED), launcher.get(name, NOT_INSTALLED)):
             continue
         if host[name] != launcher[name]:
             differences.append(f"{name} {host[name]} on the host, {launcher[name]} on the "
