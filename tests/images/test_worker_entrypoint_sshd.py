@@ -130,41 +130,14 @@ def ssh(client_key: Path, known_hosts: Path, port: int, command: str,
 @pytest.mark.parametrize("mode", [0o440, 0o640], ids=["defaultMode-0400", "defaultMode-0600"])
 def test_non_root_sshd_presents_the_jobs_pinned_host_key(login_user, world_dir, mode):
     files = secret_files(make_job("demo"))
-    uid, gid = login_user.pw_uid, login_user.pw_gid
-    worker_mount = world_dir / "worker-ssh"
-    mount_like_a_kubelet(worker_mount, files,
-                         (constants.SSH_AUTHORIZED_KEYS, constants.SSH_HOST_KEY), gid, mode)
+    uid = login_user.pw_uid
     home = world_dir / "home"
-    home.mkdir(mode=0o700)
-    os.chown(home, uid, gid)
-    # The launcher's side: its private key and known_hosts, as root here.
-    client_key = world_dir / "id_ed25519"
-    client_key.write_bytes(files[constants.SSH_PRIVATE_KEY])
-    client_key.chmod(0o600)
-    known_hosts = world_dir / "known_hosts"
-    known_hosts.write_bytes(files[constants.SSH_KNOWN_HOSTS])
     other_job_known_hosts = world_dir / "other_known_hosts"
     other_job_known_hosts.write_bytes(
         secret_files(make_job("demo"))[constants.SSH_KNOWN_HOSTS])  # same names, new key
-
-    port = free_port((ADDRESS,))
-    log = world_dir / "entrypoint.log"
-    env = {
-        "PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
-        "SSH_PORT": str(port), "SSH_LISTEN_ADDRESS": ADDRESS,
-        "SSH_AUTHORIZED_KEYS": str(worker_mount / constants.SSH_AUTHORIZED_KEYS),
-        "SSH_HOST_KEY": str(worker_mount / constants.SSH_HOST_KEY),
-        "POD_MARKER": "from-the-pod",
-    }
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={gid}", "--",
-             "sh", str(world_dir / ENTRYPOINT.name)],
-            env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process, port, client_key, known_hosts, log = start_worker(
+        login_user, world_dir, files=files, mode=mode, POD_MARKER="from-the-pod")
     try:
-        wait_listening(port, process, log)
         installed = home / ".sshd" / constants.SSH_HOST_KEY
         info = installed.stat()
         assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (uid, 0o600)
@@ -230,15 +203,16 @@ def test_a_missing_host_key_stops_the_worker_with_the_path(login_user, world_dir
     assert f"uid {login_user.pw_uid}" in result.stderr
 
 
-def start_worker(login_user: pwd.struct_passwd, world_dir: Path, **extra_env: str,
+def start_worker(login_user: pwd.struct_passwd, world_dir: Path,
+                 files: dict[str, bytes] | None = None, mode: int = 0o440, **extra_env: str,
                  ) -> tuple[subprocess.Popen[bytes], int, Path, Path, Path]:
-    """The entrypoint as a worker pod runs it: ``(process, port, client key, known_hosts,
-    log)``."""
-    files = secret_files(make_job("demo"))
+    """The entrypoint as a worker pod runs it, the job's Secret ``files`` mounted with
+    ``mode``, listening: ``(process, port, client key, known_hosts, log)``."""
+    files = files or secret_files(make_job("demo"))
     uid, gid = login_user.pw_uid, login_user.pw_gid
     worker_mount = world_dir / "worker-ssh"
     mount_like_a_kubelet(worker_mount, files,
-                         (constants.SSH_AUTHORIZED_KEYS, constants.SSH_HOST_KEY), gid, 0o440)
+                         (constants.SSH_AUTHORIZED_KEYS, constants.SSH_HOST_KEY), gid, mode)
     home = world_dir / "home"
     home.mkdir(mode=0o700)
     os.chown(home, uid, gid)
@@ -285,7 +259,7 @@ def test_with_a_stop_grace_period_an_open_session_outlives_sigterm(login_user, w
         assert out == "saved step-7\n", err + log.read_text()
         started = time.monotonic()
         assert process.wait(timeout=15) == 0
-        assert time.monotonic() - started < 10  # it went once the session ended
+        assert time.monotonic() - started < 20  # went when the session ended, not at 30 s
     finally:
         session.kill()
         if process.poll() is None:
@@ -298,4 +272,4 @@ def test_with_a_stop_grace_period_and_no_session_sigterm_stops_at_once(login_use
     started = time.monotonic()
     process.terminate()
     assert process.wait(timeout=15) == 0
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # at once, not after the 30 s period
