@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller import attempts, k8s, reconcile, verdicts
+from monarch_operator import constants
+from monarch_operator.controller import attempts, k8s, lastseen, reconcile, verdicts
 from monarch_operator.controller import status as st
 from monarch_operator.controller.settings import Settings
 from tests.unit import test_launch_pass
@@ -249,6 +250,78 @@ def test_a_launcher_deleted_mid_run_that_exits_0_is_an_infrastructure_failure(ap
     assert record["message"] == (f"launcher pod {NAME}-launcher deleted while it ran "
                                  "(it exited 0)"), record
     assert st.is_true(after, st.FAILED) and not st.is_true(after, st.SUCCEEDED)
+
+
+@pytest.mark.parametrize("deleted_after_end", [True, False])
+def test_a_launcher_gone_before_the_pass_saw_its_end_is_judged_by_its_last_state(
+        api, deleted_after_end):
+    """The chaos soak's race: the launcher exited 0 and its pod was deleted (a node loss, a
+    delete) before a pass ran; the watch's last state of it decides. Ended before the deletion:
+    its own verdict (Succeeded). Deleted while it ran (it exited 0 on SIGTERM): LauncherLost."""
+    settings = Settings.from_env()
+    status = running_status(settings)
+    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    assert launched is not None
+    pod = running_launcher(settings, launched, exit_code=0, ended=4)
+    asked = 10 if deleted_after_end else 2
+    pod["metadata"].update(
+        deletionTimestamp=st.format_time(launched + dt.timedelta(seconds=asked + 30)),
+        deletionGracePeriodSeconds=30)
+    lastseen.remember("team-a", NAME, pod)
+    try:
+        body = {**job_body(status), "spec": {**job_body()["spec"],
+                                             "runPolicy": {"infrastructureBackoffLimit": 0}}}
+        after = run_policy_pass(settings, body, [worker(0), worker(1)],
+                                launched + dt.timedelta(seconds=20))
+    finally:
+        lastseen.forget("team-a", NAME)
+    record = after["attempts"][0]
+    if deleted_after_end:
+        assert record["class"] == "Succeeded" and st.is_true(after, st.SUCCEEDED), record
+    else:
+        assert (record["class"], record["reason"]) == ("Infrastructure",
+                                                       st.REASON_LAUNCHER_LOST), record
+        assert record["message"].endswith("deleted while it ran (it exited 0)"), record
+
+
+def test_a_launcher_gone_unseen_or_seen_running_is_lost(api):
+    """No ended state was ever delivered (deleted while the operator was away, or its last
+    state still running): the launcher was lost, as far as the operator can tell."""
+    settings = Settings.from_env()
+    status = running_status(settings)
+    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    assert launched is not None
+    body = {**job_body(status), "spec": {**job_body()["spec"],
+                                         "runPolicy": {"infrastructureBackoffLimit": 0}}}
+    for last in (None, running_launcher(settings, launched)):
+        if last is not None:
+            lastseen.remember("team-a", NAME, last)
+        try:
+            after = run_policy_pass(settings, body, [worker(0), worker(1)],
+                                    launched + dt.timedelta(seconds=20))
+        finally:
+            lastseen.forget("team-a", NAME)
+        record = after["attempts"][0]
+        assert (record["class"], record["reason"]) == ("Infrastructure",
+                                                       st.REASON_LAUNCHER_LOST), record
+        assert record["message"] == f"launcher pod {NAME}-launcher was deleted while it ran"
+
+
+def test_only_the_newest_attempts_launcher_is_kept_per_job():
+    def pod(attempt: int) -> dict[str, Any]:
+        return {"metadata": {"name": f"j-launcher-{attempt}",
+                             "labels": {constants.LABEL_ATTEMPT: str(attempt)}}}
+    try:
+        lastseen.remember("ns", "j", pod(2))
+        lastseen.remember("ns", "j", pod(1))  # the previous attempt's pod, stopped late
+        lastseen.remember("ns", "j", {"metadata": {"name": "no-label"}})
+        assert lastseen.launcher("ns", "j", 2) == pod(2)
+        assert lastseen.launcher("ns", "j", 1) is None
+        lastseen.remember("ns", "j", pod(3))
+        assert lastseen.launcher("ns", "j", 2) is None and lastseen.launcher("ns", "j", 3)
+    finally:
+        lastseen.forget("ns", "j")
+    assert lastseen.launcher("ns", "j", 3) is None
 
 
 # -- a failed launcher waits for its workers' nodes to heartbeat (issue 20, chaos soak) --------

@@ -21,7 +21,7 @@ import threading
 from typing import Any
 
 from monarch_operator import constants
-from monarch_operator.controller import k8s
+from monarch_operator.controller import k8s, lastseen
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
 from monarch_operator.controller.passstate import Event, Pass
 
@@ -36,12 +36,12 @@ _seen_lock = threading.Lock()
 def remember(namespace: str, job_name: str, pod: dict[str, Any]) -> None:
     """Keep ``pod`` (a launcher pod as an event delivered it) for the job's next pass if it
     names a checkpoint and is of the newest attempt seen so far."""
-    attempt = _attempt_of(pod)
+    attempt = lastseen.attempt_of(pod)
     if attempt is None or named_in(pod) is None:
         return
     with _seen_lock:
         known = _seen.get((namespace, job_name))
-        if known is None or (_attempt_of(known) or 0) <= attempt:
+        if known is None or (lastseen.attempt_of(known) or 0) <= attempt:
             _seen[(namespace, job_name)] = pod
 
 
@@ -80,7 +80,7 @@ def harvest(state: Pass) -> None:
     if remembered is not None:
         pods = [*pods, remembered]
     last = dict(state.status.get("lastCheckpoint") or {})
-    numbered = [(attempt, pod) for pod in pods if (attempt := _attempt_of(pod)) is not None]
+    numbered = [(attempt, pod) for pod in pods if (attempt := lastseen.attempt_of(pod)) is not None]
     for attempt, pod in sorted(numbered, key=lambda item: item[0]):
         named = named_in(pod)
         if named is None or attempt < int(last.get("attempt") or 0):
@@ -96,10 +96,3 @@ def harvest(state: Pass) -> None:
         state.events.append(Event("Normal", REASON_CHECKPOINT_SAVED,
                                   f"attempt {attempt} saved its state at {where}; the next "
                                   f"attempt gets it as {constants.ENV_CHECKPOINT}"))
-
-
-def _attempt_of(pod: dict[str, Any]) -> int | None:
-    try:
-        return int(pod["metadata"].get("labels", {})[constants.LABEL_ATTEMPT])
-    except (KeyError, ValueError):
-        return None

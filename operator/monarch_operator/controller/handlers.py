@@ -23,6 +23,7 @@ from monarch_operator.controller import (
     indexready,
     jobmetrics,
     k8s,
+    lastseen,
     metrics,
     observe,
     passes,
@@ -196,6 +197,7 @@ async def on_job_event(type: str | None, namespace: str, name: str, meta: kopf.M
     if type == "DELETED":
         WAKEUPS.forget(key)
         checkpoints.forget(namespace, name)
+        lastseen.forget(namespace, name)
         metrics.JOB_PHASES.set(key, None)
         jobmetrics.JOBS.forget(key)
         # A pass that raced the deletion stops creating; what it and earlier passes created
@@ -216,11 +218,13 @@ async def on_job_event(type: str | None, namespace: str, name: str, meta: kopf.M
 async def on_child_event(namespace: str, labels: dict[str, str], body: kopf.Body,
                          **_: Any) -> None:
     """A child of a job changed: wake its job (found by the job label; a pass of a job that
-    does not exist does nothing). A launcher pod that names a checkpoint is remembered, in
-    case it is gone before the pass (:func:`.checkpoints.remember`)."""
+    does not exist does nothing). A launcher pod's state is remembered, in case it is gone
+    before the pass (:mod:`.lastseen`; one that names a checkpoint also by
+    :func:`.checkpoints.remember`)."""
     job_name = labels[constants.LABEL_JOB]
     if labels.get(constants.LABEL_ROLE) == constants.ROLE_LAUNCHER:
         checkpoints.remember(namespace, job_name, dict(body))
+        lastseen.remember(namespace, job_name, dict(body))
     WAKEUPS.wake((namespace, job_name))
 
 

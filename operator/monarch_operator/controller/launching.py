@@ -13,6 +13,7 @@ from monarch_operator.controller import (
     deadlines,
     endings,
     k8s,
+    lastseen,
     observe,
     policy,
     recreated,
@@ -42,8 +43,10 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     record = attempts.current(state.status) or {}
     launcher = release.launcher_pod(job.namespace, job.name, attempt)
     if launcher is None and record.get("launchTime"):
-        return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
-                                   f"launcher pod {launcher_name} was deleted while it ran")
+        launcher = _last_seen_ended(state, attempt)
+        if launcher is None:
+            return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
+                                       f"launcher pod {launcher_name} was deleted while it ran")
     if launcher is None:
         if (not st.is_true(state.status, st.WORKERS_READY) or _waiting_for_earlier_launcher(state)
                 or _backing_off(state, record)):
@@ -59,6 +62,19 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
         # sent together); found in the cache (or just created), it costs no request.
         k8s.ensure(build_hostfile_configmap(job, settings, worker_pods), job.uid)
     return _judge(state, launcher, outcome, worker_pods, record)
+
+
+def _last_seen_ended(state: Pass, attempt: int) -> dict[str, Any] | None:
+    """The last state the pod watch delivered of attempt ``attempt``'s launcher pod, now gone
+    from the view, when that state shows it ended (:mod:`.lastseen`): it is judged like a pod
+    still there, so a launcher that exited before a node loss or a deletion removed its pod
+    keeps its own verdict (a deletion at or before its end still makes it ``LauncherLost``,
+    :func:`.verdicts.judge`). None when its end was never seen: the pod was deleted while it
+    ran, as far as this operator knows."""
+    last = lastseen.launcher(state.job.namespace, state.job.name, attempt)
+    if last is None or not observe.launcher_outcome(last).finished:
+        return None
+    return last
 
 
 def _record_launcher_image(state: Pass, launcher: dict[str, Any],
