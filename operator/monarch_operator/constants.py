@@ -86,6 +86,11 @@ ENV_MAX_RESTARTS = "MONARCH_MAX_RESTARTS"
 # when above 0, and the last checkpoint an earlier attempt's launcher named (status.lastCheckpoint).
 ENV_STOP_GRACE = "MONARCH_STOP_GRACE_SECONDS"
 ENV_CHECKPOINT = "MONARCH_CHECKPOINT"
+# Progress in status (launcher/progress.py): the ConfigMap the launcher writes the program's
+# reports to (its own job's, the only object its ServiceAccount may write), and at most how
+# often, seconds (spec.progress.reportIntervalSeconds).
+ENV_PROGRESS_CONFIGMAP = "MONARCH_PROGRESS_CONFIGMAP"
+ENV_PROGRESS_INTERVAL = "MONARCH_PROGRESS_INTERVAL_SECONDS"
 # The launcher pod variables the operator owns; spec.launcher.env may not set them (CRD rule,
 # which lists the same names: a unit test keeps the two equal). Other MONARCH_* names stay the
 # user's: Monarch's own MONARCH_FILE_LOG, the launcher's MONARCH_TERMINATION_LOG and so on.
@@ -99,6 +104,8 @@ LAUNCHER_RESERVED_ENV = (
     ENV_MAX_RESTARTS,
     ENV_STOP_GRACE,
     ENV_CHECKPOINT,
+    ENV_PROGRESS_CONFIGMAP,
+    ENV_PROGRESS_INTERVAL,
     ENV_HOSTFILE,
     ENV_HOST_ADDRESSES,
     ENV_SSH_KEY,

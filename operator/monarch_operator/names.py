@@ -7,6 +7,9 @@ Children of job ``<job>``:
 - ``<job>-launcher``: batch Job running ``monarch-launch`` (attempt 1), ``<job>-launcher-<n>``
   for attempt ``n`` after restarts.
 - ``<job>-isolation``: NetworkPolicy admitting only the job's own pods.
+- ``<job>-progress``: ConfigMap the launcher writes the program's progress reports to, and the
+  Role (that ConfigMap only) and RoleBinding that let the launcher's ServiceAccount
+  ``<job>-launcher`` write it.
 
 Limits (kubernetes/kubernetes#64023, lws #410): the StatefulSet controller labels each pod with
 ``controller-revision-hash=<statefulset name>-<10 character hash>``, and a label value holds at
@@ -30,6 +33,7 @@ SSH_SUFFIX = "-ssh"
 HOSTFILE_SUFFIX = "-hostfile"
 LAUNCHER_SUFFIX = "-launcher"
 NETWORK_POLICY_SUFFIX = "-isolation"
+PROGRESS_SUFFIX = "-progress"
 
 # The longest child name that has to fit a limit is the StatefulSet name inside the revision
 # hash label: len(job) + len("-worker") + 11 <= 63.
@@ -63,6 +67,17 @@ def validate_job_name(job_name: str) -> None:
 def network_policy(job_name: str) -> str:
     """Name of the job's NetworkPolicy (isolates its pods for ingress)."""
     return job_name + NETWORK_POLICY_SUFFIX
+
+
+def progress_configmap(job_name: str) -> str:
+    """ConfigMap of the program's progress reports; also the name of the Role and RoleBinding
+    that let the launcher write it (and nothing else)."""
+    return job_name + PROGRESS_SUFFIX
+
+
+def launcher_account(job_name: str) -> str:
+    """The launcher pods' ServiceAccount (when ``spec.launcher.template`` names none)."""
+    return job_name + LAUNCHER_SUFFIX
 
 
 def ssh_secret(job_name: str) -> str:

@@ -24,6 +24,8 @@ import pytest
 
 from monarch_operator import constants
 from monarch_operator.controller.builders.common import owner_reference
+from monarch_operator.controller.builders.progress import build_progress_role
+from monarch_operator.controller.spec import JobSpec
 from tests.chart import CHART, by_kind, render
 
 CONTROLLER = Path(__file__).resolve().parents[2] / "operator" / "monarch_operator" / "controller"
@@ -261,11 +263,20 @@ def kopf_rules(clusterwide: bool) -> set[Rule]:
 def admission_rules() -> set[Rule]:
     """What admission asks of the operator past the calls themselves: with the
     OwnerReferencesPermissionEnforcement plugin, an owner reference with ``blockOwnerDeletion``
-    needs ``update`` on the owner's ``finalizers`` subresource (field case C24)."""
+    needs ``update`` on the owner's ``finalizers`` subresource (field case C24).
+
+    Also RBAC's escalation check: a Role the operator creates (the launcher's, for its job's
+    progress ConfigMap) may grant only what the operator holds itself."""
     reference = owner_reference(SimpleNamespace(name="demo", uid="uid"))  # type: ignore[arg-type]
+    rules: set[Rule] = set()
     if reference.get("blockOwnerDeletion"):
-        return {(constants.GROUP, f"{constants.PLURAL}/finalizers", "update")}
-    return set()
+        rules.add((constants.GROUP, f"{constants.PLURAL}/finalizers", "update"))
+    role = build_progress_role(JobSpec.from_body(
+        {"metadata": {"name": "demo", "namespace": "team-a"}, "spec": {"image": "img"}}))
+    for rule in role["rules"]:
+        rules |= {(group, resource, verb) for group in rule["apiGroups"]
+                  for resource in rule["resources"] for verb in rule["verbs"]}
+    return rules
 
 
 def granted(rules: list[dict]) -> set[Rule]:
@@ -299,7 +310,8 @@ def test_code_derivation_sees_the_known_calls():
     assert (constants.GROUP, f"{constants.PLURAL}/status", "patch") in used
     assert (constants.GROUP, constants.PLURAL, "get") in used  # read_monarchjob
     # Children are created with blockOwnerDeletion: the finalizers permission (C24).
-    assert admission_rules() == {(constants.GROUP, "monarchjobs/finalizers", "update")}
+    assert admission_rules() == {(constants.GROUP, "monarchjobs/finalizers", "update"),
+                                 ("", "configmaps", "get"), ("", "configmaps", "patch")}
     # Kueue (controller/kueue/client.py): the job's Workload and its status.
     assert ("kueue.x-k8s.io", "workloads", "create") in used
     assert ("kueue.x-k8s.io", "workloads/status", "update") in used

@@ -21,6 +21,7 @@ from monarch_operator.controller import cache, k8s, passes
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
+from monarch_operator.controller.builders.progress import build_progress_configmap
 from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.settings import Settings
@@ -65,10 +66,12 @@ def make_view(settings: Settings, status: dict[str, Any] | None = None,
               extra_pods: list[dict[str, Any]] = (),  # type: ignore[assignment]
               launcher: dict[str, Any] | None = None, workers: bool = True,
               worker_pods: list[dict[str, Any]] | None = None,
-              body: dict[str, Any] | None = None) -> cache.JobView:
+              body: dict[str, Any] | None = None,
+              progress: bool | None = None) -> cache.JobView:
     """A view of a job whose Secret, Service and policy exist, and (``workers``) its
     StatefulSet and Ready workers (``worker_pods`` instead of those, when given), all built
-    from ``body`` (default :func:`job_body`)."""
+    from ``body`` (default :func:`job_body`); its progress ConfigMap when ``progress`` (by
+    default with the StatefulSet: both come with the first pass)."""
     body = body or job_body(status, launcher)
     job = JobSpec.from_body(body)
     secret = {"apiVersion": "v1", "kind": "Secret",
@@ -83,6 +86,8 @@ def make_view(settings: Settings, status: dict[str, Any] | None = None,
         ("apps/v1", "StatefulSet"): [stored(build_worker_statefulset(job, settings), SET_UID)
                                      ] if workers else [],
         ("networking.k8s.io/v1", "NetworkPolicy"): [stored(build_network_policy(job), "np1")],
+        ("v1", "ConfigMap"): [stored(build_progress_configmap(job), "cm-progress")
+                              ] if (workers if progress is None else progress) else [],
     }
     job_cache = cache.JobCache(JOB_KIND)
     job_cache.attach(JOB_KIND, {(NAMESPACE, NAME): [body]})
@@ -167,6 +172,18 @@ REFUSED = ('Pod in version "v1" cannot be handled as a Pod: strict decoding erro
            'field "spec.containers[0].imagePullPolicyy"')
 
 
+# What the first pass of a worker set creates first, at once (its order varies): the launcher's
+# ServiceAccount and what lets it write the job's progress ConfigMap (builders/progress.py).
+PROGRESS_ACCESS = [("ConfigMap", False), ("Role", False), ("RoleBinding", False),
+                   ("ServiceAccount", False)]
+
+
+def after_progress_access(creates: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
+    """``creates`` after the progress access objects, which must come first."""
+    assert sorted(creates[:len(PROGRESS_ACCESS)]) == PROGRESS_ACCESS, creates
+    return creates[len(PROGRESS_ACCESS):]
+
+
 @pytest.fixture()
 def dry_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Records ``(kind, dry_run)`` per create; a dry run of a pod whose template has the typo
@@ -175,7 +192,8 @@ def dry_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     def post(desired: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
         sent["creates"].append((desired["kind"], dry_run))
-        containers = desired["spec"].get("template", desired)["spec"].get("containers", [])
+        spec = desired.get("spec") or {}
+        containers = (spec.get("template") or desired).get("spec", {}).get("containers", [])
         if any("imagePullPolicyy" in container for container in containers):
             error = ApiException(status=400, reason="Bad Request")
             error.body = json.dumps({"kind": "Status", "message": REFUSED})
@@ -193,7 +211,8 @@ def test_a_launcher_template_kubernetes_refuses_fails_the_job_before_any_worker(
     is tried (a dry run) before the workers' StatefulSet exists, and the job fails at once."""
     settings = Settings.from_env()
     run_pass(settings, make_view(settings, launcher=TYPO, workers=False))
-    assert dry_runs["creates"] == [("Pod", True)]  # no StatefulSet: no worker holds a GPU
+    # No StatefulSet: no worker holds a GPU.
+    assert after_progress_access(dry_runs["creates"]) == [("Pod", True)]
     [status] = dry_runs["status"]
     [failed] = [c for c in status["conditions"] if c["type"] == st.FAILED]
     assert failed["reason"] == st.REASON_TEMPLATE_REFUSED
@@ -207,7 +226,7 @@ def test_a_launcher_template_is_tried_once_before_the_workers_start(dry_runs):
     settings = Settings.from_env()
     fine = {"template": {"spec": {"containers": [{"name": "launcher", "workingDir": "/w"}]}}}
     run_pass(settings, make_view(settings, launcher=fine, workers=False))
-    assert dry_runs["creates"] == [("Pod", True), ("StatefulSet", False)]
+    assert after_progress_access(dry_runs["creates"]) == [("Pod", True), ("StatefulSet", False)]
     dry_runs["creates"].clear()
     run_pass(settings, make_view(settings, launcher=fine))  # the set exists: no second try
     assert ("Pod", True) not in dry_runs["creates"]
@@ -217,7 +236,7 @@ def test_without_a_launcher_template_nothing_is_tried(dry_runs):
     """What the operator builds alone from the checked spec needs no dry run."""
     settings = Settings.from_env()
     run_pass(settings, make_view(settings, workers=False))
-    assert dry_runs["creates"] == [("StatefulSet", False)]
+    assert after_progress_access(dry_runs["creates"]) == [("StatefulSet", False)]
 
 
 def test_the_attempt_records_the_image_digests_that_ran(api):

@@ -307,6 +307,24 @@ def test_a_launcher_gone_unseen_or_seen_running_is_lost(api):
         assert record["message"] == f"launcher pod {NAME}-launcher was deleted while it ran"
 
 
+def test_a_launcher_gone_unseen_with_a_worker_lost_is_judged_by_the_worker(api):
+    """Chaos soak: a worker deleted, the operator killed before it saw that, its launcher gone
+    when it came back. The known loss decides (WorkerEvicted), not the unknown one."""
+    settings = Settings.from_env()
+    status = running_status(settings)
+    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    assert launched is not None
+    body = {**job_body(status), "spec": {**job_body()["spec"],
+                                         "runPolicy": {"infrastructureBackoffLimit": 0}}}
+    after = run_policy_pass(settings, body, [worker(0), worker(1, uid="replacement")],
+                            launched + dt.timedelta(seconds=20))
+    record = after["attempts"][0]
+    assert (record["class"], record["reason"]) == ("Infrastructure",
+                                                   st.REASON_WORKER_EVICTED), record
+    assert record["message"].endswith(f"(launcher pod {NAME}-launcher gone too)"), record
+    assert record["lostWorkers"] == [f"{NAME}-worker-1"], record
+
+
 def test_only_the_newest_attempts_launcher_is_kept_per_job():
     def pod(attempt: int) -> dict[str, Any]:
         return {"metadata": {"name": f"j-launcher-{attempt}",

@@ -92,7 +92,16 @@ compares these rules with the API calls in operator/monarch_operator/controller/
   verbs: [get, list, watch, create, delete]
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, delete, patch]
+{{- /* Per job: the launcher's ServiceAccount and a Role (and its binding) that may get and
+patch the job's own progress ConfigMap, nothing else; granting that needs get and patch on
+configmaps above (RBAC's escalation check). */}}
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, create, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, create, delete]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete]

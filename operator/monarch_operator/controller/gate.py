@@ -12,17 +12,37 @@ from monarch_operator.controller import attempts, deadlines, endings, k8s, obser
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
+from monarch_operator.controller.builders.progress import (
+    build_launcher_account,
+    build_progress_binding,
+    build_progress_configmap,
+    build_progress_role,
+)
 from monarch_operator.controller.builders.secret import build_ssh_secret
 from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.passstate import Pass, short
 from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec import JobSpec
 from monarch_operator.controller.sshkeys import generate_job_keys
 
 # A starting worker's node is read only after the worker has been scheduled this long without
 # becoming Ready (see _lost_node): reading the node of every starting worker at every pass was
 # 15 node reads per job while 200 jobs started at once (bench/operator_scale.py).
 NODE_CHECK_AFTER_SECONDS = 15.0
+
+
+def _ensure_progress_access(job: JobSpec) -> None:
+    """The launcher's ServiceAccount and what lets it write the job's progress ConfigMap
+    (builders/progress.py), before any launcher pod is created or checked: its ServiceAccount
+    must exist then. The ConfigMap is cached, the others are not: it is created last, and
+    while it is in the pass's view nothing is sent (also for a job an older operator version
+    started, which has none of them yet: found by the chaos soak, its restart refused)."""
+    if k8s.read("v1", "ConfigMap", job.namespace, names.progress_configmap(job.name)):
+        return
+    k8s.create_all(build_launcher_account(job), build_progress_role(job),
+                   build_progress_binding(job), owner_uid=job.uid)
+    k8s.create_all(build_progress_configmap(job), owner_uid=job.uid)
 
 
 def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
@@ -40,6 +60,7 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
     k8s.ensure(build_worker_service(job), job.uid)
     if settings.network_policy:  # before any pod exists, so no pod is ever open to others
         k8s.ensure(build_network_policy(job), job.uid)
+    _ensure_progress_access(job)
     if job.launcher_template and k8s.read("apps/v1", "StatefulSet", job.namespace,
                                           names.worker_set(job.name)) is None:
         # A launcher template Kubernetes refuses fails the job now, before any worker holds a

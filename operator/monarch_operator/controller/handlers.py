@@ -30,6 +30,7 @@ from monarch_operator.controller import (
     wakeups,
     watchhealth,
 )
+from monarch_operator.controller.builders.progress import ROLE_PROGRESS
 from monarch_operator.controller.kueue import watch as kueue_watch
 from monarch_operator.controller.settings import Settings
 
@@ -226,6 +227,14 @@ async def on_child_event(namespace: str, labels: dict[str, str], body: kopf.Body
         checkpoints.remember(namespace, job_name, dict(body))
         lastseen.remember(namespace, job_name, dict(body))
     WAKEUPS.wake((namespace, job_name))
+
+
+@kopf.on.event("", "v1", "configmaps", labels={constants.LABEL_JOB: kopf.PRESENT,
+                                                constants.LABEL_ROLE: ROLE_PROGRESS})
+async def on_progress_report(namespace: str, labels: dict[str, str], **_: Any) -> None:
+    """The launcher wrote the program's progress (the job's ``<job>-progress`` ConfigMap):
+    wake its job, whose pass copies it to ``status.progress`` (:mod:`.reported`)."""
+    WAKEUPS.wake((namespace, labels[constants.LABEL_JOB]))
 
 
 @kopf.on.event(*_EVENTS)

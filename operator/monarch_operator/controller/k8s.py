@@ -45,6 +45,12 @@ _KINDS: dict[tuple[str, str], tuple[type, str, str]] = {
     ("v1", "Pod"): (kubernetes.client.CoreV1Api, "namespaced_pod", "pods"),
     ("networking.k8s.io/v1", "NetworkPolicy"): (kubernetes.client.NetworkingV1Api,
                                                "namespaced_network_policy", "networkpolicies"),
+    ("v1", "ServiceAccount"): (kubernetes.client.CoreV1Api, "namespaced_service_account",
+                               "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "Role"): (kubernetes.client.RbacAuthorizationV1Api,
+                                               "namespaced_role", "roles"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): (kubernetes.client.RbacAuthorizationV1Api,
+                                                      "namespaced_role_binding", "rolebindings"),
 }
 # Creates sent together (:func:`ensure_together`) go out on these threads, each on its own
 # connection of the client's pool.
@@ -304,6 +310,33 @@ def ensure_together(*desired: dict[str, Any], owner_uid: str) -> list[tuple[dict
         assert found is not None
         check_owner(found, owner_uid)
         results.append((found, made))
+    return results
+
+
+def create_all(*desired: dict[str, Any], owner_uid: str) -> list[tuple[dict[str, Any], bool]]:
+    """Create every object of ``desired`` at once, without reading first (for kinds the pass's
+    view does not cache, whose read would be a request each); one that exists already (409) is
+    read and must be controlled by ``owner_uid``.
+
+    Returns:
+        ``(observed, created)`` per object, in order.
+
+    Raises:
+        What :func:`ensure` raises, for the first object (in order) that failed.
+    """
+    sent = [_CREATE_THREADS.submit(_attempt, obj) for obj in desired[:-1]]
+    replies = [future.result() for future in sent] + [_attempt(obj) for obj in desired[-1:]]
+    results: list[tuple[dict[str, Any], bool]] = []
+    failures: list[Exception] = []
+    for obj, reply in zip(desired, replies, strict=True):
+        try:
+            results.append(_settle(obj, reply))
+        except Exception as error:
+            failures.append(error)
+    if failures:
+        raise failures[0]
+    for found, _ in results:
+        check_owner(found, owner_uid)
     return results
 
 

@@ -45,8 +45,7 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     if launcher is None and record.get("launchTime"):
         launcher = _last_seen_ended(state, attempt)
         if launcher is None:
-            return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
-                                       f"launcher pod {launcher_name} was deleted while it ran")
+            return _end_launcher_gone(state, launcher_name, worker_pods)
     if launcher is None:
         if (not st.is_true(state.status, st.WORKERS_READY) or _waiting_for_earlier_launcher(state)
                 or _backing_off(state, record)):
@@ -62,6 +61,29 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
         # sent together); found in the cache (or just created), it costs no request.
         k8s.ensure(build_hostfile_configmap(job, settings, worker_pods), job.uid)
     return _judge(state, launcher, outcome, worker_pods, record)
+
+
+def _end_launcher_gone(state: Pass, launcher_name: str,
+                       worker_pods: list[dict[str, Any]]) -> str | None:
+    """End the attempt whose launcher pod is gone without an ended state seen (deleted while
+    it ran, as far as this operator knows: it may have been stopped meanwhile). A worker of
+    the attempt lost too is what is known to have happened: the attempt is judged by it
+    (``WorkerEvicted``/``WorkerRestarted``: found by the chaos soak, a worker deleted, the
+    operator killed, its launcher gone when it came back); else ``LauncherLost``. Both are
+    Infrastructure. Returns the class when the job restarts, else None."""
+    snapshot = state.status.get("attemptWorkers") or []
+    unready = frozenset(node for node in attempts.nodes_to_check(snapshot, worker_pods)
+                        if not k8s.node_is_ready(node))
+    lost = attempts.lost_workers(snapshot, worker_pods, unready)
+    if lost:
+        restarted = all(worker.in_place for worker in lost)
+        reason = st.REASON_WORKER_RESTARTED if restarted else st.REASON_WORKER_EVICTED
+        return endings.end_attempt(state, policy.INFRASTRUCTURE, reason,
+                                   f"worker {short([worker.describe() for worker in lost])} "
+                                   f"lost mid-run (launcher pod {launcher_name} gone too)",
+                                   None, list(lost))
+    return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
+                               f"launcher pod {launcher_name} was deleted while it ran")
 
 
 def _last_seen_ended(state: Pass, attempt: int) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ from monarch_operator.controller import (
     launching,
     policy,
     release,
+    reported,
     suspension,
 )
 from monarch_operator.controller import status as st
@@ -100,6 +101,7 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
     if not st.is_finished(state.status) and state.status.get("attempt") is None:
         state.status = attempts.begin(state.status, 1, state.now_text)
     checkpoints.harvest(state)  # before a next attempt's launcher is built with it
+    reported.harvest(state)
     if not st.is_finished(state.status):
         _check_active_deadline(state)
     if not st.is_finished(state.status):  # noqa: SIM102 (the deadline may have ended it)

@@ -124,6 +124,16 @@ def clean_up(state: Pass) -> None:
         k8s.delete_if_present("v1", "ConfigMap", namespace, names.hostfile_configmap(job.name))
         k8s.delete_if_present("v1", "Service", namespace, names.worker_service(job.name))
         k8s.delete_if_present("v1", "Secret", namespace, names.ssh_secret(job.name))
+        # The progress ConfigMap (its report is in status.progress by now) and what let the
+        # launcher write it; the uncached three only once, with the ConfigMap.
+        if k8s.delete_if_present("v1", "ConfigMap", namespace,
+                                 names.progress_configmap(job.name)):
+            k8s.delete_if_present("rbac.authorization.k8s.io/v1", "RoleBinding", namespace,
+                                  names.progress_configmap(job.name))
+            k8s.delete_if_present("rbac.authorization.k8s.io/v1", "Role", namespace,
+                                  names.progress_configmap(job.name))
+            k8s.delete_if_present("v1", "ServiceAccount", namespace,
+                                  names.launcher_account(job.name))
 
 
 def _tell(state: Pass, event: Event) -> None:

@@ -21,6 +21,7 @@ DEFAULT_STEPS = 3
 DEFAULT_MESH_HOSTS = 1
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 600
 
+DEFAULT_PROGRESS_INTERVAL_SECONDS = 10
 # spec.cleanupPolicy: what a finished job (Succeeded or Failed) keeps of its children.
 # Workers always hold GPUs, so only KeepAll leaves them; the default keeps the launcher pod
 # for `kubectl logs`, as Kubernetes Jobs keep theirs.
@@ -98,6 +99,9 @@ class JobSpec:
     # spec.ttlSecondsAfterFinished: the MonarchJob is deleted this long after it finished.
     ttl_seconds_after_finished: int | None = None
     cleanup_policy: str = DEFAULT_CLEANUP_POLICY
+    # spec.progress.reportIntervalSeconds: the launcher writes the program's reports at most
+    # this often (controller/reported.py, launcher/progress.py).
+    progress_interval_seconds: int = DEFAULT_PROGRESS_INTERVAL_SECONDS
     # Kueue (controller/kueue/): labels kueue.x-k8s.io/queue-name and /priority-class. They
     # stay on the job, never on its pods: Kueue would queue each pod on its own (C23).
     queue_name: str | None = None
@@ -159,6 +163,8 @@ class JobSpec:
             active_deadline_seconds=_optional_int(spec.get("activeDeadlineSeconds")),
             ttl_seconds_after_finished=_optional_int(spec.get("ttlSecondsAfterFinished")),
             cleanup_policy=_cleanup_policy(spec.get("cleanupPolicy")),
+            progress_interval_seconds=max(1, int((spec.get("progress") or {}).get(
+                "reportIntervalSeconds", DEFAULT_PROGRESS_INTERVAL_SECONDS))),
             queue_name=(metadata.get("labels") or {}).get(KUEUE_QUEUE_LABEL) or None,
             priority_class=(metadata.get("labels") or {}).get(KUEUE_PRIORITY_LABEL) or None,
         )

@@ -64,6 +64,8 @@ def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
     ``MONARCH_RESTART_COUNT`` is ``restart_count`` (``status.restartCount`` when the attempt
     started: restarts after failures, not resumes) and ``MONARCH_MAX_RESTARTS`` the most the
     run policy allows, ``backoffLimit + infrastructureBackoffLimit`` (field case C21).
+    ``MONARCH_PROGRESS_CONFIGMAP`` and ``MONARCH_PROGRESS_INTERVAL_SECONDS`` say where and how
+    often the launcher writes the program's progress reports (``spec.progress``).
     ``MONARCH_STOP_GRACE_SECONDS`` is ``runPolicy.checkpointGracePeriodSeconds`` when above 0,
     and ``MONARCH_CHECKPOINT`` the last checkpoint an earlier launcher named (``checkpoint``,
     ``status.lastCheckpoint.location``), when there is one (launcher/stoprequest.py).
@@ -114,6 +116,9 @@ def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
                     "value": str(job.run_policy.checkpoint_grace_seconds)})
     if checkpoint:
         env.append({"name": constants.ENV_CHECKPOINT, "value": checkpoint})
+    env += [{"name": constants.ENV_PROGRESS_CONFIGMAP,
+             "value": names.progress_configmap(job.name)},
+            {"name": constants.ENV_PROGRESS_INTERVAL, "value": str(job.progress_interval_seconds)}]
     env.append({"name": constants.ENV_CLIENT_ADDRESS, "value": "tcp://$(POD_IP):0"})
     return env + copy.deepcopy(job.launcher_env)
 
@@ -161,7 +166,10 @@ def build_launcher_pod(job: JobSpec, settings: Settings, attempt: int = 1,
     pod_spec = {
         "restartPolicy": "Never",
         "enableServiceLinks": False,
-        "automountServiceAccountToken": False,
+        # A token for its own ServiceAccount, which may write the job's progress ConfigMap
+        # and nothing else (builders/progress.py).
+        "serviceAccountName": names.launcher_account(job.name),
+        "automountServiceAccountToken": True,
         "securityContext": pod_security_context(settings.worker_user_id),
         "containers": [container],
         "volumes": [
