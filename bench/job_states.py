@@ -1,5 +1,6 @@
 """``kubectl get monarchjobs`` with a job in each state, captured from a fresh local control plane
-with the operator (the README's table of states comes from this script's output).
+with the operator (the table of states in docs/monarchjob.md, "What `kubectl get monarchjobs`
+shows", comes from this script's output).
 
 Jobs, 2 one-GPU workers each unless said otherwise:
 - ``waiting``: one worker asking for 9 GPUs (nodes have 8): Starting, the scheduler's reason;

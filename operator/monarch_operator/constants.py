@@ -43,7 +43,7 @@ SSH_PRIVATE_KEY = "id_ed25519"
 SSH_PUBLIC_KEY = "id_ed25519.pub"
 SSH_AUTHORIZED_KEYS = "authorized_keys"
 # The job's sshd host key (every worker of the job presents it) and the known_hosts file that
-# pins it for the launcher: one line for every worker name of the job (see README, Security).
+# pins it for the launcher: one line for every worker name of the job (see docs/security.md).
 SSH_HOST_KEY = "ssh_host_ed25519_key"
 SSH_HOST_PUBLIC_KEY = "ssh_host_ed25519_key.pub"
 SSH_KNOWN_HOSTS = "known_hosts"

@@ -42,8 +42,8 @@ the location in :func:`resume_checkpoint`::
             break
 
 Run it with ``monarch-launch run module:function`` (the function receives the entered job), or
-``python my_program.py`` with ``Job.from_env()`` / ``Job.from_args(...)``. The README's
-"Write your own trainer and reference model" walks through it.
+``python my_program.py`` with ``Job.from_env()`` / ``Job.from_args(...)``. docs/own-program.md
+("Write your own trainer and reference model") walks through it.
 
 This module is the stable surface: names imported from here keep working across releases of
 monarch-operator; the modules under ``monarch_operator.launcher`` may change.

@@ -118,7 +118,7 @@ def _release(helm_env, namespace: str, name: str) -> dict:
 def test_install_upgrade_with_crd_change_and_uninstall(kubectl, helm_env, chart_namespace,
                                                        tmp_path, original_crd):
     release = "mo"
-    kubectl("apply", "-f", str(CRD_FILE))  # as the README's install says, before the chart
+    kubectl("apply", "-f", str(CRD_FILE))  # as docs/install.md says, before the chart
     result = helm("install", release, str(CHART), "-n", chart_namespace,
                   "--set", f"watchNamespaces={{{chart_namespace}}}", env=helm_env)
     assert f"helm test {release} -n {chart_namespace}" in result.stdout  # NOTES
@@ -138,7 +138,7 @@ def test_install_upgrade_with_crd_change_and_uninstall(kubectl, helm_env, chart_
     helm("upgrade", release, str(new_chart), "-n", chart_namespace, "--reuse-values",
          env=helm_env)
     assert "upgradeProbe" not in _served_spec_fields(kubectl)
-    # ... so the README's upgrade applies the chart's CRDs first, then upgrades.
+    # ... so docs/install.md's upgrade applies the chart's CRDs first, then upgrades.
     crds = helm("show", "crds", str(new_chart), env=helm_env).stdout
     kubectl("apply", "-f", "-", stdin=crds)
     helm("upgrade", release, str(new_chart), "-n", chart_namespace, "--reuse-values",

@@ -61,7 +61,7 @@ def test_packaged_chart_carries_the_same_crds(tmp_path):
 
 
 def test_helm_show_crds_gives_the_crd_files():
-    """The README's CRD upgrade step (`helm show crds CHART | kubectl apply -f -`) applies
+    """The CRD upgrade step of docs/install.md (`helm show crds CHART | kubectl apply -f -`) applies
     exactly crds/."""
     shown = [doc for doc in yaml.safe_load_all(helm("show", "crds", str(CHART)).stdout) if doc]
     assert shown == [yaml.safe_load(crd.read_text()) for crd in CRD_FILES]

@@ -25,8 +25,8 @@ def _ruff() -> list[str]:
 
 
 def test_no_undefined_names_or_likely_bugs() -> None:
-    # An undefined name in spmd_launcher's default path once shipped (NameError on the README's
-    # own example): this is the check that would have caught it.
+    # An undefined name in spmd_launcher's default path once shipped (NameError on the
+    # documented in-code example, docs/standalone.md): this is the check that would have caught it.
     done = subprocess.run(
         [*_ruff(), "check", "--no-cache", "--select", "F,E9,B", "--output-format", "concise",
          "operator", "tests", "bench", "examples"],

@@ -235,7 +235,8 @@ def test_help_documents_the_nproc_keywords(capsys: pytest.CaptureFixture[str]) -
 def test_spmd_launcher_without_known_hosts_builds_and_reads_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # The README's in-code example passes no known_hosts: this once raised NameError.
+    # The in-code example of docs/standalone.md ("In code") passes no known_hosts: this once
+    # raised NameError.
     from monarch_operator.launcher import spmd_launcher
     from monarch_operator.launcher.programs.spmd import SpmdConfigError
 

@@ -413,7 +413,7 @@ def _judge(outcome: Outcome, report: Report) -> None:
 
 
 # Changes that the transition rules refuse while the job is not suspended, and changes that may
-# always be made (issue 9 item 8; README "End of life and spec changes").
+# always be made (issue 9 item 8; docs/monarchjob.md, "Life cycle and spec changes").
 REFUSED_CHANGES = frozenset({"image", "replicas", "launcher-env"})
 ALLOWED_CHANGES = frozenset({"suspend", "resume", "image-suspended", "deadline",
                              "deadline-short", "ttl", "cleanup", "run-policy",

@@ -11,7 +11,7 @@ server with the operator running and checks the outcome.
 Pods of generated jobs do not run real processes: the worker template carries the local
 cluster's ``localcluster.monarch-operator.dev/simulate: ready`` label (kwok makes them Ready
 after 1 s) and the launcher either the same with ``succeed`` (Succeeded 1 s later) or a real,
-instant ``sh -c 'exit N'`` (README, "kubelet emulation").
+instant ``sh -c 'exit N'`` (docs/local-cluster.md, "Simulated nodes").
 
 Needs ``hypothesis`` (the ``dev`` extra); only tests and ``bench/generated_specs.py`` import it.
 """

@@ -134,8 +134,8 @@ def build_launcher_pod(job: JobSpec, settings: Settings, attempt: int = 1,
     A bare pod rather than a batch Job: the Job would add nothing the run policy does not do
     (it ran with ``backoffLimit: 0``), and its pod waited for the controller manager's Job
     controller, whose API rate limit the StatefulSet controller shares; with 200 jobs starting
-    at once that put the launcher pod 1.7 s (p50) behind the last Ready worker (README,
-    Performance). KubeRay and Volcano create their pods directly too.
+    at once that put the launcher pod 1.7 s (p50) behind the last Ready worker (docs/performance.md,
+    "The launcher is a pod of its own"). KubeRay and Volcano create their pods directly too.
 
     The hostfile ConfigMap is mounted at ``/etc/monarch/hostfile``, and the job's private key
     and the known_hosts pinning the workers' host key at ``/etc/monarch/ssh``; ``MONARCH_*``

@@ -2,7 +2,7 @@
 
 Workers mount ``authorized_keys`` and the host key; the launcher mounts the private client key
 and ``known_hosts``, which pins the host key for every worker name of the job. Why one host key
-for all the workers of a job (and not one per ordinal) is in the README's security section.
+for all the workers of a job (and not one per ordinal) is in docs/security.md.
 """
 
 from __future__ import annotations

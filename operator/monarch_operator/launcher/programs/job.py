@@ -221,7 +221,7 @@ class Job:
         UsageError (True, the default) instead of printing usage and exiting.
 
         In a MonarchJob's launcher pod the operator's ``MONARCH_*`` variables give the hostfile,
-        key, port and roles (README, "The launcher pod's contract"), so ``Job.from_env()``
+        key, port and roles (docs/launcher-contract.md), so ``Job.from_env()``
         needs no arguments; under ``monarch-launch run`` it takes that command's flags.
         ``argv`` takes ``monarch-launch``'s host, placement and ssh flags
         (e.g. ``["--hostfile", "hosts", "--trainer-hosts", "2"]``).

@@ -18,11 +18,12 @@ kubelet and slurmstepd track a step's processes by cgroup, which nothing inside 
 launcher cannot use one: on plain ssh hosts a non-root login may not create cgroups (systemd's
 ``systemd-run --user --scope`` needs a user manager and delegation most clusters do not give),
 and inside a worker pod ``/sys/fs/cgroup`` is read-only under Pod Security "restricted". A
-mark in the environment works in both, as the login user. Its limits, documented in the
-README: a process that replaces its whole environment (``env -i``, ``sudo``, a daemon that
-clears it) or overwrites the memory it was started with (``setproctitle`` on long titles)
-loses the mark; a process in another PID namespace (a container the rank starts) or of another
-user is not seen; ``/proc`` mounted with ``hidepid`` hides nothing from its own user.
+mark in the environment works in both, as the login user. Its limits, documented in
+docs/standalone.md ("Nothing of a run outlives it"): a process that replaces its whole
+environment (``env -i``, ``sudo``, a daemon that clears it) or overwrites the memory it was
+started with (``setproctitle`` on long titles) loses the mark; a process in another PID
+namespace (a container the rank starts) or of another user is not seen; ``/proc`` mounted with
+``hidepid`` hides nothing from its own user.
 
 **When they are stopped.** (1) At the end of every run, after the meshes are shut down, every
 process with this run's mark on every host gets SIGTERM, and SIGKILL :data:`GRACE_S` seconds
