@@ -91,6 +91,9 @@ ENV_CHECKPOINT = "MONARCH_CHECKPOINT"
 # often, seconds (spec.progress.reportIntervalSeconds).
 ENV_PROGRESS_CONFIGMAP = "MONARCH_PROGRESS_CONFIGMAP"
 ENV_PROGRESS_INTERVAL = "MONARCH_PROGRESS_INTERVAL_SECONDS"
+PROGRESS_REPORT_KEY = "progress.json"  # the ConfigMap's key the launcher writes
+# A program's report as one output line from any rank: this marker, then a JSON object.
+PROGRESS_LINE_MARKER = "MONARCH_PROGRESS "
 # The launcher pod variables the operator owns; spec.launcher.env may not set them (CRD rule,
 # which lists the same names: a unit test keeps the two equal). Other MONARCH_* names stay the
 # user's: Monarch's own MONARCH_FILE_LOG, the launcher's MONARCH_TERMINATION_LOG and so on.

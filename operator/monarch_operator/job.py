@@ -41,6 +41,13 @@ the location in :func:`resume_checkpoint`::
             checkpoint_saved(save(step))       # "/ckpt/step-120" or "s3://bucket/run/120"
             break
 
+**Progress.** :func:`report` shows how far the program is in the MonarchJob's status and in
+``kubectl get monarchjobs`` (STEP, PROGRESS, ETA; ``-o wide`` the first metric)::
+
+    from monarch_operator.job import report
+
+    report(step, total_steps=steps, metrics={"loss": loss}, run_url=wandb.run.url)
+
 Run it with ``monarch-launch run module:function`` (the function receives the entered job), or
 ``python my_program.py`` with ``Job.from_env()`` / ``Job.from_args(...)``. docs/own-program.md
 ("Write your own trainer and reference model") walks through it.
@@ -50,6 +57,7 @@ monarch-operator; the modules under ``monarch_operator.launcher`` may change.
 """
 
 from monarch_operator.launcher.hosts.placement import PlacementError, Plan, RolePlan
+from monarch_operator.launcher.progress import report
 from monarch_operator.launcher.programs.job import Job, JobConfig, JobError, RankFailure
 from monarch_operator.launcher.programs.rankside import RankInfo
 from monarch_operator.launcher.session.lifecycle import Terminated, WorkerLost
@@ -76,6 +84,7 @@ __all__ = [
     "WorkerLost",
     "checkpoint_saved",
     "on_stop",
+    "report",
     "resume_checkpoint",
     "stop_requested",
     "wait_for_stop",

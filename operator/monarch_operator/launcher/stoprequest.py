@@ -119,9 +119,10 @@ def checkpoint_saved(location: str) -> None:
                          f"{MAX_LOCATION_CHARS} characters without whitespace or ']'")
     with _lock:
         _location = location
-    from monarch_operator.launcher import termination
+    from monarch_operator.launcher import progress, termination
 
     termination.write_termination_message("")  # the marker alone until the final line
+    progress.note_checkpoint(location)  # and status.progress.checkpoint while it runs
 
 
 def saved_location() -> str | None:

@@ -20,7 +20,7 @@ from monarch_operator.controller.builders.common import child_metadata
 from monarch_operator.controller.spec import JobSpec
 
 ROLE_PROGRESS = "progress"  # the role label of the ConfigMap (its events wake the job)
-REPORT_KEY = "progress.json"  # the ConfigMap's key; launcher/progress.py writes it
+REPORT_KEY = constants.PROGRESS_REPORT_KEY  # the ConfigMap's key; launcher/progress.py writes it
 
 
 def launcher_service_account(job: JobSpec) -> str:

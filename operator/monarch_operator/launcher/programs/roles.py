@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher import exitcodes, progress
 from monarch_operator.launcher.hosts.placement import (
     REF,
     TRAINER,
@@ -94,6 +94,8 @@ def _run_workload(job: Job, config: LaunchConfig, reporter: Reporter) -> None:
             loss=result.loss,
             kl=result.kl,
         )
+        progress.report(result.step, total_steps=config.steps,
+                        metrics={"loss": round(result.loss, 6), "kl": round(result.kl, 8)})
 
 
 def describe_failure(plan: Plan, message: str) -> str | None:

@@ -52,7 +52,11 @@ ALLOWED_ENV = (
     "HYPERACTOR_*",
     "MONARCH_FILE_LOG",
     "MONARCH_LOG_SUFFIX",
-    # Which run this is, set by the operator on its launcher pod (field case C21).
+    # Which job and run this is, set by the operator on its launcher pod (field case C21;
+    # issue 22 item 5: a rank's experiment-tracking run is named and grouped by them).
+    "MONARCH_JOB_NAME",
+    "MONARCH_JOB_NAMESPACE",
+    "MONARCH_JOB_UID",
     "MONARCH_ATTEMPT",
     "MONARCH_RESTART_COUNT",
     "MONARCH_MAX_RESTARTS",

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from monarch_operator import constants
+from monarch_operator.launcher import progress
 from monarch_operator.launcher.session.environment import (
     MONARCH_FILE_LOG_DEFAULT,
     MONARCH_LOG_ROTATE_BYTES,
@@ -54,6 +55,7 @@ from monarch_operator.launcher.session.monarch_compat import ProcessState, SSHJo
 _PR_SET_PDEATHSIG = 1
 # Lines of each worker's output kept for failure reports.
 OUTPUT_TAIL_LINES = 20
+_PROGRESS_MARKER = constants.PROGRESS_LINE_MARKER.encode()
 
 
 def _die_with_parent() -> None:
@@ -143,6 +145,9 @@ class _OutputTail:
                 _write_all(target_fd, chunk)
                 *complete, self._partial = (self._partial + chunk).split(b"\n")
                 self._lines.extend(_text(line) for line in complete)
+                for line in complete:
+                    if _PROGRESS_MARKER in line:  # a program's report (launcher/progress.py)
+                        progress.feed_line(_text(line))
         if self._partial:
             self._lines.append(_text(self._partial))
         if not self.up.is_set() and self.before_up:

@@ -1,0 +1,285 @@
+"""The program's progress reports, forwarded by the launcher to its MonarchJob (issue 22).
+
+A program reports with :func:`report` (``monarch_operator.job.report``), from the launcher's
+process or from any rank; a script that imports nothing of ours prints a line instead::
+
+    print('MONARCH_PROGRESS {"step": 120, "totalSteps": 1000, "metrics": {"loss": 0.31}}',
+          flush=True)
+
+:func:`report` called outside the launcher's process prints that same line. Every line of the
+workers' output passes the launcher (``session/sshjob.py``), which hands those with the marker
+to :func:`feed_line`. In a MonarchJob's launcher pod (``MONARCH_PROGRESS_CONFIGMAP`` set) a
+:class:`Forwarder` keeps the latest state (the last step, total, metrics, checkpoint and run
+URL each report gave, the time of the last one, the recent rate of steps) and writes it to the
+job's ``<job>-progress`` ConfigMap at most once per ``MONARCH_PROGRESS_INTERVAL_SECONDS``: a
+thread waits on a condition for a new report (nothing is polled), then for the interval since
+its last write. The last report is written when the launcher ends (:func:`close`, also at
+exit), so the final step is never lost. The operator copies it to ``status.progress``
+(``controller/reported.py``). A write that fails is said once on stderr and never fails the
+run. Without a ConfigMap (the launcher on a hostfile) reports go nowhere but the output.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import datetime as dt
+import json
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from monarch_operator import constants
+
+MARKER = constants.PROGRESS_LINE_MARKER
+DEFAULT_INTERVAL_SECONDS = 10.0
+CLOSE_TIMEOUT_SECONDS = 5.0  # the last write at the end waits at most this long
+RATE_WINDOW_SECONDS = 300.0  # the rate of steps is taken over about the last 5 minutes
+
+_lock = threading.Lock()
+_forwarder: Forwarder | None = None
+_closed = False  # close() ran: no new Forwarder at the launcher's end
+
+
+def report(step: int | None = None, *, total_steps: int | None = None,
+           metrics: Mapping[str, float | int | str] | None = None,
+           checkpoint: str | None = None, run_url: str | None = None) -> None:
+    """Report the program's progress: it reaches ``status.progress`` of its MonarchJob and the
+    STEP, PROGRESS and ETA columns of ``kubectl get monarchjobs``. Cheap enough to call every
+    step: reports are coalesced and written at most once per ``spec.progress.
+    reportIntervalSeconds`` (10 s by default). Fields left out keep their last value.
+
+    Args:
+        step: training steps done (an int >= 0).
+        total_steps: the steps the run will do (an int > 0): gives the percentage and ETA.
+        metrics: name -> value (numbers or short strings), e.g. ``{"loss": 0.31}``; the first
+            is the ``-o wide`` METRIC column. Replaces the last report's metrics.
+        checkpoint: where the program last saved its state (a path or URL).
+        run_url: the experiment-tracking run (Weights & Biases, MLflow), kept in the attempt's
+            record.
+
+    Raises:
+        TypeError, ValueError: a field of the wrong type or range, named.
+    """
+    fields = _fields(step, total_steps, metrics, checkpoint, run_url)
+    forwarder = _forwarder or install()
+    if forwarder is not None:
+        forwarder.offer(fields)
+    else:  # not the launcher's process: the line reaches it through the output
+        print(MARKER + json.dumps(fields, separators=(",", ":")), flush=True)
+
+
+def _fields(step: Any, total_steps: Any, metrics: Any, checkpoint: Any,
+            run_url: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for name, value, key, least in (("step", step, "step", 0),
+                                    ("total_steps", total_steps, "totalSteps", 1)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"report({name}=...): an int, not {type(value).__name__}")
+        if value < least:
+            raise ValueError(f"report({name}={value}): at least {least}")
+        fields[key] = value
+    if metrics is not None:
+        if not isinstance(metrics, Mapping):
+            raise TypeError("report(metrics=...): a mapping of name -> number or string")
+        fields["metrics"] = {str(name): _metric(name, value) for name, value in metrics.items()}
+    for name, value, key in (("checkpoint", checkpoint, "checkpoint"),
+                             ("run_url", run_url, "runURL")):
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise TypeError(f"report({name}=...): a non-empty string")
+        fields[key] = value.strip()
+    return fields
+
+
+def _metric(name: Any, value: Any) -> float | int | str:
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        return value
+    item = getattr(value, "item", None)  # a 0-d tensor or numpy scalar
+    if callable(item):
+        return float(item())
+    raise TypeError(f"report(metrics={{{name!r}: ...}}): a number or string, "
+                    f"not {type(value).__name__}")
+
+
+def note_checkpoint(location: str) -> None:
+    """The program named a checkpoint (``checkpoint_saved``): the next write carries it as the
+    report's ``checkpoint``. Only in the launcher's process (nothing is printed)."""
+    forwarder = _forwarder or install()
+    if forwarder is not None:
+        forwarder.offer({"checkpoint": location})
+
+
+def feed_line(text: str) -> None:
+    """Take the report in one output line of the program (anything before :data:`MARKER`, a
+    rank prefix, is ignored; so is a line whose JSON is not an object). Does nothing unless a
+    :class:`Forwarder` can be (:func:`install`) in this process."""
+    forwarder = _forwarder or install()
+    if forwarder is None:
+        return
+    _, found, payload = text.partition(MARKER)
+    if not found:
+        return
+    try:
+        fields = json.loads(payload)
+    except ValueError:
+        return
+    if isinstance(fields, dict):
+        forwarder.offer(fields)
+
+
+class Forwarder:
+    """Keeps the program's latest progress and writes it with ``write`` (a JSON text) at most
+    once per ``interval`` seconds, on a thread of its own; see the module doc.
+
+    ``clock``: monotonic seconds (the interval, the rate); ``now``: the report's wall time.
+    """
+
+    def __init__(self, write: Callable[[str], None], interval: float,
+                 attempt: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)) -> None:
+        self._write = write
+        self._interval = max(0.0, interval)
+        self._clock, self._now = clock, now
+        self._state: dict[str, Any] = {} if attempt is None else {"attempt": attempt}
+        self._history: collections.deque[tuple[float, int]] = collections.deque(maxlen=256)
+        self._pending = False
+        self._closed = False
+        self._last_write: float | None = None
+        self._condition = threading.Condition()
+        self.writes = 0
+        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+        self._thread.start()
+
+    def offer(self, fields: Mapping[str, Any]) -> None:
+        """Merge one report (the JSON names: ``step``, ``totalSteps``, ``metrics``,
+        ``checkpoint``, ``runURL``) into the state; the next write carries it."""
+        moment = self._clock()
+        with self._condition:
+            for key in ("step", "totalSteps", "metrics", "checkpoint", "runURL"):
+                if key in fields:
+                    self._state[key] = fields[key]
+            step = fields.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                if self._history and step < self._history[-1][1]:
+                    self._history.clear()  # resumed from an earlier step: a new run of steps
+                self._history.append((moment, step))
+                while len(self._history) > 2 and moment - self._history[1][0] > RATE_WINDOW_SECONDS:
+                    self._history.popleft()
+                rate = self._rate()
+                if rate is None:
+                    self._state.pop("stepsPerSecond", None)
+                else:
+                    self._state["stepsPerSecond"] = rate
+            self._state["time"] = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
+            self._pending = True
+            self._condition.notify()
+
+    def _rate(self) -> float | None:
+        (start, first), (end, last) = self._history[0], self._history[-1]
+        if end - start <= 0 or last <= first:
+            return None
+        rate = (last - first) / (end - start)
+        return round(rate, 6) if math.isfinite(rate) else None
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while not self._pending and not self._closed:
+                    self._condition.wait()
+                if not self._pending:
+                    return  # closed, nothing left to write
+                if not self._closed and self._last_write is not None:
+                    left = self._last_write + self._interval - self._clock()
+                    if left > 0:
+                        self._condition.wait(left)  # a close cuts the wait short
+                        continue
+                text = json.dumps(self._state, separators=(",", ":"), sort_keys=True)
+                self._pending = False
+                self._last_write = self._clock()
+            self._write(text)
+            with self._condition:
+                self.writes += 1
+                self._condition.notify_all()
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
+        """Write what is pending now (not waiting for the interval), then stop the thread;
+        waits at most ``timeout`` seconds."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+        self._thread.join(timeout)
+
+
+class ConfigMapWriter:
+    """Writes a report to the job's progress ConfigMap with the launcher pod's own
+    ServiceAccount token (in-cluster configuration of the Kubernetes client); a failure is
+    said once per kind on stderr, never raised."""
+
+    def __init__(self, namespace: str, name: str) -> None:
+        self._namespace, self._name = namespace, name
+        self._api: Any = None
+        self._said: set[str] = set()
+
+    def __call__(self, text: str) -> None:
+        try:
+            if self._api is None:
+                import kubernetes  # the launcher image has it (monarch-operator[launcher])
+
+                kubernetes.config.load_incluster_config()
+                self._api = kubernetes.client.CoreV1Api()
+            self._api.patch_namespaced_config_map(
+                self._name, self._namespace, {"data": {constants.PROGRESS_REPORT_KEY: text}},
+                _request_timeout=10)
+        except Exception as error:  # noqa: BLE001 - progress never fails the run
+            status = getattr(error, "status", None)
+            why = (f"HTTP {status}: {getattr(error, 'reason', '')}" if status
+                   else f"{type(error).__name__}: {error}")
+            if status == 403:
+                why += (" (the launcher's ServiceAccount may not write it: does "
+                        "spec.launcher.template set serviceAccountName or "
+                        "automountServiceAccountToken: false?)")
+            if why not in self._said:
+                self._said.add(why)
+                print(f"monarch-launch: progress not written to ConfigMap {self._namespace}/"
+                      f"{self._name}: {why}", file=sys.stderr, flush=True)
+
+
+def install(environ: Mapping[str, str] | None = None) -> Forwarder | None:
+    """In a MonarchJob's launcher (``MONARCH_PROGRESS_CONFIGMAP`` and the job's namespace in
+    the environment), start this process's :class:`Forwarder` (once; later calls return it)
+    and write its last report at exit. None elsewhere: reports are then printed as lines."""
+    global _forwarder
+    environ = os.environ if environ is None else environ
+    name = environ.get(constants.ENV_PROGRESS_CONFIGMAP)
+    namespace = environ.get(constants.ENV_NAMESPACE)
+    if not name or not namespace:
+        return None
+    with _lock:
+        if _forwarder is None and not _closed:
+            try:
+                interval = float(environ.get(constants.ENV_PROGRESS_INTERVAL, ""))
+            except ValueError:
+                interval = DEFAULT_INTERVAL_SECONDS
+            attempt = environ.get(constants.ENV_ATTEMPT, "")
+            _forwarder = Forwarder(ConfigMapWriter(namespace, name), interval,
+                                   int(attempt) if attempt.isdigit() else None)
+            atexit.register(close)
+        return _forwarder
+
+
+def close() -> None:
+    """Write the last report now and stop forwarding (the launcher is ending); a report after
+    this is printed as a line."""
+    global _forwarder, _closed
+    with _lock:
+        forwarder, _forwarder, _closed = _forwarder, None, True
+    if forwarder is not None:
+        forwarder.close()

@@ -1,0 +1,145 @@
+"""The launcher's side of progress in status (issue 22 item 1): what a program reports, how
+it is coalesced and rate-limited, and that the last report is written at the end."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+
+import pytest
+
+from monarch_operator import constants
+from monarch_operator.launcher import progress
+
+
+class Clock:
+    """A monotonic clock the test moves (the forwarder's waits are real: with a long interval
+    only a close ends them)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.texts: list[dict] = []
+
+    def __call__(self, text: str) -> None:
+        self.texts.append(json.loads(text))
+
+    def wait(self, count: int, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(self.texts) >= count:
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"{len(self.texts)} writes, expected {count}: {self.texts}")
+
+
+WALL = dt.datetime(2026, 12, 2, 3, 0, tzinfo=dt.UTC)
+
+
+def test_reports_are_coalesced_to_one_write_per_interval_and_the_last_is_flushed():
+    clock, sink = Clock(), Sink()
+    forwarder = progress.Forwarder(sink, interval=3600, attempt=2, clock=clock, now=lambda: WALL)
+    forwarder.offer({"step": 1, "totalSteps": 100, "metrics": {"loss": 2.5}})
+    sink.wait(1)  # the first report goes at once
+    for step in range(2, 51):
+        clock.now += 1
+        forwarder.offer({"step": step, "metrics": {"loss": 2.5 - step / 100}})
+    time.sleep(0.2)
+    assert len(sink.texts) == 1, "the interval holds every later report back"
+    forwarder.close()  # the launcher ends: the latest state goes now, not after the interval
+    assert len(sink.texts) == 2
+    first, last = sink.texts
+    assert first == {"attempt": 2, "step": 1, "totalSteps": 100, "metrics": {"loss": 2.5},
+                     "time": "2026-12-02T03:00:00Z"}
+    # Fields left out keep their last value; the rate comes from the reports' times.
+    assert last["step"] == 50 and last["totalSteps"] == 100
+    assert last["metrics"] == {"loss": 2.0} and last["stepsPerSecond"] == 1.0
+
+
+def test_a_report_after_the_interval_is_written_without_a_close():
+    sink = Sink()
+    forwarder = progress.Forwarder(sink, interval=0.05)  # real time
+    forwarder.offer({"step": 1})
+    sink.wait(1)
+    forwarder.offer({"step": 2})
+    sink.wait(2)
+    assert [text["step"] for text in sink.texts] == [1, 2]
+    forwarder.close()
+    assert len(sink.texts) == 2, "nothing pending: the close writes nothing more"
+
+
+def test_a_step_going_back_restarts_the_rate():
+    clock, sink = Clock(), Sink()
+    forwarder = progress.Forwarder(sink, interval=3600, clock=clock, now=lambda: WALL)
+    for step in (10, 20, 30):
+        forwarder.offer({"step": step})
+        clock.now += 10
+    forwarder.offer({"step": 5})  # resumed from an earlier checkpoint
+    forwarder.close()
+    assert "stepsPerSecond" not in sink.texts[-1] and sink.texts[-1]["step"] == 5
+
+
+def test_lines_from_ranks_are_reports_whatever_their_prefix(monkeypatch):
+    got = []
+    monkeypatch.setattr(progress, "_forwarder", type("F", (), {"offer": lambda self, f:
+                                                              got.append(f)})())
+    progress.feed_line('[trainer/host-0/0] MONARCH_PROGRESS {"step": 7, "totalSteps": 9}')
+    progress.feed_line("MONARCH_PROGRESS not json")
+    progress.feed_line('MONARCH_PROGRESS [1, 2]')
+    progress.feed_line("step 7/9 loss=0.1")
+    assert got == [{"step": 7, "totalSteps": 9}]
+
+
+def test_report_outside_the_launcher_prints_the_line_the_launcher_reads(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "_forwarder", None)
+    for name in (constants.ENV_PROGRESS_CONFIGMAP, constants.ENV_NAMESPACE):
+        monkeypatch.delenv(name, raising=False)
+    progress.report(3, total_steps=10, metrics={"loss": 0.5, "phase": "warmup"},
+                    run_url="https://wandb.ai/team/run/abc")
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(constants.PROGRESS_LINE_MARKER)
+    assert json.loads(line.removeprefix(constants.PROGRESS_LINE_MARKER)) == {
+        "step": 3, "totalSteps": 10, "metrics": {"loss": 0.5, "phase": "warmup"},
+        "runURL": "https://wandb.ai/team/run/abc"}
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"step": -1}, ValueError, "report(step=-1): at least 0"),
+    ({"step": 1.5}, TypeError, "report(step=...): an int, not float"),
+    ({"total_steps": 0}, ValueError, "report(total_steps=0): at least 1"),
+    ({"metrics": [1]}, TypeError, "report(metrics=...)"),
+    ({"metrics": {"loss": None}}, TypeError, "report(metrics={'loss': ...})"),
+    ({"run_url": ""}, TypeError, "report(run_url=...): a non-empty string"),
+])
+def test_bad_reports_name_the_argument(kwargs, error, words):
+    with pytest.raises(error) as raised:
+        progress.report(**kwargs)
+    assert words in str(raised.value)
+
+
+def test_the_forwarder_is_made_only_in_a_launcher_pod():
+    assert progress.install({}) is None
+    assert progress.install({constants.ENV_PROGRESS_CONFIGMAP: "demo-progress"}) is None
+
+
+def test_a_failed_write_is_said_once_and_never_raised(capsys):
+    class Refusing:
+        def patch_namespaced_config_map(self, *args, **kwargs):
+            error = RuntimeError("forbidden")
+            error.status, error.reason = 403, "Forbidden"  # type: ignore[attr-defined]
+            raise error
+
+    writer = progress.ConfigMapWriter("team-a", "demo-progress")
+    writer._api = Refusing()
+    writer('{"step": 1}')
+    writer('{"step": 2}')
+    err = capsys.readouterr().err
+    assert err.count("progress not written to ConfigMap team-a/demo-progress: HTTP 403") == 1
+    assert "serviceAccountName" in err
