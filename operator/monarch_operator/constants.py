@@ -91,6 +91,8 @@ ENV_CHECKPOINT = "MONARCH_CHECKPOINT"
 # often, seconds (spec.progress.reportIntervalSeconds).
 ENV_PROGRESS_CONFIGMAP = "MONARCH_PROGRESS_CONFIGMAP"
 ENV_PROGRESS_INTERVAL = "MONARCH_PROGRESS_INTERVAL_SECONDS"
+# runPolicy.progressDeadlineSeconds: the launcher dumps its stacks and stops a stalled run.
+ENV_PROGRESS_DEADLINE = "MONARCH_PROGRESS_DEADLINE_SECONDS"
 PROGRESS_REPORT_KEY = "progress.json"  # the ConfigMap's key the launcher writes
 # A program's report as one output line from any rank: this marker, then a JSON object.
 PROGRESS_LINE_MARKER = "MONARCH_PROGRESS "
@@ -109,6 +111,7 @@ LAUNCHER_RESERVED_ENV = (
     ENV_CHECKPOINT,
     ENV_PROGRESS_CONFIGMAP,
     ENV_PROGRESS_INTERVAL,
+    ENV_PROGRESS_DEADLINE,
     ENV_HOSTFILE,
     ENV_HOST_ADDRESSES,
     ENV_SSH_KEY,

@@ -7,7 +7,7 @@ import datetime as dt
 from typing import Any
 
 from monarch_operator import names
-from monarch_operator.controller import attempts, k8s, observe, policy, release
+from monarch_operator.controller import attempts, k8s, observe, policy, release, stalls
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
 from monarch_operator.controller.passstate import Event, Pass
@@ -45,6 +45,13 @@ def end_attempt(state: Pass, failure_class: str, reason: str, message: str,
     _record_failure(state, failure_class, reason, message, outcome, lost, launcher_pods)
     spent = dict(state.status.get("failureCounts") or {})
     decision = policy.decide(job.run_policy, failure_class, spent)
+    forgiven = (failure_class == policy.APPLICATION and job.run_policy.progress_resets_backoff
+                and stalls.made_progress(state.status))
+    if forgiven:  # runPolicy.progressResetsBackoff: progress since the previous failure
+        decision = policy.Decision(restart=True, budget=(
+            "no budget spent: it reached a step beyond every earlier attempt "
+            "(runPolicy.progressResetsBackoff)"))
+        state.status = attempts.update_current(state.status, budgetSpent=False)
     if failure_class == policy.INFRASTRUCTURE:
         # The launcher may still run: stop it, so that a recreated worker is never folded into
         # the old mesh and a failed job holds no pods. (An ended launcher's pod is kept for its
@@ -65,7 +72,8 @@ def end_attempt(state: Pass, failure_class: str, reason: str, message: str,
         state.events.append(Event("Warning", reason, text))
         return None
     key = "application" if failure_class == policy.APPLICATION else "infrastructure"
-    state.status["failureCounts"] = {**spent, key: spent.get(key, 0) + 1}
+    if not forgiven:
+        state.status["failureCounts"] = {**spent, key: spent.get(key, 0) + 1}
     if failure_class == policy.INFRASTRUCTURE:
         # Rebuilt from the new pods once the gate passes again.
         k8s.delete_if_present("v1", "ConfigMap", job.namespace, names.hostfile_configmap(job.name))

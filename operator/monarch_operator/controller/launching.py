@@ -18,6 +18,7 @@ from monarch_operator.controller import (
     policy,
     recreated,
     release,
+    stalls,
     stuckpods,
     verdicts,
 )
@@ -144,7 +145,14 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
         endings.succeed(state, outcome)
         return None
     if not outcome.finished:
-        return _end_if_launcher_lost(state, outcome, pods)
+        return _end_if_stalled(state, outcome, pods) or _end_if_launcher_lost(state, outcome, pods)
+    stalled = stalls.stall_in(outcome.message)
+    if stalled:  # the launcher stopped a run that reported no progress for the deadline
+        what, stacks = stalled
+        restarted = endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_PROGRESS_STALLED,
+                                        what, outcome, None, pods)
+        state.status = stalls.attach_stacks(state.status, attempt, stacks)
+        return restarted
     if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
         return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                                    f"launcher pod lost: {outcome.message}", outcome, None, pods)
@@ -217,6 +225,28 @@ def _awaiting_heartbeats(state: Pass, launcher: dict[str, Any], outcome: observe
 def _claimed(outcome: observe.LauncherOutcome) -> str:
     """What the stopped launcher's exit code claimed, not believed (`` (it exited 0)``)."""
     return "" if outcome.exit_code is None else f" (it exited {outcome.exit_code})"
+
+
+def _end_if_stalled(state: Pass, outcome: observe.LauncherOutcome,
+                    pods: list[dict[str, Any]]) -> str | None:
+    """The operator's backstop for a stalled attempt whose launcher did not stop the run
+    itself (:func:`.stalls.overdue_seconds`): end it (Infrastructure, ProgressStalled; the
+    launcher pod is stopped). Asks for a pass when it would become overdue. Returns the class
+    when the job restarts, else None (also when it is not overdue)."""
+    job = state.job
+    left = stalls.overdue_seconds(state.status, state.now, job.run_policy.progress_deadline_seconds,
+                                  job.progress_interval_seconds)
+    if left is None:
+        return None
+    if left > 0:
+        state.wake_in(left)
+        return None
+    idle = stalls.reported_idle_seconds(state.status, state.now) or 0.0
+    return endings.end_attempt(
+        state, policy.INFRASTRUCTURE, st.REASON_PROGRESS_STALLED,
+        f"no progress report for {idle:.0f}s (runPolicy.progressDeadlineSeconds="
+        f"{job.run_policy.progress_deadline_seconds}); the launcher did not stop the run "
+        f"itself: stopped by the operator", outcome, None, pods)
 
 
 def _end_if_launcher_lost(state: Pass, outcome: observe.LauncherOutcome,

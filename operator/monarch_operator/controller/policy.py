@@ -65,6 +65,11 @@ class RunPolicy:
     # Seconds a running launcher is given to checkpoint before a suspend or an eviction stops
     # the job (0: stopped at once); see controller/release.py stop_launcher_first.
     checkpoint_grace_seconds: int = 0
+    # An attempt that reported progress and then none for this long is stalled (None: never);
+    # controller/stalls.py.
+    progress_deadline_seconds: int | None = None
+    # An application failure after progress since the previous failure spends no budget.
+    progress_resets_backoff: bool = False
 
     @classmethod
     def from_spec(cls, run_policy: dict[str, Any] | None) -> RunPolicy:
@@ -84,6 +89,9 @@ class RunPolicy:
                 "infrastructureBackoffLimit", DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT)),
             rules=tuple(rules),
             checkpoint_grace_seconds=int(run_policy.get("checkpointGracePeriodSeconds", 0)),
+            progress_deadline_seconds=(None if run_policy.get("progressDeadlineSeconds") is None
+                                       else int(run_policy["progressDeadlineSeconds"])),
+            progress_resets_backoff=bool(run_policy.get("progressResetsBackoff", False)),
         )
 
 

@@ -55,6 +55,7 @@ REASON_WORKER_RESTARTED = "WorkerRestarted"
 REASON_LAUNCHER_LOST = "LauncherLost"
 # The launcher's pre-flight could not reach workers recreated for the attempt (C20).
 REASON_WORKER_UNREACHABLE = "WorkerUnreachable"
+REASON_PROGRESS_STALLED = "ProgressStalled"  # runPolicy.progressDeadlineSeconds (controller/stalls.py)
 # A podFailurePolicy rule with action FailJob matched the launcher's exit code.
 REASON_FATAL_EXIT_CODE = "FatalExitCode"
 # spec.suspend.

@@ -17,6 +17,13 @@ its last write. The last report is written when the launcher ends (:func:`close`
 exit), so the final step is never lost. The operator copies it to ``status.progress``
 (``controller/reported.py``). A write that fails is said once on stderr and never fails the
 run. Without a ConfigMap (the launcher on a hostfile) reports go nowhere but the output.
+
+**Hang detection** (``runPolicy.progressDeadlineSeconds``, ``MONARCH_PROGRESS_DEADLINE_SECONDS``):
+a program that reported once and then not for that long has stalled (a collective waiting on a
+dead peer, a stuck generator). The forwarder's thread, which waits for reports anyway, notices
+it: the launcher prints its threads' stacks, stops the run as a SIGTERM would, and ends with
+``ProgressStalled: ...; threads: ...`` (its termination message), which the operator judges
+(``controller/stalls.py``).
 """
 
 from __future__ import annotations
@@ -27,13 +34,16 @@ import datetime as dt
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from monarch_operator import constants
+from monarch_operator.launcher import stopsignal, termination
 
 MARKER = constants.PROGRESS_LINE_MARKER
 DEFAULT_INTERVAL_SECONDS = 10.0
@@ -144,9 +154,16 @@ class Forwarder:
 
     def __init__(self, write: Callable[[str], None], interval: float,
                  attempt: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)) -> None:
+                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+                 deadline: float | None = None,
+                 on_stall: Callable[[float, dict[str, Any]], None] | None = None) -> None:
         self._write = write
         self._interval = max(0.0, interval)
+        # Hang detection: ``on_stall(seconds idle, last state)`` once, when a report came and
+        # then none for ``deadline`` seconds (runPolicy.progressDeadlineSeconds).
+        self._deadline, self._on_stall = deadline, on_stall
+        self._last_report: float | None = None
+        self.stalled = False
         self._clock, self._now = clock, now
         self._state: dict[str, Any] = {} if attempt is None else {"attempt": attempt}
         self._history: collections.deque[tuple[float, int]] = collections.deque(maxlen=256)
@@ -179,6 +196,7 @@ class Forwarder:
                 else:
                     self._state["stepsPerSecond"] = rate
             self._state["time"] = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
+            self._last_report = moment
             self._pending = True
             self._condition.notify()
 
@@ -189,11 +207,33 @@ class Forwarder:
         rate = (last - first) / (end - start)
         return round(rate, 6) if math.isfinite(rate) else None
 
+    def _stall_left(self) -> float | None:
+        """Seconds until the run counts as stalled; None when it cannot (no deadline, no
+        report yet, or already stalled)."""
+        if (self._deadline is None or self._on_stall is None or self._last_report is None
+                or self.stalled):
+            return None
+        return self._last_report + self._deadline - self._clock()
+
     def _run(self) -> None:
         while True:
             with self._condition:
                 while not self._pending and not self._closed:
-                    self._condition.wait()
+                    left = self._stall_left()
+                    if left is not None and left <= 0:
+                        break
+                    self._condition.wait(left)
+                if not self._pending and not self._closed:  # no report for the deadline
+                    self.stalled = True
+                    assert self._last_report is not None
+                    idle, state = self._clock() - self._last_report, dict(self._state)
+                else:
+                    idle = None
+            if idle is not None:
+                assert self._on_stall is not None
+                self._on_stall(idle, state)
+                continue
+            with self._condition:
                 if not self._pending:
                     return  # closed, nothing left to write
                 if not self._closed and self._last_write is not None:
@@ -252,6 +292,56 @@ class ConfigMapWriter:
                       f"{self._name}: {why}", file=sys.stderr, flush=True)
 
 
+STALL_REASON = "ProgressStalled"  # the operator judges a launcher that ends with it
+MAX_THREADS = 12
+MAX_FRAMES = 6
+
+
+def thread_stacks(skip: int | None = None) -> list[str]:
+    """This process's threads as one line each, innermost frame first
+    (``MainThread: wait (threading.py:320) < get (actor.py:88) < main (train.py:12)``), at
+    most :data:`MAX_THREADS` threads of :data:`MAX_FRAMES` frames; ``skip``: a thread ident
+    left out (the caller's)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    lines = []
+    for ident, frame in sys._current_frames().items():
+        if ident == skip:
+            continue
+        frames = traceback.extract_stack(frame)[-MAX_FRAMES:]
+        where = " < ".join(f"{item.name} ({os.path.basename(item.filename)}:{item.lineno})"
+                           for item in reversed(frames))
+        lines.append(f"{names.get(ident, ident)}: {where}"[:400])
+    return lines[:MAX_THREADS]
+
+
+def stall_message(idle: float, deadline: float, state: Mapping[str, Any],
+                  stacks: list[str]) -> str:
+    """``ProgressStalled: no progress report for 65s (runPolicy.progressDeadlineSeconds=60;
+    last step 120); threads: A | B`` (one line: it ends the termination message)."""
+    last = f"; last step {state['step']}" if "step" in state else ""
+    return (f"{STALL_REASON}: no progress report for {idle:.0f}s "
+            f"(runPolicy.progressDeadlineSeconds={deadline:g}{last}); threads: "
+            + " | ".join(stacks))
+
+
+def _stop_stalled(deadline: float) -> Callable[[float, dict[str, Any]], None]:
+    """What a launcher does once its program stalled: print its threads' stacks, then stop the
+    run as a SIGTERM would (its ranks stopped), its final line the stall
+    (:func:`.stopsignal.record_stall`)."""
+    def stop(idle: float, state: dict[str, Any]) -> None:
+        stacks = thread_stacks(skip=threading.get_ident())
+        message = stall_message(idle, deadline, state, stacks)
+        print(f"monarch-launch: {message.split('; threads:')[0]}; stopping the run; "
+              "its threads, innermost frame first:", file=sys.stderr, flush=True)
+        for line in stacks:
+            print(f"monarch-launch:   {line}", file=sys.stderr, flush=True)
+        stopsignal.record_stall(message)
+        # Also for a program run without our launcher's handlers, which SIGTERM ends at once.
+        termination.write_termination_message(f"monarch-launch: failed: {message}")
+        os.kill(os.getpid(), signal.SIGTERM)
+    return stop
+
+
 def install(environ: Mapping[str, str] | None = None) -> Forwarder | None:
     """In a MonarchJob's launcher (``MONARCH_PROGRESS_CONFIGMAP`` and the job's namespace in
     the environment), start this process's :class:`Forwarder` (once; later calls return it)
@@ -269,8 +359,12 @@ def install(environ: Mapping[str, str] | None = None) -> Forwarder | None:
             except ValueError:
                 interval = DEFAULT_INTERVAL_SECONDS
             attempt = environ.get(constants.ENV_ATTEMPT, "")
-            _forwarder = Forwarder(ConfigMapWriter(namespace, name), interval,
-                                   int(attempt) if attempt.isdigit() else None)
+            deadline = environ.get(constants.ENV_PROGRESS_DEADLINE, "")
+            _forwarder = Forwarder(
+                ConfigMapWriter(namespace, name), interval,
+                int(attempt) if attempt.isdigit() else None,
+                deadline=float(deadline) if deadline.isdigit() else None,
+                on_stall=_stop_stalled(float(deadline)) if deadline.isdigit() else None)
             atexit.register(close)
         return _forwarder
 

@@ -22,6 +22,7 @@ SIGNAL_BASE = 128
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 _received: int | None = None
+_stall: str | None = None  # launcher/progress.py: the run stalled, and the launcher stopped it
 
 
 def record(signal_number: int) -> None:
@@ -36,10 +37,17 @@ def received() -> int | None:
     return _received
 
 
+def record_stall(message: str) -> None:
+    """The launcher stops the run itself because it stalled (``ProgressStalled: ...``, see
+    :mod:`.progress`): the final result says that, not the signal it sends itself."""
+    global _stall
+    _stall = message
+
+
 def reset() -> None:
-    """Forget the recorded signal (tests run several launches in one process)."""
-    global _received
-    _received = None
+    """Forget the recorded signal and stall (tests run several launches in one process)."""
+    global _received, _stall
+    _received, _stall = None, None
 
 
 def describe(signal_number: int) -> str:
@@ -62,6 +70,8 @@ def final_result(exit_code: int, reason: str | None) -> tuple[int, str | None]:
         Unchanged when no stop signal was recorded; else ``128 + signal`` and a reason that
         starts with :func:`describe` (followed by the run's own reason, if it had one).
     """
+    if _stall is not None:
+        return SIGNAL_BASE + (_received or signal.SIGTERM), _stall
     if _received is None:
         return exit_code, reason
     stopped = describe(_received)

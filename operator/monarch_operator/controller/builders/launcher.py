@@ -119,6 +119,9 @@ def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
     env += [{"name": constants.ENV_PROGRESS_CONFIGMAP,
              "value": names.progress_configmap(job.name)},
             {"name": constants.ENV_PROGRESS_INTERVAL, "value": str(job.progress_interval_seconds)}]
+    if job.run_policy.progress_deadline_seconds is not None:
+        env.append({"name": constants.ENV_PROGRESS_DEADLINE,
+                    "value": str(job.run_policy.progress_deadline_seconds)})
     env.append({"name": constants.ENV_CLIENT_ADDRESS, "value": "tcp://$(POD_IP):0"})
     return env + copy.deepcopy(job.launcher_env)
 
