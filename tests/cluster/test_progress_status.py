@@ -6,6 +6,7 @@ progress and nothing else."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import textwrap
@@ -159,3 +160,60 @@ def test_a_torchrun_scripts_progress_lines_reach_status(kubectl, namespace, scri
     progress = done.get("progress") or {}
     assert (progress.get("step"), progress.get("percent")) == (5, "100%"), done
     assert progress["mainMetric"] == "reward=7.5", progress
+
+
+STALLING_PROGRAM = textwrap.dedent("""
+    import os, sys, threading, time
+    from monarch_operator.job import report
+
+    def wait_for_a_dead_peer():
+        threading.Event().wait()
+
+    if os.environ["MONARCH_ATTEMPT"] == "1":
+        for step in range(1, 4):
+            report(step, total_steps=10)
+            time.sleep(0.2)
+        wait_for_a_dead_peer()
+    report(10, total_steps=10)
+""")
+
+
+def test_a_stalled_attempt_is_detected_with_its_stacks_and_the_next_attempt_starts(
+        kubectl, namespace):
+    deadline = 30
+    apply_manifest(kubectl, namespace, job_manifest(
+        "stall", progress={"reportIntervalSeconds": 1},
+        runPolicy={"progressDeadlineSeconds": deadline},
+        launcher={"command": ["python3", "-c", STALLING_PROGRAM]}))
+    done = wait_phase(kubectl, namespace, "stall", "Succeeded", timeout=240)
+    first, second = done["attempts"]
+    assert (first["class"], first["reason"]) == ("Infrastructure", "ProgressStalled"), first
+    assert any("wait_for_a_dead_peer" in line for line in first.get("stacks", [])), first
+    assert first["lastStep"] == 3 and second["class"] == "Succeeded", done
+    # Detected within the deadline (plus the time to stop and judge it).
+    launched = dt.datetime.fromisoformat(first["launchTime"].replace("Z", "+00:00"))
+    ended = dt.datetime.fromisoformat(first["endTime"].replace("Z", "+00:00"))
+    assert (ended - launched).total_seconds() < deadline + 20, first
+    assert done["progress"]["step"] == 10 and done["progress"]["attempt"] == 2
+
+
+CRASHING_PROGRAM = textwrap.dedent("""
+    import os, sys
+    from monarch_operator.job import report
+    attempt = int(os.environ["MONARCH_ATTEMPT"])
+    report({1: 5, 2: 10, 3: 10}.get(attempt, 0), total_steps=100)
+    sys.exit(1)
+""")
+
+
+def test_failures_after_progress_spend_no_budget_and_a_loop_without_it_stops(
+        kubectl, namespace):
+    apply_manifest(kubectl, namespace, job_manifest(
+        "budget", runPolicy={"backoffLimit": 0, "progressResetsBackoff": True},
+        launcher={"command": ["python3", "-c", CRASHING_PROGRAM]}))
+    done = wait_phase(kubectl, namespace, "budget", "Failed", timeout=240)
+    records = done["attempts"]
+    assert [(record["class"], record.get("lastStep"), record.get("budgetSpent", True))
+            for record in records] == [("Application", 5, False), ("Application", 10, False),
+                                       ("Application", 10, True)], records
+    assert (done.get("failureCounts") or {}).get("application", 0) == 0, done

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from monarch_operator.controller import jobmetrics, metrics
+from monarch_operator.controller import status as st
 from monarch_operator.controller.passes import PassReport, PassRunner
 from monarch_operator.controller.settings import Settings
 from tests.chart import CHART, by_kind, render
@@ -49,6 +50,14 @@ def test_a_live_jobs_series_come_from_its_status_and_go_when_it_finishes():
     assert got[("monarch_operator_job_startup_seconds", key)] == 25
     assert (got[("monarch_operator_job_workers", key)],
             got[("monarch_operator_job_ready_workers", key)]) == (4, 3)
+    assert ("monarch_operator_job_step", key) not in got, "no report yet: no step series"
+    # Once the program reported: its step, total and the seconds since.
+    series.observe(job, {**running_status(), "progress": {
+        "attempt": 3, "step": 120, "totalSteps": 1000,
+        "lastUpdatedTime": st.format_time(NOW - dt.timedelta(seconds=42))}})
+    got = samples(series)
+    assert (got[("monarch_operator_job_step", key)], got[("monarch_operator_job_total_steps", key)],
+            got[("monarch_operator_job_seconds_since_report", key)]) == (120, 1000, 42)
     # Queued now: the wait in progress counts, and no start-up runs.
     queued = {"phase": "Queued", "attempt": 1, "attempts": [
         {"number": 1, "startTime": "2026-12-01T11:00:00Z"}],

@@ -72,3 +72,17 @@ def test_attempts_table_and_logs_filter():
     assert list(views.filter_lines(lines, "ref", None)) == [lines[4]]
     assert list(views.filter_lines(lines, None, None)) == lines
     assert views.table([["A", "BB"], ["ccc", "d"]]) == "A     BB\nccc   d"
+
+
+def test_status_shows_the_programs_last_report():
+    body = {"metadata": {"name": "demo", "namespace": "team-a"}, "status": {
+        "phase": "Running", "attempt": 2, "progress": {
+            "attempt": 2, "step": 250, "totalSteps": 1000, "percent": "25%",
+            "stepsPerSecond": 2.5, "eta": "5m00s", "lastUpdatedTime": "2026-12-02T03:00:00Z",
+            "metrics": [{"name": "loss", "value": "0.31"}], "runURL": "https://wandb.ai/r/1"},
+        "attempts": [{"number": 1, "class": "Application", "lastStep": 120}]}}
+    lines = views.status_lines(body)
+    assert ("progress: step 250/1000 (attempt 2, reported 2026-12-02T03:00:00Z); 25%; "
+            "2.5 steps/s; ETA 5m00s; loss=0.31") in lines, lines
+    assert "run https://wandb.ai/r/1" in lines
+    assert views.attempts_table(body["status"])[1][7] == "120"

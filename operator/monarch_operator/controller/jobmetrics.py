@@ -17,6 +17,10 @@ ones seen first; a warning names the limit once); labels are ``namespace`` and `
   admission) to its launcher's start; while it has not started, the time so far.
 - ``monarch_operator_job_workers`` and ``monarch_operator_job_ready_workers``: worker pods
   wanted and Ready (``READY``).
+- ``monarch_operator_job_step`` and ``monarch_operator_job_total_steps``: the program's last
+  reported step and total (``status.progress``), once it reported.
+- ``monarch_operator_job_seconds_since_report``: seconds since that report (a run whose value
+  keeps growing is stalling; ``runPolicy.progressDeadlineSeconds`` acts on it).
 
 Gauges, in base units (Prometheus "Metric and label naming").
 """
@@ -61,6 +65,9 @@ class JobSample:
     launched: dt.datetime | None = None
     workers: int = 0
     ready_workers: int = 0
+    step: int | None = None
+    total_steps: int | None = None
+    reported: dt.datetime | None = None
 
 
 def _time(text: Any) -> dt.datetime | None:
@@ -82,6 +89,7 @@ def sample(status: dict[str, Any] | None) -> JobSample | None:
     record = attempts.current(status) or {}
     ended = Tally(str(item["class"]) for item in status.get("attempts") or []
                   if item.get("class"))
+    progress = status.get("progress") or {}
     return JobSample(
         phase=str(phase), attempt=int(status.get("attempt") or 1),
         restarts=int(status.get("restartCount") or 0), ended=dict(ended),
@@ -90,7 +98,13 @@ def sample(status: dict[str, Any] | None) -> JobSample | None:
         started=None if phase == st.PHASE_QUEUED else _time(record.get("startTime")),
         launched=_time(record.get("launchTime")),
         workers=int(wanted) if wanted.isdigit() else 0,
-        ready_workers=int(ready) if ready.isdigit() else 0)
+        ready_workers=int(ready) if ready.isdigit() else 0,
+        step=_int(progress.get("step")), total_steps=_int(progress.get("totalSteps")),
+        reported=_time(progress.get("lastUpdatedTime")))
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class JobSeries(Collector):
@@ -143,7 +157,10 @@ class JobSeries(Collector):
             ("startup_seconds", "The attempt in progress: seconds from its start (or "
                                 "admission) to its launcher's start, or so far."),
             ("workers", "Worker pods the job wants."),
-            ("ready_workers", "Worker pods of the job that are Ready."))}
+            ("ready_workers", "Worker pods of the job that are Ready."),
+            ("step", "The program's last reported step (status.progress)."),
+            ("total_steps", "The steps the program said it will do."),
+            ("seconds_since_report", "Seconds since the program's last progress report."))}
         for (namespace, name), job in jobs:
             labels = [namespace, name]
             phase.add_metric([*labels, job.phase], 1)
@@ -159,6 +176,13 @@ class JobSeries(Collector):
                     labels, max(0.0, (until - job.started).total_seconds()))
             plain["workers"].add_metric(labels, job.workers)
             plain["ready_workers"].add_metric(labels, job.ready_workers)
+            if job.step is not None:
+                plain["step"].add_metric(labels, job.step)
+            if job.total_steps is not None:
+                plain["total_steps"].add_metric(labels, job.total_steps)
+            if job.reported is not None:
+                plain["seconds_since_report"].add_metric(
+                    labels, max(0.0, (now - job.reported).total_seconds()))
         yield phase
         yield ended
         yield from plain.values()

@@ -99,7 +99,7 @@ def hosts_table(body: dict[str, Any], pods: list[dict[str, Any]],
 def attempts_table(status: dict[str, Any]) -> list[list[str]]:
     """Rows ``ATTEMPT CLASS REASON EXIT ROLE RANK HOST STARTED ENDED`` (header first)."""
     rows = [["ATTEMPT", "CLASS", "REASON", "EXIT", "FAILING", "STARTED", "ENDED",
-             "CHECKPOINT"]]
+             "LAST STEP", "CHECKPOINT"]]
     for record in status.get("attempts") or []:
         failing = ""
         if record.get("rank") is not None:
@@ -112,12 +112,15 @@ def attempts_table(status: dict[str, Any]) -> list[list[str]]:
                      str(record.get("reason") or ""),
                      "" if record.get("exitCode") is None else str(record["exitCode"]),
                      failing, str(record.get("startTime") or ""),
-                     str(record.get("endTime") or ""), str(record.get("checkpoint") or "")])
+                     str(record.get("endTime") or ""),
+                     "" if record.get("lastStep") is None else str(record["lastStep"]),
+                     str(record.get("checkpoint") or "")])
     return rows
 
 
 def status_lines(body: dict[str, Any]) -> list[str]:
-    """The job's state in a few lines: phase and message, workers, restarts, queue."""
+    """The job's state in a few lines: phase and message, workers, restarts, queue, the
+    program's last progress report, the last checkpoint."""
     status = body.get("status") or {}
     meta = body["metadata"]
     lines = [f"{meta.get('namespace')}/{meta['name']}: {status.get('phase') or 'Pending'}"
@@ -128,6 +131,19 @@ def status_lines(body: dict[str, Any]) -> list[str]:
     if queue.get("name"):
         lines.append(f"queue {queue['name']} (Workload {queue.get('workload')}), queued "
                      f"{queue.get('queuedSeconds', 0)}s, admissions {queue.get('admissions', 0)}")
+    progress = status.get("progress") or {}
+    if progress.get("step") is not None:
+        total = f"/{progress['totalSteps']}" if progress.get("totalSteps") else ""
+        extra = [f"{progress['percent']}" if progress.get("percent") else "",
+                 f"{progress['stepsPerSecond']:g} steps/s" if progress.get("stepsPerSecond")
+                 else "", f"ETA {progress['eta']}" if progress.get("eta") else "",
+                 ", ".join(f"{metric['name']}={metric['value']}"
+                           for metric in progress.get("metrics") or [])]
+        lines.append(f"progress: step {progress['step']}{total} (attempt "
+                     f"{progress.get('attempt')}, reported {progress.get('lastUpdatedTime')})"
+                     + "".join(f"; {item}" for item in extra if item))
+        if progress.get("runURL"):
+            lines.append(f"run {progress['runURL']}")
     if (status.get("lastCheckpoint") or {}).get("location"):
         lines.append(f"last checkpoint {status['lastCheckpoint']['location']} (attempt "
                      f"{status['lastCheckpoint'].get('attempt')})")
