@@ -3,9 +3,12 @@
 It runs the same under ``torchrun --nnodes 2 --nproc-per-node 2 -m torchrun_demo.train`` and
 under ``monarch-torchrun`` (or a MonarchJob's ``spec.spmd``): env:// rendezvous from the
 variables torchrun sets, a few data-parallel SGD steps with gloo all-reduce, one line per rank.
+Rank 0 also prints a ``MONARCH_PROGRESS`` line per step (plain JSON): under a MonarchJob it
+becomes ``status.progress``; anywhere else it is one more line.
 """
 
 import argparse
+import json
 import os
 
 import torch
@@ -35,6 +38,10 @@ def main() -> None:
         dist.all_reduce(total)
         if rank == 0:
             print(f"step {step}/{args.steps} mean_loss={total.item() / world:.4f}", flush=True)
+            # Progress for the MonarchJob's status: one line, no import (harmless elsewhere).
+            print("MONARCH_PROGRESS " + json.dumps({
+                "step": step, "totalSteps": args.steps,
+                "metrics": {"mean_loss": round(total.item() / world, 6)}}), flush=True)
     print(
         f"rank {rank}/{world} local_rank={os.environ['LOCAL_RANK']} "
         f"master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "

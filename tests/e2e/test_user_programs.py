@@ -100,6 +100,10 @@ def test_torchrun_script_as_a_monarchjob_sees_torchrun_and_pod_variables(
     # Field case C16: the worker template's env reaches every rank through sshd.
     assert {(nic, foo) for *_, nic, foo in ranks} == {("eth7", "bar")}, log[-4000:]
     assert "step 3/3 mean_loss=" in log
+    # Rank 0's MONARCH_PROGRESS lines reached the status through the launcher's own token.
+    progress = job["status"].get("progress") or {}
+    assert (progress.get("step"), progress.get("percent")) == (3, "100%"), job["status"]
+    assert progress.get("mainMetric", "").startswith("mean_loss="), progress
 
 
 def test_a_raise_caught_by_the_controller_lets_the_job_succeed(kubectl, namespace, local_cluster):
