@@ -21,10 +21,8 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
-from monarch_operator.hostfile import Host
 from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.hosts.placement import (
     Plan,
@@ -32,6 +30,13 @@ from monarch_operator.launcher.hosts.placement import (
     format_plan,
     plan_placement,
     plan_to_dict,
+)
+from monarch_operator.launcher.options import (
+    LAUNCH_ARGS_ENV,
+    JobConfig,
+    UsageError,
+    build_job_parser,
+    job_config_from_args,
 )
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.exitrecords import ExitRecord, collect
@@ -52,30 +57,6 @@ JOB_MODULES = ("monarch", "monarch_operator.launcher.programs.rankside")
 _PROCS_LABEL = "gpus"
 # Limit for identifying the ranks after their procs started, seconds.
 IDENTIFY_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    """Where a job runs and how its roles are placed.
-
-    Attributes:
-        hosts: hosts in the order the source gave them (hostfile, ``--hosts``, Slurm).
-        session: how to reach the hosts and start workers.
-        source: a description of the host source, for the printed plan.
-        trainer_hosts, ref_hosts: hosts per role (None: the defaults of
-            :func:`launcher.hosts.placement.plan_placement`).
-        colocate: both roles on the same hosts, disjoint GPU sets.
-        trainer_gpus, ref_gpus: per-host GPUs of each role when colocated (None: split).
-    """
-
-    hosts: list[Host]
-    session: SessionConfig
-    source: str = "hostfile"
-    trainer_hosts: int | None = None
-    ref_hosts: int | None = None
-    colocate: bool = False
-    trainer_gpus: int | None = None
-    ref_gpus: int | None = None
 
 
 class JobError(RuntimeError):
@@ -227,22 +208,15 @@ class Job:
         (e.g. ``["--hostfile", "hosts", "--trainer-hosts", "2"]``).
 
         Raises:
-            monarch_operator.launcher.cli.UsageError: bad flags or host source.
+            monarch_operator.launcher.options.UsageError: bad flags or host source.
             monarch_operator.launcher.hosts.placement.PlacementError: the roles do not fit.
         """
-        from monarch_operator.launcher.cli import build_parser, job_config_from_args
-        from monarch_operator.launcher.programs.user import LAUNCH_ARGS_ENV
-
         environ = os.environ if environ is None else environ
         if not argv and environ.get(LAUNCH_ARGS_ENV):
             # Inside `monarch-launch run module` / `run script.py`: the launcher's own flags.
             argv = json.loads(environ[LAUNCH_ARGS_ENV])
-        parser = build_parser()
-        if library_call:
-            # From code (not the command line): a bad option raises instead of exiting.
-            parser.allow_abbrev = False
-            parser.error = _raise_usage  # type: ignore[method-assign]
-        args = parser.parse_args(list(argv))
+        # From code (library_call) a bad option raises instead of printing usage and exiting.
+        args = build_job_parser(library_call).parse_args(list(argv))
         reporter = reporter or Reporter(json_mode=args.json, quiet=args.quiet)
         return cls(job_config_from_args(args, environ, JOB_MODULES), reporter, modules)
 
@@ -256,13 +230,11 @@ class Job:
         ``env`` one ``--env K=V`` each, a list ``hosts`` a comma-separated list.
 
         Raises:
-            monarch_operator.launcher.cli.UsageError, PlacementError: as :meth:`from_env`.
+            monarch_operator.launcher.options.UsageError, PlacementError: as :meth:`from_env`.
         """
         workload_only = {"steps", "call_timeout", "fail_at_step", "fail_exit_code", "dry_run"}
         misplaced = sorted(workload_only & set(options))
         if misplaced:
-            from monarch_operator.launcher.cli import UsageError
-
             raise UsageError(
                 f"Job.from_args: {', '.join(misplaced)} belong to the built-in example "
                 "(monarch-launch), not to a job"
@@ -512,12 +484,6 @@ def parse_failed_actor(message: str) -> tuple[str, int, int, str] | None:
     if match is None:
         return None
     return match["role"], int(match["host"]), int(match["local"]), match["what"].strip().rstrip(".")
-
-
-def _raise_usage(message: str) -> NoReturn:
-    from monarch_operator.launcher.cli import UsageError
-
-    raise UsageError(message)
 
 
 def argv_from_options(options: Mapping[str, Any]) -> list[str]:
