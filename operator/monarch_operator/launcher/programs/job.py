@@ -3,7 +3,9 @@
 :class:`Job` is a context manager. Entering it plans the placement, runs the pre-flight (every
 host, in parallel, with a reason per failing host), starts one Monarch worker per host over ssh,
 attaches the host meshes, spawns each role's procs (one per GPU, with the role's
-``CUDA_VISIBLE_DEVICES``) and identifies every rank (:mod:`launcher.programs.rankside`). Leaving
+``CUDA_VISIBLE_DEVICES``), identifies every rank (:mod:`launcher.programs.rankside`) and gives
+each role's procs the variables of a torch.distributed group of that role alone
+(:mod:`launcher.programs.distributed`; ``job.groups[role]``). Leaving
 it, normally, by an exception or by SIGTERM/SIGHUP, shuts the meshes down and ends the ssh sessions.
 
 Failures of user actors reach the controller as :class:`RankFailure` (role, rank, host, local
@@ -38,6 +40,7 @@ from monarch_operator.launcher.options import (
     build_job_parser,
     job_config_from_args,
 )
+from monarch_operator.launcher.programs.distributed import RoleGroup, form_role_groups
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.exitrecords import ExitRecord, collect
 from monarch_operator.launcher.session.lifecycle import (
@@ -180,6 +183,8 @@ class Job:
         self.host_meshes: dict[str, Any] = {}
         self.addresses: dict[str, str] = {}
         self.ranks: dict[str, list[Any]] = {}
+        self.groups: dict[str, RoleGroup] = {}
+        self._probes: dict[str, Any] = {}
         self._procs: dict[str, Any] = {}
         self._stack: contextlib.ExitStack | None = None
         self._exit_records: list[ExitRecord] = []
@@ -300,6 +305,7 @@ class Job:
             self._stack = stack
             for role in self.plan.roles:
                 self.ranks[role.role] = self._identify(role)
+            self.groups = self._form_groups()
         except BaseException as error:
             failure = self.failure(error) if self.host_meshes else None
             self._stack = None
@@ -315,7 +321,7 @@ class Job:
         failure = self.failure(error) if error is not None and stack is not None else None
         if stack is not None:
             stack.close()
-        self._procs = {}
+        self._procs, self._probes = {}, {}
         if failure is not None and failure is not error:
             raise failure from error
 
@@ -335,6 +341,7 @@ class Job:
         probe = self._procs[role.role].spawn(
             f"{role.role}_probe", RankProbe, role.role, tuple(hosts), self.run_id
         )
+        self._probes[role.role] = probe
         infos = sorted(
             probe.identify.call().get(timeout=IDENTIFY_TIMEOUT_S).values(),
             key=lambda info: info.rank,
@@ -356,6 +363,22 @@ class Job:
                 cuda_visible_devices=info.cuda_visible_devices,
             )
         return infos
+
+    def _form_groups(self) -> dict[str, RoleGroup]:
+        """Give each role's procs the variables of the role's torch.distributed group."""
+        roles = self.plan.roles
+        groups = form_role_groups(
+            self._probes,
+            {r.role: [self.addresses[h] for h in self.plan.mesh(r.mesh).hosts] for r in roles},
+            {role.role: role.procs_per_host for role in roles},
+            {role.role: len(self.ranks[role.role]) for role in roles},
+            IDENTIFY_TIMEOUT_S,
+        )
+        for group in groups.values():
+            self.reporter.progress(
+                f"{group.role} group: {group.world_size} ranks, MASTER_ADDR={group.master_addr} "
+                f"MASTER_PORT={group.master_port}")
+        return groups
 
     # -- failures ---------------------------------------------------------------------------
 
