@@ -9,9 +9,12 @@ Run it
 - as a plain script: ``python -m rl_kl.controller --steps 5`` in a launcher pod, where
   ``Job.from_env()`` reads the operator's ``MONARCH_*`` variables.
 
-Per step it prints ``step k/n loss=... kl=...``. ``--raise-at-step K`` makes the last policy rank
-raise at step K; with ``--catch`` the controller catches that as a RankFailure, reports it and
-skips the step, without it the failure ends the job. ``--exit-at-step K --exit-code N`` makes
+The policy trains with DDP across the trainer hosts (:mod:`rl_kl.actors`): each rank steps on
+its shard and DDP averages the gradients; the controller only sends the batch and the
+reference's log-probabilities and reports. Per step it prints ``step k/n loss=... kl=...``.
+``--raise-at-step K`` makes the last policy rank raise at step K (after telling the other ranks,
+which skip the batch); with ``--catch`` the controller catches that as a RankFailure, reports
+it and skips the step, without it the failure ends the job. ``--exit-at-step K --exit-code N`` makes
 every policy rank's process exit with N at step K.
 
 ``--checkpoint-dir DIR`` (storage that outlives the launcher pod: a volume of
@@ -82,6 +85,9 @@ def main(job: Job) -> None:
         for where in by_rank(job.get(mesh.where.call())):
             print(f"placement {role} rank={where['rank']} host={where['host']} "
                   f"ssh={where['ssh']} gpus={where['gpus']}", flush=True)
+            if role == "trainer" and where["rank"] == 0:
+                print(f"policy: DistributedDataParallel over {where['group_size']} trainer "
+                      f"ranks ({where['backend']})", flush=True)
     initial = job.get(policy.slice(hosts=0, gpus=0).weights.call_one())
     first = 1
     if args.checkpoint_dir:
@@ -109,18 +115,13 @@ def main(job: Job) -> None:
         for rank, shard in enumerate(shards):
             ref_logprobs[rank :: len(shards)] = shard
         try:
-            results = by_rank(job.get(policy.gradients.call(step, tokens, targets, ref_logprobs)))
+            results = by_rank(job.get(policy.train.call(step, tokens, targets, ref_logprobs)))
         except RankFailure as failure:
             if not args.catch:
                 raise
             print(f"caught: {failure.summary}", flush=True)
             continue
         rows = sum(result["rows"] for result in results)
-        averaged = [
-            sum(result["grads"][index] * result["rows"] for result in results) / rows
-            for index in range(len(results[0]["grads"]))
-        ]
-        job.get(policy.apply.call(averaged))
         loss = sum(result["loss"] * result["rows"] for result in results) / rows
         kl = sum(result["kl"] * result["rows"] for result in results) / rows
         print(f"step {step}/{args.steps} loss={loss:.4f} kl={kl:.6f}", flush=True)

@@ -25,6 +25,20 @@ to the role's GPUs. Leaving (normally, by an exception, by SIGTERM or SIGHUP) sh
 down. ``job.host_meshes`` and ``job.plan`` are there for programs that step down the abstraction
 ladder; ``job.ranks[role]`` lists where every rank runs (:class:`RankInfo`).
 
+**Each role a torch.distributed group.** Every proc of a role has ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` (within the role), ``MASTER_ADDR`` (the role's first host)
+and ``MASTER_PORT`` (a free port there, one per role) in its environment, so DDP or FSDP inside
+an actor needs only :func:`init_process_group` (or torch's own with ``env://``)::
+
+    from monarch_operator.job import init_process_group
+
+    class Policy(Actor):
+        def __init__(self):
+            init_process_group()             # gloo on CPU, NCCL on GPUs: the trainer's group
+            self.model = DistributedDataParallel(make_model())
+
+``job.groups[role]`` (:class:`RoleGroup`) says where each group meets.
+
 **Checkpoint before a stop.** When the job is suspended or evicted (Kueue) while it runs and
 its ``runPolicy.checkpointGracePeriodSeconds`` is set, a program that called :func:`on_stop`
 gets that long before it is stopped: :func:`stop_requested` turns True (the callback runs),
@@ -57,6 +71,7 @@ monarch-operator; the modules under ``monarch_operator.launcher`` may change.
 """
 
 from monarch_operator.launcher.hosts.placement import PlacementError, Plan, RolePlan
+from monarch_operator.launcher.programs.distributed import RoleGroup, init_process_group
 from monarch_operator.launcher.progress import report
 from monarch_operator.launcher.programs.job import Job, JobConfig, JobError, RankFailure
 from monarch_operator.launcher.programs.rankside import RankInfo
@@ -79,10 +94,12 @@ __all__ = [
     "PreflightError",
     "RankFailure",
     "RankInfo",
+    "RoleGroup",
     "RolePlan",
     "Terminated",
     "WorkerLost",
     "checkpoint_saved",
+    "init_process_group",
     "on_stop",
     "report",
     "resume_checkpoint",

@@ -3,8 +3,8 @@
 Two modes:
 
 - role mode (``monarch-launch [flags]``): the trainer and reference-model meshes of the built-in
-  example workload, placed on the hosts by :mod:`launcher.hosts.placement`. Every flag the operator
-  sets on its
+  example workload, placed on the hosts by :mod:`launcher.hosts.placement`. The job's flags are
+  the public API's options (:mod:`launcher.options`); every flag the operator sets on its
   launcher pod defaults from the environment variable named in :mod:`monarch_operator.constants`,
   so the pod runs ``monarch-launch`` with no arguments.
 - SPMD mode (``monarch-launch spmd [torchrun flags] script.py args``, also ``monarch-torchrun``):
@@ -15,35 +15,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import getpass
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from monarch_operator import constants
-from monarch_operator.hostfile import Host
-from monarch_operator.launcher.flagtypes import (
-    non_negative_seconds,
-    port_number,
-    positive_int,
-    positive_seconds,
+from monarch_operator.launcher.flagtypes import positive_int, positive_seconds
+from monarch_operator.launcher.options import (  # noqa: F401 - re-exported: cli's names before
+    UsageError,
+    add_host_source_flags,
+    add_job_flags,
+    add_output_flags,
+    add_session_flags,
+    job_config_from_args,
+    resolve_hosts,
+    session_from_args,
 )
-from monarch_operator.launcher.hosts.sources import HostSourceError, resolve_host_source
-from monarch_operator.launcher.programs.job import JobConfig
 from monarch_operator.launcher.programs.roles import ROLE_MODULES, LaunchConfig, launch
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.session.environment import (
-    EnvSpecError,
-    parse_env_items,
-    worker_environment,
-)
-from monarch_operator.launcher.session.lifecycle import SessionConfig, install_termination_handlers
-from monarch_operator.launcher.session.ssh import SshSettings
-from monarch_operator.launcher.sshflags import (
-    add_ssh_scale_flags,
-    host_addresses_from_args,
-    ssh_settings_with_flags,
-)
+from monarch_operator.launcher.session.lifecycle import install_termination_handlers
 
 _EXAMPLES = """\
 examples:
@@ -82,30 +71,6 @@ failure (a host failing pre-flight, attach timeout, an exception in an actor).
 """
 
 
-def _env_int(name: str, check: Callable[[str], int] = int) -> int | None:
-    """The integer in environment variable ``name`` (None when unset or empty), read with
-    ``check`` (a :mod:`launcher.flagtypes` function, so a variable obeys the same rule as its
-    flag)."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        return check(value)
-    except argparse.ArgumentTypeError as error:
-        raise SystemExit(f"monarch-launch: {name}={value!r}: {error}") from None
-    except ValueError:
-        raise SystemExit(f"monarch-launch: {name}={value!r} is not an integer") from None
-
-
-def _env_bool(name: str) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if value in ("", "0", "false", "no"):
-        return False
-    if value in ("1", "true", "yes"):
-        return True
-    raise SystemExit(f"monarch-launch: {name}={value!r} is not true/false")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Return the role-mode parser; defaults are read from the environment when it is built."""
     parser = argparse.ArgumentParser(
@@ -116,173 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_host_source_flags(parser.add_argument_group("hosts (exactly one source)"))
-    _add_placement_flags(parser.add_argument_group("placement"))
-    add_session_flags(parser)
-    add_output_flags(parser.add_argument_group("output"))
+    add_job_flags(parser)  # the job's own options, as the public API reads them
     _add_workload_flags(parser.add_argument_group("workload"))
     return parser
-
-
-def add_host_source_flags(hosts: argparse._ArgumentGroup) -> None:
-    """Add ``--hostfile``, ``--hosts``, ``--slurm`` and ``--slots-per-host``."""
-    hosts.add_argument(
-        "--hostfile",
-        help=f"'<host> slots=<n>' file (env {constants.ENV_HOSTFILE}, used when no other "
-        "source is given)",
-    )
-    hosts.add_argument("--hosts", metavar="A,B,C", help="comma-separated host names")
-    hosts.add_argument(
-        "--slurm",
-        action="store_true",
-        help="the current Slurm allocation (SLURM_JOB_NODELIST; GPUs per node from "
-        "SLURM_GPUS_ON_NODE / SLURM_GPUS_PER_NODE / SLURM_JOB_GPUS)",
-    )
-    hosts.add_argument(
-        "--slots-per-host",
-        type=int,
-        metavar="N",
-        help="slots (GPUs) of every host for --hosts (default 1) and --slurm (default: Slurm's)",
-    )
-
-
-def _add_placement_flags(group: argparse._ArgumentGroup) -> None:
-    group.add_argument(
-        "--trainer-hosts",
-        type=int,
-        default=_env_int(constants.ENV_TRAINER_HOSTS),
-        metavar="N",
-        help="hosts for the trainer, taken first in host order "
-        f"(env {constants.ENV_TRAINER_HOSTS}; default: all hosts not given to ref)",
-    )
-    group.add_argument(
-        "--ref-hosts",
-        type=int,
-        default=_env_int(constants.ENV_REF_HOSTS),
-        metavar="M",
-        help="hosts for the reference model, the next M "
-        f"(env {constants.ENV_REF_HOSTS}; default 1, or N with --colocate)",
-    )
-    group.add_argument(
-        "--colocate",
-        action=argparse.BooleanOptionalAction,
-        default=_env_bool(constants.ENV_COLOCATE),
-        help=f"run both roles on the same hosts, one worker per host, disjoint GPUs "
-        f"(env {constants.ENV_COLOCATE})",
-    )
-    group.add_argument(
-        "--trainer-gpus",
-        type=int,
-        default=_env_int(constants.ENV_TRAINER_GPUS),
-        metavar="G",
-        help="with --colocate: GPUs per host for the trainer "
-        f"(env {constants.ENV_TRAINER_GPUS}; default: the larger half)",
-    )
-    group.add_argument(
-        "--ref-gpus",
-        type=int,
-        default=_env_int(constants.ENV_REF_GPUS),
-        metavar="G",
-        help="with --colocate: GPUs per host for the reference model "
-        f"(env {constants.ENV_REF_GPUS}; default: the rest)",
-    )
-
-
-def add_session_flags(parser: argparse.ArgumentParser) -> None:
-    """Add the ssh, worker and environment flags shared by both modes."""
-    ssh = parser.add_argument_group("ssh")
-    ssh.add_argument(
-        "--ssh-key",
-        default=os.environ.get(constants.ENV_SSH_KEY) or None,
-        help=f"private key file (env {constants.ENV_SSH_KEY}; default: ssh's own)",
-    )
-    ssh.add_argument(
-        "--known-hosts",
-        default=os.environ.get(constants.ENV_KNOWN_HOSTS) or None,
-        metavar="FILE",
-        help="check every host's key strictly against FILE alone; a host missing from it or "
-        f"presenting another key is refused (env {constants.ENV_KNOWN_HOSTS}; default: ssh's "
-        "own ~/.ssh/known_hosts, a host never seen is remembered on first use, a changed key "
-        "is refused)",
-    )
-    ssh.add_argument(
-        "--ssh-port",
-        type=port_number,
-        default=_env_int(constants.ENV_SSH_PORT, port_number) or 22,
-        help=f"sshd port on every host, 1..65535 (env {constants.ENV_SSH_PORT}; default 22); "
-        "hosts are plain names, never host:port",
-    )
-    ssh.add_argument(
-        "--ssh-user",
-        default=getpass.getuser(),
-        help="login user on every host (default: the current user); hosts are plain names, "
-        "never user@host",
-    )
-    ssh.add_argument(
-        "--host-wait",
-        type=non_negative_seconds,
-        default=5.0,
-        metavar="SECONDS",
-        help="retry hosts whose name does not resolve or whose sshd does not answer yet for "
-        "this long, 0 or more (default %(default)s)",
-    )
-    add_ssh_scale_flags(ssh)
-    ssh.add_argument(
-        "--no-clean-stale",
-        dest="clean_stale",
-        action="store_false",
-        help="do not stop Monarch workers of an earlier run that still hold the worker port",
-    )
-    monarch = parser.add_argument_group("monarch")
-    monarch.add_argument(
-        "--monarch-port",
-        type=port_number,
-        default=constants.MONARCH_WORKER_PORT,
-        help="port every Monarch worker listens on, 1..65535 (default %(default)s)",
-    )
-    monarch.add_argument(
-        "--client-address",
-        default=os.environ.get(constants.ENV_CLIENT_ADDRESS),
-        metavar="tcp://IP:PORT",
-        help="where this launcher's Monarch client "
-        f"listens (env {constants.ENV_CLIENT_ADDRESS}; default: derived from "
-        "this host's address, tcp://127.0.0.1:0 when all hosts are loopback)",
-    )
-    monarch.add_argument(
-        "--python-exe",
-        default=sys.executable,
-        help="worker Python, same path on every host (default %(default)s)",
-    )
-    monarch.add_argument(
-        "--attach-timeout",
-        type=positive_seconds,
-        default=30.0,
-        metavar="SECONDS",
-        help="limit for workers to start and attach, more than 0 (default %(default)s)",
-    )
-    monarch.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="KEY[=VALUE]",
-        help="set KEY for every worker (repeatable); without =VALUE, copy it from here",
-    )
-
-
-def add_output_flags(group: argparse._ArgumentGroup) -> None:
-    """Add ``--json``, ``--quiet`` and ``--dry-run``."""
-    group.add_argument(
-        "--json",
-        action="store_true",
-        help="one JSON object per line on stdout (plan, progress, results); worker output goes "
-        "to stderr",
-    )
-    group.add_argument(
-        "--quiet", action="store_true", help="print only results, worker output and failures"
-    )
-    group.add_argument(
-        "--dry-run", action="store_true", help="print the plan and exit; connect to nothing"
-    )
 
 
 def _add_workload_flags(work: argparse._ArgumentGroup) -> None:
@@ -309,96 +110,6 @@ def _add_workload_flags(work: argparse._ArgumentGroup) -> None:
         default=1,
         metavar="CODE",
         help="exit code used by --fail-at-step (default 1)",
-    )
-
-
-class UsageError(ValueError):
-    """Flags that cannot be run as given; the message names the flag and the rule."""
-
-
-def resolve_hosts(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[list[Host], str]:
-    """Return ``(hosts, source description)`` from the host-source flags.
-
-    The operator's ``MONARCH_HOSTFILE`` is used only when no source flag is given.
-
-    Raises:
-        UsageError: no source, several sources, or a source that cannot be read.
-    """
-    hostfile = args.hostfile
-    if hostfile is None and args.hosts is None and not args.slurm:
-        hostfile = environ.get(constants.ENV_HOSTFILE) or None
-    try:
-        return resolve_host_source(hostfile, args.hosts, args.slurm, args.slots_per_host, environ)
-    except HostSourceError as error:
-        raise UsageError(str(error)) from None
-
-
-def session_from_args(
-    args: argparse.Namespace,
-    environ: Mapping[str, str],
-    modules: tuple[str, ...],
-    hosts: Sequence[Host] = (),
-) -> SessionConfig:
-    """Build the :class:`SessionConfig` from the shared flags; ``hosts`` are the run's hosts.
-
-    Raises:
-        UsageError: a malformed ``--env`` or ``--host-address`` item, or an ``--ssh-key`` or
-            ``--known-hosts`` file that does not exist.
-    """
-    try:
-        host_addresses = host_addresses_from_args(args, environ, [h.name for h in hosts])
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    try:
-        extra = parse_env_items(args.env, environ)
-    except EnvSpecError as error:
-        raise UsageError(str(error)) from None
-    if args.ssh_key and not os.path.isfile(os.path.expanduser(args.ssh_key)):
-        raise UsageError(f"--ssh-key {args.ssh_key}: no such file")
-    if args.known_hosts and not os.path.isfile(os.path.expanduser(args.known_hosts)):
-        raise UsageError(f"--known-hosts {args.known_hosts}: no such file")
-    return SessionConfig(
-        ssh=ssh_settings_with_flags(
-            args,
-            SshSettings(
-                port=args.ssh_port,
-                user=args.ssh_user,
-                key=args.ssh_key,
-                known_hosts=args.known_hosts,
-            ),
-        ),
-        python_exe=args.python_exe,
-        monarch_port=args.monarch_port,
-        environment=worker_environment(environ, extra),
-        client_address=args.client_address,
-        attach_timeout_s=args.attach_timeout,
-        host_wait_s=args.host_wait,
-        clean_stale=args.clean_stale,
-        modules=modules,
-        host_addresses=host_addresses,
-        dns_stable_s=args.dns_stable,
-    )
-
-
-def job_config_from_args(
-    args: argparse.Namespace, environ: Mapping[str, str], modules: tuple[str, ...]
-) -> JobConfig:
-    """Turn parsed host, placement and session flags into a
-    :class:`launcher.programs.job.JobConfig`.
-
-    Raises:
-        UsageError: bad host source, ``--env`` item or ``--ssh-key``.
-    """
-    hosts, source = resolve_hosts(args, environ)
-    return JobConfig(
-        hosts=hosts,
-        source=source,
-        session=session_from_args(args, environ, modules, hosts),
-        trainer_hosts=args.trainer_hosts,
-        ref_hosts=args.ref_hosts,
-        colocate=args.colocate,
-        trainer_gpus=args.trainer_gpus,
-        ref_gpus=args.ref_gpus,
     )
 
 
@@ -484,10 +195,7 @@ def build_run_parser() -> argparse.ArgumentParser:
         epilog=_RUN_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_host_source_flags(parser.add_argument_group("hosts (exactly one source)"))
-    _add_placement_flags(parser.add_argument_group("placement"))
-    add_session_flags(parser)
-    add_output_flags(parser.add_argument_group("output"))
+    add_job_flags(parser)
     parser.add_argument("target", metavar="TARGET", help="module:function, module or script.py")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the program's own arguments")
     return parser

@@ -27,16 +27,16 @@ import sys
 from collections.abc import Sequence
 
 from monarch_operator.launcher import exitcodes
-from monarch_operator.launcher.cli import (
+from monarch_operator.launcher.flagtypes import port_number
+from monarch_operator.launcher.options import (
     UsageError,
     add_host_source_flags,
     add_output_flags,
     add_session_flags,
-    install_sigterm_handler,
     resolve_hosts,
     session_from_args,
 )
-from monarch_operator.launcher.flagtypes import port_number
+from monarch_operator.launcher.programs.failures import report_failure
 from monarch_operator.launcher.programs.spmd import (
     NPROC_KEYWORDS,
     SPMD_MODULES,
@@ -48,8 +48,8 @@ from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.lifecycle import (
     Terminated,
     WorkerLost,
+    install_termination_handlers,
     one_line,
-    report_failure,
 )
 
 _EXAMPLES = """\
@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "monarch-torchrun") -> i
     reporter.plan(launcher.describe(), launcher.plan_dict(), args.dry_run)
     if args.dry_run:
         return reporter.result(exitcodes.SUCCESS, None, dry_run=True)
-    install_sigterm_handler()
+    install_termination_handlers()  # SIGTERM/SIGHUP: teardown runs, exit 128 + the signal
     try:
         with launcher:
             outcomes = launcher.run_command(argv_per_rank)

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 
 from monarch_operator import constants
+from monarch_operator.launcher import progress, termination
 
 # Set by the operator on the launcher pod: runPolicy.checkpointGracePeriodSeconds; and on a
 # later attempt's launcher pod, the last checkpoint a launcher named.
@@ -54,7 +55,6 @@ _requested = threading.Event()
 _deadline: float | None = None  # monotonic time at which the stop happens after all
 _expired = False
 _finished = False  # the program is done: no stop left to deliver
-_location: str | None = None
 
 
 def grace_seconds() -> float:
@@ -112,27 +112,23 @@ def checkpoint_saved(location: str) -> None:
         ValueError: ``location`` is empty, longer than :data:`MAX_LOCATION_CHARS`, or has
             whitespace or ``]``.
     """
-    global _location
     if not isinstance(location, str) or not _LOCATION.fullmatch(location) \
             or len(location) > MAX_LOCATION_CHARS:
         raise ValueError(f"checkpoint location {location!r}: one token of 1-"
                          f"{MAX_LOCATION_CHARS} characters without whitespace or ']'")
-    with _lock:
-        _location = location
-    from monarch_operator.launcher import progress, termination
-
+    termination.set_checkpoint(location)
     termination.write_termination_message("")  # the marker alone until the final line
     progress.note_checkpoint(location)  # and status.progress.checkpoint while it runs
 
 
 def saved_location() -> str | None:
     """The last location given to :func:`checkpoint_saved`, or None."""
-    return _location
+    return termination.checkpoint_location()
 
 
 def marker() -> str:
     """`` [checkpoint: LOCATION]`` for the termination message, "" when none was saved."""
-    return "" if _location is None else f" [checkpoint: {_location}]"
+    return termination.checkpoint_marker()
 
 
 def parse_marker(message: str) -> str | None:
@@ -202,8 +198,9 @@ def _plain_handler(signum: int, frame: object) -> None:
 
 def reset() -> None:
     """Forget everything (tests run several programs in one process)."""
-    global _opted_in, _deadline, _expired, _finished, _location
+    global _opted_in, _deadline, _expired, _finished
     with _lock:
-        _opted_in, _deadline, _expired, _finished, _location = False, None, False, False, None
+        _opted_in, _deadline, _expired, _finished = False, None, False, False
         _callbacks.clear()
         _requested.clear()
+    termination.set_checkpoint(None)

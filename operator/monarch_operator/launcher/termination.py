@@ -10,13 +10,31 @@ from __future__ import annotations
 
 import os
 
-from monarch_operator.launcher import stoprequest
-
 # Overrides the path (tests, or a pod with a custom terminationMessagePath).
 ENV_TERMINATION_LOG = "MONARCH_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 # The kubelet reads at most 4 KiB of the file (MaxContainerTerminationMessageLength).
 MAX_MESSAGE_BYTES = 4096
+
+# Where the program saved its state (:func:`.stoprequest.checkpoint_saved`), None until named.
+_checkpoint: str | None = None
+
+
+def set_checkpoint(location: str | None) -> None:
+    """End every termination message from now on with `` [checkpoint: LOCATION]``
+    (:mod:`.stoprequest` checks ``location`` first); None forgets it."""
+    global _checkpoint
+    _checkpoint = location
+
+
+def checkpoint_location() -> str | None:
+    """The location given to :func:`set_checkpoint` last, or None."""
+    return _checkpoint
+
+
+def checkpoint_marker() -> str:
+    """`` [checkpoint: LOCATION]`` for the termination message, "" when none was saved."""
+    return "" if _checkpoint is None else f" [checkpoint: {_checkpoint}]"
 
 
 def termination_log_path() -> str | None:
@@ -44,7 +62,7 @@ def write_termination_message(message: str) -> None:
     path = termination_log_path()
     if path is None:
         return
-    marker = stoprequest.marker().encode("utf-8")  # where the program saved its state, last
+    marker = checkpoint_marker().encode("utf-8")  # where the program saved its state, last
     data = " ".join(message.split()).encode("utf-8", "replace")[:MAX_MESSAGE_BYTES - len(marker)]
     data = (data.decode("utf-8", "ignore").encode("utf-8") + marker).strip()  # no char cut
     try:

@@ -3,7 +3,9 @@
 :class:`Job` is a context manager. Entering it plans the placement, runs the pre-flight (every
 host, in parallel, with a reason per failing host), starts one Monarch worker per host over ssh,
 attaches the host meshes, spawns each role's procs (one per GPU, with the role's
-``CUDA_VISIBLE_DEVICES``) and identifies every rank (:mod:`launcher.programs.rankside`). Leaving
+``CUDA_VISIBLE_DEVICES``), identifies every rank (:mod:`launcher.programs.rankside`) and gives
+each role's procs the variables of a torch.distributed group of that role alone
+(:mod:`launcher.programs.distributed`; ``job.groups[role]``). Leaving
 it, normally, by an exception or by SIGTERM/SIGHUP, shuts the meshes down and ends the ssh sessions.
 
 Failures of user actors reach the controller as :class:`RankFailure` (role, rank, host, local
@@ -21,10 +23,8 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
-from monarch_operator.hostfile import Host
 from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.hosts.placement import (
     Plan,
@@ -33,6 +33,14 @@ from monarch_operator.launcher.hosts.placement import (
     plan_placement,
     plan_to_dict,
 )
+from monarch_operator.launcher.options import (
+    LAUNCH_ARGS_ENV,
+    JobConfig,
+    UsageError,
+    build_job_parser,
+    job_config_from_args,
+)
+from monarch_operator.launcher.programs.distributed import RoleGroup, form_role_groups
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.exitrecords import ExitRecord, collect
 from monarch_operator.launcher.session.lifecycle import (
@@ -52,30 +60,6 @@ JOB_MODULES = ("monarch", "monarch_operator.launcher.programs.rankside")
 _PROCS_LABEL = "gpus"
 # Limit for identifying the ranks after their procs started, seconds.
 IDENTIFY_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    """Where a job runs and how its roles are placed.
-
-    Attributes:
-        hosts: hosts in the order the source gave them (hostfile, ``--hosts``, Slurm).
-        session: how to reach the hosts and start workers.
-        source: a description of the host source, for the printed plan.
-        trainer_hosts, ref_hosts: hosts per role (None: the defaults of
-            :func:`launcher.hosts.placement.plan_placement`).
-        colocate: both roles on the same hosts, disjoint GPU sets.
-        trainer_gpus, ref_gpus: per-host GPUs of each role when colocated (None: split).
-    """
-
-    hosts: list[Host]
-    session: SessionConfig
-    source: str = "hostfile"
-    trainer_hosts: int | None = None
-    ref_hosts: int | None = None
-    colocate: bool = False
-    trainer_gpus: int | None = None
-    ref_gpus: int | None = None
 
 
 class JobError(RuntimeError):
@@ -199,6 +183,8 @@ class Job:
         self.host_meshes: dict[str, Any] = {}
         self.addresses: dict[str, str] = {}
         self.ranks: dict[str, list[Any]] = {}
+        self.groups: dict[str, RoleGroup] = {}
+        self._probes: dict[str, Any] = {}
         self._procs: dict[str, Any] = {}
         self._stack: contextlib.ExitStack | None = None
         self._exit_records: list[ExitRecord] = []
@@ -227,22 +213,15 @@ class Job:
         (e.g. ``["--hostfile", "hosts", "--trainer-hosts", "2"]``).
 
         Raises:
-            monarch_operator.launcher.cli.UsageError: bad flags or host source.
+            monarch_operator.launcher.options.UsageError: bad flags or host source.
             monarch_operator.launcher.hosts.placement.PlacementError: the roles do not fit.
         """
-        from monarch_operator.launcher.cli import build_parser, job_config_from_args
-        from monarch_operator.launcher.programs.user import LAUNCH_ARGS_ENV
-
         environ = os.environ if environ is None else environ
         if not argv and environ.get(LAUNCH_ARGS_ENV):
             # Inside `monarch-launch run module` / `run script.py`: the launcher's own flags.
             argv = json.loads(environ[LAUNCH_ARGS_ENV])
-        parser = build_parser()
-        if library_call:
-            # From code (not the command line): a bad option raises instead of exiting.
-            parser.allow_abbrev = False
-            parser.error = _raise_usage  # type: ignore[method-assign]
-        args = parser.parse_args(list(argv))
+        # From code (library_call) a bad option raises instead of printing usage and exiting.
+        args = build_job_parser(library_call).parse_args(list(argv))
         reporter = reporter or Reporter(json_mode=args.json, quiet=args.quiet)
         return cls(job_config_from_args(args, environ, JOB_MODULES), reporter, modules)
 
@@ -256,13 +235,11 @@ class Job:
         ``env`` one ``--env K=V`` each, a list ``hosts`` a comma-separated list.
 
         Raises:
-            monarch_operator.launcher.cli.UsageError, PlacementError: as :meth:`from_env`.
+            monarch_operator.launcher.options.UsageError, PlacementError: as :meth:`from_env`.
         """
         workload_only = {"steps", "call_timeout", "fail_at_step", "fail_exit_code", "dry_run"}
         misplaced = sorted(workload_only & set(options))
         if misplaced:
-            from monarch_operator.launcher.cli import UsageError
-
             raise UsageError(
                 f"Job.from_args: {', '.join(misplaced)} belong to the built-in example "
                 "(monarch-launch), not to a job"
@@ -328,6 +305,7 @@ class Job:
             self._stack = stack
             for role in self.plan.roles:
                 self.ranks[role.role] = self._identify(role)
+            self.groups = self._form_groups()
         except BaseException as error:
             failure = self.failure(error) if self.host_meshes else None
             self._stack = None
@@ -343,7 +321,7 @@ class Job:
         failure = self.failure(error) if error is not None and stack is not None else None
         if stack is not None:
             stack.close()
-        self._procs = {}
+        self._procs, self._probes = {}, {}
         if failure is not None and failure is not error:
             raise failure from error
 
@@ -363,6 +341,7 @@ class Job:
         probe = self._procs[role.role].spawn(
             f"{role.role}_probe", RankProbe, role.role, tuple(hosts), self.run_id
         )
+        self._probes[role.role] = probe
         infos = sorted(
             probe.identify.call().get(timeout=IDENTIFY_TIMEOUT_S).values(),
             key=lambda info: info.rank,
@@ -384,6 +363,22 @@ class Job:
                 cuda_visible_devices=info.cuda_visible_devices,
             )
         return infos
+
+    def _form_groups(self) -> dict[str, RoleGroup]:
+        """Give each role's procs the variables of the role's torch.distributed group."""
+        roles = self.plan.roles
+        groups = form_role_groups(
+            self._probes,
+            {r.role: [self.addresses[h] for h in self.plan.mesh(r.mesh).hosts] for r in roles},
+            {role.role: role.procs_per_host for role in roles},
+            {role.role: len(self.ranks[role.role]) for role in roles},
+            IDENTIFY_TIMEOUT_S,
+        )
+        for group in groups.values():
+            self.reporter.progress(
+                f"{group.role} group: {group.world_size} ranks, MASTER_ADDR={group.master_addr} "
+                f"MASTER_PORT={group.master_port}")
+        return groups
 
     # -- failures ---------------------------------------------------------------------------
 
@@ -512,12 +507,6 @@ def parse_failed_actor(message: str) -> tuple[str, int, int, str] | None:
     if match is None:
         return None
     return match["role"], int(match["host"]), int(match["local"]), match["what"].strip().rstrip(".")
-
-
-def _raise_usage(message: str) -> NoReturn:
-    from monarch_operator.launcher.cli import UsageError
-
-    raise UsageError(message)
 
 
 def argv_from_options(options: Mapping[str, Any]) -> list[str]:

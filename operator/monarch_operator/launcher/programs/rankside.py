@@ -11,6 +11,9 @@ The job spawns one :class:`RankProbe` actor on each role's proc mesh right after
   endpoint raises in this proc (:func:`launcher.session.monarch_compat.add_note_to_actor_errors`),
   so the controller's error names the rank.
 
+Then the job asks it for a free port on the role's first host and gives every proc the
+variables of the role's torch.distributed group (:mod:`launcher.programs.distributed`).
+
 Imports Monarch and the standard library only (no torch: it costs ~2 s of CPU per proc).
 """
 
@@ -23,6 +26,12 @@ from dataclasses import dataclass
 
 from monarch.actor import Actor, current_rank, current_size, endpoint
 
+from monarch_operator.launcher.programs.distributed import (
+    RoleGroup,
+    free_port,
+    group_environment,
+    interface_of,
+)
 from monarch_operator.launcher.session.exitrecords import install_exit_recorder
 
 # Label of the per-host proc dimension; Monarch's SPMD helpers treat the last label as local rank.
@@ -151,3 +160,17 @@ class RankProbe(Actor):
         """Return this proc's :class:`RankInfo`."""
         assert _identity is not None
         return _identity
+
+    @endpoint
+    def free_port(self, address: str, avoid: tuple[int, ...] = ()) -> int:
+        """Return a TCP port free on this host's ``address`` now, not one of ``avoid``."""
+        return free_port(address, avoid)
+
+    @endpoint
+    def join_group(self, group: RoleGroup, addresses: tuple[str, ...]) -> None:
+        """Set this proc's torch.distributed variables for ``group`` (module doc of
+        :mod:`launcher.programs.distributed`); ``addresses``: the role's hosts, by index."""
+        assert _identity is not None
+        interface = interface_of(addresses[_identity.host_index])
+        os.environ.update(group_environment(
+            group, _identity.rank, _identity.local_rank, interface, os.environ))

@@ -22,9 +22,9 @@ from monarch_operator.launcher.hosts.placement import (
     format_plan,
     plan_to_dict,
 )
+from monarch_operator.launcher.programs.failures import report_failure
 from monarch_operator.launcher.programs.job import JOB_MODULES, Job, JobConfig, parse_failed_actor
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.session.lifecycle import report_failure
 
 # Label of the per-host proc dimension; Monarch's SPMD helpers treat the last label as local rank.
 PROCS_LABEL = "gpus"

@@ -37,13 +37,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher.options import LAUNCH_ARGS_ENV
 from monarch_operator.launcher.report import Reporter
 
 if TYPE_CHECKING:
     from monarch_operator.launcher.programs.job import Job
-
-# Environment variable carrying monarch-launch's flags to Job.from_env() in the user's program.
-LAUNCH_ARGS_ENV = "MONARCH_LAUNCH_ARGS"
 
 
 class TargetError(ValueError):
@@ -168,8 +166,9 @@ def run_program(
         launch_args: monarch-launch's host, placement and ssh flags, for ``Job.from_env()``.
         reporter: where the result and progress go.
     """
+    from monarch_operator.launcher.programs.failures import report_failure
     from monarch_operator.launcher.programs.job import Job
-    from monarch_operator.launcher.session.lifecycle import FaultRecorder, report_failure
+    from monarch_operator.launcher.session.lifecycle import FaultRecorder
 
     _add_cwd_to_path()
     try:

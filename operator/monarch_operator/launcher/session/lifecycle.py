@@ -76,8 +76,6 @@ SUPERVISION_POLL = "500ms"
 _SUPERVISION_POLL_ENV = "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"
 # How often the ssh clients are checked for a worker that ended mid-run, seconds.
 WATCH_INTERVAL_S = 0.5
-# How long a failed launch waits for a fault report that names the exit status, seconds.
-FAULT_SETTLE_S = 3.0
 # How often the ssh clients are checked while the meshes attach, seconds: a worker that dies
 # before it attached (port taken, import error, crash) fails the launch at once instead of at
 # the attach timeout.
@@ -306,73 +304,6 @@ def one_line(text: str, limit: int = 400) -> str:
     """Collapse ``text`` to one line of at most ``limit`` characters (Monarch errors span many)."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def report_failure(
-    error: BaseException,
-    recorder: FaultRecorder,
-    reporter: Reporter,
-    describe: Callable[[str], str | None] | None = None,
-) -> int:
-    """Report why a launch stopped and return its exit status (rules in :mod:`launcher.exitcodes`).
-
-    Args:
-        error: a :class:`~launcher.session.preflight.PreflightError` (each host's reason is
-        reported),
-            :class:`Terminated`, KeyboardInterrupt, or any other Exception (its code is read
-            from Monarch's fault reports and the error text).
-        recorder: the faults Monarch reported during the launch.
-        reporter: where the result goes.
-        describe: turns a Monarch failure text into a readable reason (role, host, rank), or
-            returns None to keep the raw text.
-    """
-    from monarch_operator.launcher.programs.job import RankFailure
-
-    if isinstance(error, RankFailure):
-        if error.traceback and not reporter.quiet:
-            reporter.warning(f"remote traceback of {error.summary}:\n{error.traceback.rstrip()}")
-        return reporter.result(
-            error.exit_code,
-            error.summary,
-            role=error.role,
-            rank=error.rank,
-            host=error.host,
-            local_rank=error.local_rank,
-        )
-    if isinstance(error, PreflightError):
-        hosts = [
-            {"host": c.host, "address": c.address, "reason": c.reason, "detail": c.detail}
-            for c in error.failures
-        ]
-        return reporter.result(exitcodes.FAILURE, str(error), hosts=hosts)
-    if isinstance(error, Terminated):
-        return reporter.result(error.exit_code, str(error))
-    if isinstance(error, WorkerLost):
-        return reporter.result(exitcodes.FAILURE, str(error), lost_hosts=error.hosts)
-    if isinstance(error, WorkerStartFailed):
-        exits = [
-            {"host": host, "ssh_exit": code, "output_tail": tail}
-            for host, (code, tail) in error.exits.items()
-        ]
-        return reporter.result(exitcodes.FAILURE, str(error), failed_hosts=exits)
-    if isinstance(error, KeyboardInterrupt):
-        stopsignal.record(signal.SIGINT)
-        return reporter.result(exitcodes.SIGNAL_BASE + signal.SIGINT, "interrupted")
-    reason = one_line(f"{type(error).__name__}: {error}")
-    readable = describe(" ".join(str(error).split())) if describe is not None else None
-    if readable:
-        reason = f"{readable} [{one_line(reason, 300)}]"
-    code = exitcodes.exit_code_for_failure([*recorder.reports, str(error)])
-    # Under CPU pressure Monarch's supervision can first report a dead proc without its exit
-    # status ("... The process likely crashed"); the report naming the code follows. Give it a
-    # moment before settling for the generic failure status.
-    deadline = time.monotonic() + FAULT_SETTLE_S
-    while code == exitcodes.FAILURE and "Supervision" in type(error).__name__:
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-        code = exitcodes.exit_code_for_failure([*recorder.reports, str(error)])
-    return reporter.result(code, reason)
 
 
 def preflight_settings(config: SessionConfig) -> PreflightSettings:

@@ -1,0 +1,199 @@
+"""The launcher in one direction (issue 23 item 4): no import circle, no layer importing upward.
+
+Every module of ``monarch_operator/launcher/`` and the public ``monarch_operator/job.py`` is read
+with :mod:`ast` (nothing is imported). Every import counts: at module level, inside a function
+(a lazy import still ties the two modules together), under ``if TYPE_CHECKING:``; relative
+imports are resolved against the importing module. ``from package import name`` is an edge to
+``package.name`` when that is a module of ours, else to ``package`` itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "operator" / "monarch_operator"
+LAUNCHER = "monarch_operator.launcher"
+API = "monarch_operator.job"
+
+# The layers, lowest first; a module may import its own layer and the ones below, never above.
+#   base:          leaves every layer may use: exit statuses, the stop signal and stop request,
+#                  the termination message, the reporter.
+#   hosts:         hosts/ (host sources, placement): what the job runs on.
+#   session:       session/ (pre-flight, ssh, workers, teardown): one Monarch session.
+#   options:       the job's options as flags (options.py, sshflags.py, flagtypes.py): the
+#                  public API builds its configuration from them, the command lines add theirs.
+#   programs:      programs/ (the job API's engine, the built-in example, SPMD, user programs).
+#   api:           the public facades: monarch_operator.job and the package's lazy re-exports.
+#   command lines: monarch-launch (cli.py, __main__), monarch-torchrun (spmd_cli.py).
+LAYERS: dict[str, list[str]] = {
+    "base": ["exitcodes", "stopsignal", "stoprequest", "termination", "report", "progress"],
+    "hosts": ["hosts", "hosts.*"],
+    "session": ["session", "session.*"],
+    "options": ["options", "sshflags", "flagtypes"],
+    "programs": ["programs", "programs.*"],
+    "api": [API, ""],  # "" is the package itself (launcher/__init__.py)
+    "command lines": ["cli", "spmd_cli", "__main__"],
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def our_modules() -> dict[str, Path]:
+    paths = [*sorted((PACKAGE_ROOT / "launcher").rglob("*.py")), PACKAGE_ROOT / "job.py"]
+    return {module_name(path): path for path in paths}
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``name`` (at ``path``) imports, anywhere in its code."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                       for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            # "import a.b.c" names a.b.c; keep the longest prefix that is one of ours.
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = our_modules()
+    return {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def layer_of(name: str) -> int:
+    """The index of ``name``'s layer in :data:`LAYERS`.
+
+    Raises:
+        KeyError: the module is in no layer (a new module must be given one).
+    """
+    local = name[len(LAUNCHER) + 1:] if name.startswith(LAUNCHER + ".") else (
+        "" if name == LAUNCHER else name)
+    for position, members in enumerate(LAYERS.values()):
+        for member in members:
+            if local == member or (member.endswith(".*") and local.startswith(member[:-1])):
+                return position
+    raise KeyError(f"{name} is in no layer of LAYERS; add it to one")
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = []
+    for name in import_graph():
+        try:
+            layer_of(name)
+        except KeyError as error:
+            missing.append(str(error))
+    assert not missing, "\n".join(missing)
+
+
+def test_no_import_circle_in_the_launcher() -> None:
+    found = cycles(import_graph())
+    assert not found, "import circles:\n" + "\n".join(
+        "  " + " <-> ".join(component) for component in found)
+
+
+def test_no_layer_imports_a_higher_one() -> None:
+    names = list(LAYERS)
+    upward = [
+        f"  {source} ({names[layer_of(source)]}) imports {target} ({names[layer_of(target)]})"
+        for source, targets in sorted(import_graph().items())
+        for target in sorted(targets)
+        if layer_of(target) > layer_of(source)
+    ]
+    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+
+
+def test_the_public_api_does_not_import_the_command_lines() -> None:
+    graph = import_graph()
+    command_lines = {name for name in graph if layer_of(name) == list(LAYERS).index(
+        "command lines")}
+    reached, todo = set(), [API]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo.extend(graph[name])
+    assert not reached & command_lines, sorted(reached & command_lines)
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+        ({"a": {"b"}, "b": set(), "c": {"d"}, "d": {"c"}}, [["c", "d"]]),
+        ({"a": {"b"}, "b": set()}, []),
+    ],
+)
+def test_the_circle_finder_finds_circles(graph, expected) -> None:
+    assert cycles(graph) == expected
+
+
+def test_the_graph_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "from . import sibling\n"
+        "def f():\n"
+        "    from monarch_operator.launcher.programs import job\n"
+        "    import monarch_operator.launcher.cli\n"
+    )
+    modules = {"monarch_operator.launcher.x.sibling", "monarch_operator.launcher.programs.job",
+               "monarch_operator.launcher.cli", "monarch_operator.launcher.x.mod"}
+    assert imports_of("monarch_operator.launcher.x.mod", source, modules) == {
+        "monarch_operator.launcher.x.sibling", "monarch_operator.launcher.programs.job",
+        "monarch_operator.launcher.cli"}
