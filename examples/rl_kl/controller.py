@@ -40,6 +40,7 @@ from monarch_operator.job import (
     RankFailure,
     checkpoint_saved,
     on_stop,
+    report,
     resume_checkpoint,
     stop_requested,
 )
@@ -125,6 +126,7 @@ def main(job: Job) -> None:
         loss = sum(result["loss"] * result["rows"] for result in results) / rows
         kl = sum(result["kl"] * result["rows"] for result in results) / rows
         print(f"step {step}/{args.steps} loss={loss:.4f} kl={kl:.6f}", flush=True)
+        report(step, total_steps=args.steps, metrics={"loss": loss, "kl": kl})
     print("rl_kl: done", flush=True)
 
 

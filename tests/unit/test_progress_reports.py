@@ -99,6 +99,7 @@ def test_lines_from_ranks_are_reports_whatever_their_prefix(monkeypatch):
 
 def test_report_outside_the_launcher_prints_the_line_the_launcher_reads(monkeypatch, capsys):
     monkeypatch.setattr(progress, "_forwarder", None)
+    monkeypatch.setattr(progress, "_in_launcher", False)
     for name in (constants.ENV_PROGRESS_CONFIGMAP, constants.ENV_NAMESPACE):
         monkeypatch.delenv(name, raising=False)
     progress.report(3, total_steps=10, metrics={"loss": 0.5, "phase": "warmup"},
@@ -143,3 +144,13 @@ def test_a_failed_write_is_said_once_and_never_raised(capsys):
     err = capsys.readouterr().err
     assert err.count("progress not written to ConfigMap team-a/demo-progress: HTTP 403") == 1
     assert "serviceAccountName" in err
+
+
+def test_in_the_launchers_process_without_a_job_a_report_goes_nowhere(monkeypatch, capsys):
+    """A run on a hostfile: the controller's reports are not printed as marker lines."""
+    monkeypatch.setattr(progress, "_forwarder", None)
+    monkeypatch.setattr(progress, "_in_launcher", False)
+    monkeypatch.delenv(constants.ENV_PROGRESS_CONFIGMAP, raising=False)
+    progress.mark_launcher()
+    progress.report(1, total_steps=2)
+    assert capsys.readouterr().out == ""

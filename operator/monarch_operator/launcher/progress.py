@@ -6,7 +6,8 @@ process or from any rank; a script that imports nothing of ours prints a line in
     print('MONARCH_PROGRESS {"step": 120, "totalSteps": 1000, "metrics": {"loss": 0.31}}',
           flush=True)
 
-:func:`report` called outside the launcher's process prints that same line. Every line of the
+:func:`report` called in a rank's process prints that same line (in the launcher's process
+without a MonarchJob, a run on a hostfile, it goes nowhere). Every line of the
 workers' output passes the launcher (``session/sshjob.py``), which hands those with the marker
 to :func:`feed_line`. In a MonarchJob's launcher pod (``MONARCH_PROGRESS_CONFIGMAP`` set) a
 :class:`Forwarder` keeps the latest state (the last step, total, metrics, checkpoint and run
@@ -53,6 +54,15 @@ RATE_WINDOW_SECONDS = 300.0  # the rate of steps is taken over about the last 5 
 _lock = threading.Lock()
 _forwarder: Forwarder | None = None
 _closed = False  # close() ran: no new Forwarder at the launcher's end
+_in_launcher = False  # this process starts the workers (mark_launcher): never print reports
+
+
+def mark_launcher() -> None:
+    """This process is the launcher (it starts the workers over ssh): a report without a
+    MonarchJob to go to (a run on a hostfile) goes nowhere, rather than into the output as a
+    ``MONARCH_PROGRESS`` line."""
+    global _in_launcher
+    _in_launcher = True
 
 
 def report(step: int | None = None, *, total_steps: int | None = None,
@@ -79,7 +89,7 @@ def report(step: int | None = None, *, total_steps: int | None = None,
     forwarder = _forwarder or install()
     if forwarder is not None:
         forwarder.offer(fields)
-    else:  # not the launcher's process: the line reaches it through the output
+    elif not _in_launcher:  # a rank: the line reaches the launcher through the output
         print(MARKER + json.dumps(fields, separators=(",", ":")), flush=True)
 
 

@@ -243,6 +243,8 @@ class LauncherSSHJob(SSHJob):
         self._on_retry = on_retry
         self.ssh_processes: dict[str, subprocess.Popen[bytes]] = {}
         self._output_tails: dict[str, list[_OutputTail]] = {}
+        progress.mark_launcher()  # the program's reports go to the job, never into the output
+        progress.install()  # in a MonarchJob's launcher pod: forward them from the start
 
     def _create(self, client_script: str | None) -> None:
         # Upstream starts every host at once; this opens them through the fan-out. It runs in
