@@ -1,5 +1,6 @@
 """The operator's Prometheus endpoint on the local control plane: real passes of a real job are
-counted, the job shows in its phase, and leaves the count when deleted.
+counted, the job shows in its phase, and leaves the count when deleted; a running program's
+last report shows in its step series as in its status (issue 22 item 3).
 
 Runs a second operator with ``--metrics`` that watches only a ``chart-*`` namespace, which the
 shared test operator leaves alone (two operators must not act on one job)."""
@@ -18,9 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monarch_operator.localcluster.orphans import stop_with_parent
 from tests.chart import ROOT
-from tests.cluster.helpers import get_json, wait_until
+from tests.cluster.helpers import apply_manifest, get_json, job_manifest, job_status, wait_until
 
 pytestmark = pytest.mark.cluster
+
+REPORT_THEN_WAIT = ("import time; from monarch_operator.job import report; "
+                    "report(7, total_steps=10, metrics={'loss': 0.5}); time.sleep(600)")
 
 
 def _free_port() -> int:
@@ -87,6 +91,21 @@ def test_real_passes_are_counted_and_the_job_is_shown_in_its_phase(
         kubectl("delete", "monarchjob", "demo", "-n", chart_namespace, "--wait=true")
         wait_until(lambda: _jobs_by_phase(_scrape(url)) == {}, 60, "the deleted job to leave")
         assert not [name for name, labels in _scrape(url) if dict(labels).get("job") == "demo"]
+
+        # A running program's last report: the dashboard's step series say what status says.
+        apply_manifest(kubectl, chart_namespace, job_manifest(
+            "metered", progress={"reportIntervalSeconds": 1},
+            launcher={"command": ["python3", "-c", REPORT_THEN_WAIT]}))
+        progress = wait_until(lambda: (job_status(kubectl, chart_namespace, "metered").get(
+            "progress") or {}).get("step") == 7 and job_status(
+                kubectl, chart_namespace, "metered")["progress"], 120, "step 7 in status")
+        metered = (("job", "metered"), ("namespace", chart_namespace))
+        samples = wait_until(lambda: (s := _scrape(url)).get(
+            ("monarch_operator_job_step", metered)) == progress["step"] and s, 60,
+            "the step series to follow status")
+        assert samples[("monarch_operator_job_total_steps", metered)] == progress["totalSteps"]
+        assert 0 <= samples[("monarch_operator_job_seconds_since_report", metered)] < 120
+        kubectl("delete", "monarchjob", "metered", "-n", chart_namespace, "--wait=true")
     finally:
         process.terminate()
         try:

@@ -69,6 +69,20 @@ def test_budgets_exact_catch_a_spent_budget_not_counted():
     assert "restarts are left" in checks.budget_problems(early, 1, 3)[0][0]
 
 
+def test_budgets_exact_leave_out_a_failure_that_spent_nothing():
+    """runPolicy.progressResetsBackoff: a failure after a new highest step restarts the job
+    (restartCount) without spending backoffLimit (failureCounts)."""
+    records = [attempt(1, "Application", exitCode=1, reason="LauncherFailed", lastStep=5,
+                       budgetSpent=False),
+               attempt(2, "Application", exitCode=1, reason="LauncherFailed", lastStep=5)]
+    truthful = {**failed_status(records, {}, "LauncherFailed", 1), "restartCount": 1}
+    assert checks.budget_problems(truthful, backoff_limit=0, infra_limit=3) == []
+    counted = {**failed_status(records, {"application": 1}, "LauncherFailed", 1),
+               "restartCount": 1}
+    assert checks.budget_problems(counted, 0, 3)[0][0] == (
+        "failureCounts {'application': 0, 'infrastructure': 0} (from the attempts' classes)")
+
+
 def test_final_state_must_tell_the_last_attempt():
     records = [attempt(1, "Application", exitCode=3, reason="LauncherFailed")]
     status = failed_status(records, {}, "LauncherFailed", 3)

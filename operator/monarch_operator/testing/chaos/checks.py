@@ -103,17 +103,20 @@ def verdict_problems(record: dict[str, Any], accepted: set[Verdict]) -> list[Pro
 
 def budget_problems(status: dict[str, Any], backoff_limit: int,
                     infra_limit: int) -> list[Problem]:
-    """``failureCounts`` and ``restartCount`` equal the failures that were followed by a
-    restart, within ``runPolicy``; a Failed job failed because its budget ran out."""
+    """``failureCounts`` equals the failures that were followed by a restart and spent budget
+    (``budgetSpent`` not false), ``restartCount`` every restart, within ``runPolicy``; a
+    Failed job failed because its budget ran out."""
     records = [r for r in status.get("attempts") or [] if r.get("class")]
     if not status.get("attempts") or len(status["attempts"]) >= ATTEMPTS_KEPT:
         return []
     failed = status.get("phase") == "Failed"
-    spent = Counter(str(r["class"]) for r in records)
     last = records[-1]["class"] if failed and records else None
-    if last in (APPLICATION, INFRASTRUCTURE):
-        spent[str(last)] -= 1  # the failure that ended the job restarted nothing
+    # The failure that ended the job restarted nothing.
+    restarted = records[:-1] if last in (APPLICATION, INFRASTRUCTURE) else records
+    # A failure after a new highest step spends nothing (runPolicy.progressResetsBackoff).
+    spent = Counter(str(r["class"]) for r in restarted if r.get("budgetSpent", True))
     expected = {"application": spent[APPLICATION], "infrastructure": spent[INFRASTRUCTURE]}
+    expected_restarts = sum(1 for r in restarted if r["class"] in (APPLICATION, INFRASTRUCTURE))
     counts = status.get("failureCounts") or {}
     seen = {"application": int(counts.get("application") or 0),
             "infrastructure": int(counts.get("infrastructure") or 0)}
@@ -122,8 +125,8 @@ def budget_problems(status: dict[str, Any], backoff_limit: int,
         problems.append((f"failureCounts {expected} (from the attempts' classes)",
                          f"failureCounts {seen}"))
     restarts = int(status.get("restartCount") or 0)
-    if restarts != sum(expected.values()):
-        problems.append((f"restartCount {sum(expected.values())}", f"restartCount {restarts}"))
+    if restarts != expected_restarts:
+        problems.append((f"restartCount {expected_restarts}", f"restartCount {restarts}"))
     if seen["application"] > backoff_limit or seen["infrastructure"] > infra_limit:
         problems.append((f"at most {backoff_limit} application / {infra_limit} infrastructure "
                          "restarts", f"failureCounts {seen}"))
