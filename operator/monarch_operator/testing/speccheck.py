@@ -43,7 +43,11 @@ SETTLED_PHASES = frozenset({"Running", "Succeeded", "Failed", "Suspended"})
 # Why a worker waits that may change in a moment (not yet a reason to report).
 TRANSIENT_WAITS = ("not created", "Pending", "ContainerCreating", "sshd not accepting",
                    "being deleted", "unknown", "PodInitializing")
-CHILD_KINDS = "secrets,services,configmaps,statefulsets.apps,pods"
+CHILD_KINDS = ("secrets,services,configmaps,statefulsets.apps,pods,"
+               "networkpolicies.networking.k8s.io,serviceaccounts,roles.rbac.authorization.k8s.io,"
+               "rolebindings.rbac.authorization.k8s.io")
+# What every namespace has that no job made.
+NAMESPACE_OWN = {("ConfigMap", "kube-root-ca.crt"), ("ServiceAccount", "default")}
 TRACEBACK = "Traceback (most recent call last)"
 
 
@@ -310,7 +314,7 @@ def _check_owners(kubectl: Kubectl, namespace: str, admitted: list[Outcome],
     uids = {outcome.uid for outcome in admitted}
     for child in kubectl.json(CHILD_KINDS, "-n", namespace)["items"]:
         metadata = child["metadata"]
-        if child["kind"] == "ConfigMap" and metadata["name"] == "kube-root-ca.crt":
+        if (child["kind"], metadata["name"]) in NAMESPACE_OWN:
             continue
         owners = [ref for ref in metadata.get("ownerReferences") or [] if ref.get("controller")]
         # Workers belong to their StatefulSet, the launcher pod to its job.

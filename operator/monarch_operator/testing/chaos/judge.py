@@ -22,10 +22,12 @@ LEFTOVER_BOUND_S = 120.0
 LAUNCHER_REAP_S = 10.0
 # Run-marked processes of a finished job may outlive its end this long (workers released).
 FINISHED_REAP_S = 60.0
-# Leftovers are looked for at most this often (seconds): six lists per look.
+# Leftovers are looked for at most this often (seconds): one list per kind per look.
 LEFTOVER_LOOK_S = 5.0
-# What a job may leave besides pods (Workloads only with Kueue's CRDs).
-CHILD_KINDS = ("ConfigMap", "Secret", "Service", "StatefulSet", "NetworkPolicy", "Workload")
+# What a job may leave besides pods (Workloads only with Kueue's CRDs; the ServiceAccount,
+# Role and RoleBinding let its launcher report progress).
+CHILD_KINDS = ("ConfigMap", "Secret", "Service", "StatefulSet", "NetworkPolicy", "Workload",
+               "ServiceAccount", "Role", "RoleBinding")
 
 
 def role_of(pod: dict[str, Any]) -> str:

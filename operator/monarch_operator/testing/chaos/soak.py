@@ -444,12 +444,16 @@ class Soak:
         when the API does not serve the kind (404: Workloads without Kueue's CRDs)."""
         apps = kubernetes.client.AppsV1Api(self.api)
         networking = kubernetes.client.NetworkingV1Api(self.api)
+        rbac = kubernetes.client.RbacAuthorizationV1Api(self.api)
         calls: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
             "ConfigMap": (self.core.list_namespaced_config_map, (self.namespace,)),
             "Secret": (self.core.list_namespaced_secret, (self.namespace,)),
             "Service": (self.core.list_namespaced_service, (self.namespace,)),
             "StatefulSet": (apps.list_namespaced_stateful_set, (self.namespace,)),
             "NetworkPolicy": (networking.list_namespaced_network_policy, (self.namespace,)),
+            "ServiceAccount": (self.core.list_namespaced_service_account, (self.namespace,)),
+            "Role": (rbac.list_namespaced_role, (self.namespace,)),
+            "RoleBinding": (rbac.list_namespaced_role_binding, (self.namespace,)),
             "Workload": (self.custom.list_namespaced_custom_object,
                          ("kueue.x-k8s.io", "v1beta1", self.namespace, "workloads")),
         }
