@@ -75,6 +75,28 @@ def test_a_report_after_the_interval_is_written_without_a_close():
     assert len(sink.texts) == 2, "nothing pending: the close writes nothing more"
 
 
+def test_the_interval_counts_from_the_end_of_a_slow_write():
+    """The first write loads the Kubernetes client (about a second): the next one still waits
+    a whole interval after it, so writes never arrive closer than the interval."""
+    interval, texts, ends = 0.3, [], []
+
+    def slow_sink(text: str) -> None:
+        time.sleep(0.25 if not texts else 0.0)
+        texts.append(json.loads(text))
+        ends.append(time.monotonic())
+
+    forwarder = progress.Forwarder(slow_sink, interval=interval)  # real time
+    forwarder.offer({"step": 1})
+    time.sleep(0.05)
+    forwarder.offer({"step": 2})  # pending while the first write is still under way
+    deadline = time.monotonic() + 5
+    while len(ends) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    forwarder.close()
+    assert [text["step"] for text in texts] == [1, 2]
+    assert ends[1] - ends[0] >= interval, ends
+
+
 def test_a_step_going_back_restarts_the_rate():
     clock, sink = Clock(), Sink()
     forwarder = progress.Forwarder(sink, interval=3600, clock=clock, now=lambda: WALL)

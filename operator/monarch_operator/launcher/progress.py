@@ -253,9 +253,11 @@ class Forwarder:
                         continue
                 text = json.dumps(self._state, separators=(",", ":"), sort_keys=True)
                 self._pending = False
-                self._last_write = self._clock()
             self._write(text)
             with self._condition:
+                # The interval counts from the end of a write: a slow one (the first loads the
+                # client) never lets the next follow it sooner than the interval.
+                self._last_write = self._clock()
                 self.writes += 1
                 self._condition.notify_all()
 
