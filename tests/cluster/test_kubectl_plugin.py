@@ -1,6 +1,7 @@
 """``kubectl monarch`` against the local control plane (issue 22 item 4): a running job's
 status, hosts, one rank's launcher lines, a command in the worker of a rank, describe, and a
-finished job's attempts; kubectl finds the plugin on PATH as ``kubectl monarch``."""
+finished job's attempts; every subcommand again once the job Succeeded (its workers released);
+kubectl finds the plugin on PATH as ``kubectl monarch``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sysconfig
 
 import pytest
 
-from tests.cluster.helpers import apply_manifest, job_manifest, running_attempt
+from tests.cluster.helpers import apply_manifest, job_manifest, running_attempt, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -78,3 +79,32 @@ def test_the_plugin_shows_status_hosts_logs_and_runs_in_a_ranks_worker(
 
     gone = plugin(local_cluster, "status", "no-such-job", "-n", namespace)
     assert gone.returncode != 0 and "not found" in gone.stderr, gone.stderr
+
+
+def test_every_subcommand_answers_for_a_finished_job(local_cluster, kubectl, namespace):
+    apply_manifest(kubectl, namespace, job_manifest("plugdone", launcher={"command": [
+        "sh", "-c", "echo 'trainer rank 0/1 host=h pid=1'; echo 'placement ref rank=0 host=h'"]}))
+    wait_phase(kubectl, namespace, "plugdone", "Succeeded", timeout=120)
+
+    status = plugin(local_cluster, "status", "plugdone", "-n", namespace)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"{namespace}/plugdone: Succeeded"), status.stdout
+    assert "Succeeded" in status.stdout.split("ATTEMPT", 1)[1], status.stdout
+
+    hosts = plugin(local_cluster, "hosts", "plugdone", "-n", namespace)
+    assert hosts.returncode == 0, hosts.stderr
+    assert [line.split()[4:6] for line in hosts.stdout.splitlines()[1:]] == [
+        ["plugdone-worker-0", "(released)"], ["plugdone-worker-1", "(released)"]], hosts.stdout
+
+    # The ended launcher's pod is kept for its output.
+    logs = plugin(local_cluster, "logs", "plugdone", "-n", namespace, "--role", "ref")
+    assert (logs.returncode, logs.stdout.splitlines()) == (
+        0, ["placement ref rank=0 host=h"]), logs.stderr
+
+    ran = plugin(local_cluster, "exec", "plugdone", "-n", namespace, "--rank", "0", "--", "true")
+    assert ran.returncode == 1 and "plugdone is Succeeded: its workers were released" in \
+        ran.stderr, ran.stderr
+
+    described = plugin(local_cluster, "describe", "plugdone", "-n", namespace)
+    assert described.returncode == 0, described.stderr
+    assert "LauncherSucceeded" in described.stdout and "(released)" in described.stdout

@@ -151,7 +151,21 @@ def exec_rank(kube: Kube, body: dict[str, Any], args: argparse.Namespace) -> int
         return 2
     place = views.find_rank(views.rank_places(body), args.rank, args.role)
     pod = names.worker_pod(body["metadata"]["name"], place.ordinal)
+    if views.finished(body) and not _exists(kube, "pod", pod):  # kept with KeepAll
+        phase = body["status"]["phase"]
+        print(f"kubectl monarch exec: {body['metadata']['name']} is {phase}: its workers were "
+              f"released ({pod} hosted {place.role} rank {place.rank}); `kubectl monarch logs` "
+              "shows what the ranks printed", file=sys.stderr)
+        return 1
     return kube.run("exec", pod, "-c", "worker", "--", *cmd)
+
+
+def _exists(kube: Kube, *what: str) -> bool:
+    try:
+        kube.json(*what)
+    except KubectlError:
+        return False
+    return True
 
 
 def describe(kube: Kube, body: dict[str, Any], args: argparse.Namespace) -> int:

@@ -78,12 +78,23 @@ def find_rank(places: list[RankPlace], rank: int, role: str | None) -> RankPlace
     raise LookupError(f"{wanted} has no rank {rank} (ranks 0..{len(matching) - 1})")
 
 
+FINAL_PHASES = ("Succeeded", "Failed")
+
+
+def finished(body: dict[str, Any]) -> bool:
+    """Whether the job ended (``status.phase`` Succeeded or Failed): its workers are
+    released."""
+    return (body.get("status") or {}).get("phase") in FINAL_PHASES
+
+
 def hosts_table(body: dict[str, Any], pods: list[dict[str, Any]],
                 settings: Settings | None = None) -> list[list[str]]:
     """Rows ``ROLE RANK HOST POD NODE GPU`` (header first): rank -> host -> pod -> node."""
     job = JobSpec.from_body(body)
     settings = settings or Settings()
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    # A finished job's workers are released (deleted): not missing.
+    gone = "released" if finished(body) else "missing"
     rows = [["ROLE", "RANK", "LOCAL", "HOST", "POD", "NODE", "GPU"]]
     for place in rank_places(body, settings):
         pod_name = names.worker_pod(job.name, place.ordinal)
@@ -91,7 +102,7 @@ def hosts_table(body: dict[str, Any], pods: list[dict[str, Any]],
         rows.append([place.role, str(place.rank), str(place.local_rank),
                      names.worker_fqdn(job.name, job.namespace, place.ordinal,
                                        settings.cluster_domain),
-                     pod_name if pod else f"{pod_name} (missing)",
+                     pod_name if pod else f"{pod_name} ({gone})",
                      str((pod.get("spec") or {}).get("nodeName") or "-"), str(place.gpu)])
     return rows
 
