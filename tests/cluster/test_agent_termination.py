@@ -10,8 +10,9 @@ import re
 import kubernetes
 import pytest
 
+from monarch_operator.localcluster import agent
 from monarch_operator.localcluster.cli import pod_log_path
-from tests.cluster.helpers import start_pod, wait_until
+from tests.cluster.helpers import read_pod, start_pod, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -112,3 +113,26 @@ def test_force_deletion_still_stops_the_container(core, namespace, local_cluster
     assert any("gone from the API" in line for line in lines), lines
     assert any(re.search(r"container main exited with 137\b", line) for line in lines), lines
     assert "ignoring SIGTERM" in container_log(local_cluster, namespace, "forced")
+
+
+def test_a_stopped_pods_final_status_never_reaches_a_pod_recreated_under_its_name(
+        core, namespace):
+    """The agent reports a pod's status by annotating it by name: once the pod was deleted and
+    another created under its name (a StatefulSet's worker), the old pod's final status and
+    "stopped" mark must not land on the new one (a chaos soak saw a recreated worker held in
+    ContainerCreating by them). The API server refuses the patch on the uid."""
+    never_scheduled = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "twin"},
+                       "spec": {"nodeSelector": {"no-such-node": "true"}, "containers": [
+                           {"name": "main", "image": "img", "command": ["true"]}]}}
+    old = core.create_namespaced_pod(namespace, never_scheduled).metadata.uid
+    core.delete_namespaced_pod("twin", namespace, grace_period_seconds=0)
+    wait_until(lambda: read_pod(core, namespace, "twin") is None, 30, "the first twin gone")
+    new = core.create_namespaced_pod(namespace, never_scheduled).metadata.uid
+    stopped = {agent.ANNOTATION_STOPPED: "true"}
+    assert agent.annotate_pod(core, namespace, "twin", old, stopped) is False
+    annotations = read_pod(core, namespace, "twin")["metadata"].get("annotations") or {}
+    assert agent.ANNOTATION_STOPPED not in annotations, annotations
+    assert agent.annotate_pod(core, namespace, "twin", new, stopped) is True
+    annotations = read_pod(core, namespace, "twin")["metadata"]["annotations"]
+    assert annotations[agent.ANNOTATION_STOPPED] == "true"
+    assert agent.annotate_pod(core, namespace, "gone", new, stopped) is False

@@ -430,16 +430,13 @@ class Agent:
     def _report(self, run: PodRun, now: float) -> None:
         document = json.dumps(run.record.api_status(now), sort_keys=True, separators=(",", ":"))
         if document != run.reported:
-            self._annotate(run.record.namespace, run.record.name, {ANNOTATION_STATUS: document})
+            self._annotate(run.record.namespace, run.record.name, run.record.uid,
+                           {ANNOTATION_STATUS: document})
             run.reported = document
 
-    def _annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        try:
-            self.core.patch_namespaced_pod(name, namespace,
-                                           {"metadata": {"annotations": annotations}})
-        except ApiException as error:
-            if error.status != 404:
-                raise
+    def _annotate(self, namespace: str, name: str, uid: str,
+                  annotations: dict[str, str]) -> None:
+        annotate_pod(self.core, namespace, name, uid, annotations)
 
     def _write_hosts(self, pods: list[dict[str, Any]]) -> None:
         content = podfiles.hosts_file(pods)
@@ -480,7 +477,7 @@ class Agent:
         if pod is not None:
             document = json.dumps(run.record.api_status(now), sort_keys=True,
                                   separators=(",", ":"))
-            self._annotate(run.record.namespace, run.record.name,
+            self._annotate(run.record.namespace, run.record.name, run.record.uid,
                            {ANNOTATION_STATUS: document, ANNOTATION_STOPPED: "true"})
         log.info("%s: all containers stopped", run.name)
 
@@ -492,7 +489,8 @@ class Agent:
             return  # kwok's own (Stage simulated-pod-delete)
         if meta["uid"] not in self.runs and ANNOTATION_STOPPED not in (meta.get("annotations")
                                                                       or {}):
-            self._annotate(meta["namespace"], meta["name"], {ANNOTATION_STOPPED: "true"})
+            self._annotate(meta["namespace"], meta["name"], meta["uid"],
+                           {ANNOTATION_STOPPED: "true"})
 
     def _lose_containers(self, run: PodRun, now: float) -> None:
         """The pod's node crashed: every process of it dies at once (SIGKILL), and each
@@ -519,6 +517,31 @@ class Agent:
         processes = [running.process for running in containers]
         sandbox.stop_all(processes, grace=grace)
         self.lingering += [process for process in processes if not process.release()]
+
+
+def annotate_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str, uid: str,
+                 annotations: dict[str, str]) -> bool:
+    """Set ``annotations`` on the pod ``namespace/name`` only if it is still the pod ``uid``.
+
+    A pod deleted and recreated under its name (a StatefulSet's worker) is another object: the
+    patch carries ``metadata.uid``, which the API server may not change, so it fails with 409
+    or 422 on the new pod instead of telling it that its containers stopped (a chaos soak saw
+    a recreated worker kept in ContainerCreating by its predecessor's final status).
+
+    Returns:
+        True if the pod was patched; False if it is gone or is another pod by that name.
+
+    Raises:
+        ApiException: any other refusal.
+    """
+    try:
+        core.patch_namespaced_pod(name, namespace,
+                                  {"metadata": {"uid": uid, "annotations": annotations}})
+    except ApiException as error:
+        if error.status in (404, 409, 422):
+            return False
+        raise
+    return True
 
 
 def _hostname(pod: dict[str, Any]) -> str:
