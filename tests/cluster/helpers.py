@@ -4,6 +4,7 @@ MonarchJob and its status, watching its worker pods, reading pods through the ty
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import textwrap
 import threading
@@ -206,3 +207,13 @@ CHECKPOINTING_PROGRAM = textwrap.dedent("""
     checkpoint_saved(f"/ckpt/ckpt-demo/step-{step}")
     print("saved", flush=True)
 """)
+
+
+def table_row(table: str) -> dict[str, str]:
+    """The first row of a ``kubectl get`` table by column name (cut at the header's column
+    starts, so that an empty cell stays empty)."""
+    header, row = table.splitlines()[:2]
+    columns = list(re.finditer(r"\S+", header))
+    ends = [column.start() for column in columns[1:]] + [None]
+    return {column.group(): row[column.start():end].strip()
+            for column, end in zip(columns, ends, strict=True)}

@@ -44,7 +44,9 @@ def test_children_owned_hostfile_and_launcher_exit_code(kubectl, namespace):
     table = wait_until(lambda: (t := kubectl("get", "monarchjobs", "-n", namespace))
                        and " 0/2 " in t and t, 30, "READY 0/2")
     header, row = table.strip().splitlines()
-    assert header.split() == ["NAME", "STATUS", "READY", "RESTARTS", "AGE"]
+    # The progress columns are there, empty: the launcher reported nothing.
+    assert header.split() == ["NAME", "STATUS", "READY", "RESTARTS", "STEP", "PROGRESS", "ETA",
+                              "AGE"]
     assert row.split()[:3] == ["kids", "Failed", "0/2"]
 
 

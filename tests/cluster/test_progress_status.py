@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 import subprocess
 import textwrap
 import threading
@@ -23,6 +22,7 @@ from tests.cluster.helpers import (
     apply_manifest,
     job_manifest,
     job_status,
+    table_row,
     wait_phase,
     wait_until,
 )
@@ -40,16 +40,6 @@ REPORTING_PROGRAM = textwrap.dedent(f"""
         report(step, total_steps={STEPS}, metrics={{"loss": round(1 / step, 4)}})
     print("done", flush=True)
 """)
-
-
-def table_row(table: str) -> dict[str, str]:
-    """The first row of a ``kubectl get`` table by column name (cut at the header's column
-    starts, so that an empty cell stays empty)."""
-    header, row = table.splitlines()[:2]
-    columns = list(re.finditer(r"\S+", header))
-    ends = [column.start() for column in columns[1:]] + [None]
-    return {column.group(): row[column.start():end].strip()
-            for column, end in zip(columns, ends, strict=True)}
 
 
 class ConfigMapWatch:

@@ -54,7 +54,9 @@ def test_application_failure_restarts_on_the_same_worker_pods(kubectl, namespace
     assert status["restartCount"] == 1 and status["attempt"] == 2
     assert status["failureCounts"] == {"application": 1}
     header, row = kubectl("get", "monarchjobs", "app", "-n", namespace).strip().splitlines()
-    assert header.split() == ["NAME", "STATUS", "READY", "RESTARTS", "AGE"]
+    # The progress columns are there, empty: the launcher reported nothing.
+    assert header.split() == ["NAME", "STATUS", "READY", "RESTARTS", "STEP", "PROGRESS", "ETA",
+                              "AGE"]
     # READY counts the workers Ready now: 2/2 until the finished job's workers are released.
     assert row.split()[1:4:2] == ["Succeeded", "1"] and row.split()[2] in ("2/2", "1/2", "0/2")
     # The first attempt's pod is gone: one launcher at a time.
