@@ -78,8 +78,12 @@ def test_cleanup_policy_keep_all_and_delete_all(kubectl, namespace):
                "every child of the DeleteAll job deleted")
     assert get_json(kubectl, "monarchjob", "wipe", "-n", namespace)["status"]["phase"] == (
         "Succeeded"), "the job and its status stay"
-    kept = children(kubectl, namespace, "keep")
-    assert all(len(items) == 1 for items in kept.values()), kept
+    kept = {kind: sorted(item["metadata"]["name"] for item in items)
+            for kind, items in children(kubectl, namespace, "keep").items()}
+    assert kept == {"secrets": ["keep-ssh"], "services": ["keep-worker"],
+                    "statefulsets": ["keep-worker"],
+                    "configmaps": ["keep-hostfile", "keep-progress"],
+                    "launcher pods": ["keep-launcher"]}, kept
     job = get_json(kubectl, "monarchjob", "keep", "-n", namespace)
     assert job["status"]["readyWorkers"] == "2/2", "KeepAll: the workers are still Ready"
 
