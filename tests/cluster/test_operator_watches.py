@@ -83,7 +83,7 @@ def test_running_job_gets_no_writes_while_nothing_changes(kubectl, namespace, lo
     assert not [key for key in annotations if key.startswith(("kopf", "monarch-operator"))]
 
 
-@pytest.mark.parametrize("crash_after", ["Secret", "ConfigMap"])
+@pytest.mark.parametrize("crash_after", ["Secret", "RoleBinding", "ConfigMap"])
 def test_operator_killed_between_child_creations_converges(kubectl, namespace, operator_process,
                                                            crash_after):
     """C6: SIGKILL right after creating one child; after a restart, one of each child, all
@@ -97,10 +97,14 @@ def test_operator_killed_between_child_creations_converges(kubectl, namespace, o
     wait_until(lambda: phase(kubectl, namespace, "crashy") == "Running", 90, "job Running")
     job = get_json(kubectl, "monarchjob", "crashy", "-n", namespace)
     found = children(kubectl, namespace, "crashy")
+    assert sorted(item["metadata"]["name"] for item in found["configmaps"]) == [
+        "crashy-hostfile", "crashy-progress"], found["configmaps"]
     for kind, items in found.items():
-        assert len(items) == 1, f"{kind}: {[i['metadata']['name'] for i in items]}"
-        (ref,) = items[0]["metadata"]["ownerReferences"]
-        assert ref["uid"] == job["metadata"]["uid"] and ref["controller"] is True
+        assert len(items) == 1 or kind == "configmaps", \
+            f"{kind}: {[i['metadata']['name'] for i in items]}"
+        for item in items:
+            (ref,) = item["metadata"]["ownerReferences"]
+            assert ref["uid"] == job["metadata"]["uid"] and ref["controller"] is True
     assert found["secrets"][0]["data"] == key_before, "the key was never regenerated"
     assert base64.b64decode(key_before["id_ed25519"]).startswith(b"-----BEGIN OPENSSH")
 
