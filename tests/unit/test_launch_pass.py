@@ -261,3 +261,68 @@ def test_the_attempt_records_the_image_digests_that_ran(api):
     run_pass(settings, make_view(settings, launched, [launcher], worker_pods=workers))
     assert api["status"][-1]["attempts"][-1]["launcherImage"] == \
         "docker.io/x/launcher@sha256:ccc"
+
+
+LAUNCHED = "2026-12-02T04:17:05Z"
+
+
+def unrecorded_launch(settings: Settings, worker_created: str) -> tuple[dict, list[dict]]:
+    """Attempt 1's launcher pod, created at LAUNCHED and since exited 0, whose launch the
+    pass that created it never wrote (the operator was killed in between): the status still
+    holds an older worker snapshot (worker 1 then had another uid). Worker 1 was created at
+    ``worker_created``. Returns (status, pods)."""
+    status = running_status(settings)
+    record = {key: value for key, value in status["attempts"][-1].items()
+              if key not in ("launchTime", "launcherPod")}
+    status["attempts"] = [*status["attempts"][:-1], record]
+    status["attemptWorkers"] = [{"name": names.worker_pod(NAME, 0), "uid": "w0",
+                                 "restartCount": 0},
+                                {"name": names.worker_pod(NAME, 1), "uid": "w1-before",
+                                 "restartCount": 0}]
+    launcher = launcher_pod(settings, creationTimestamp=LAUNCHED)
+    launcher["status"] = {"phase": "Succeeded", "containerStatuses": [{
+        "name": "launcher", "restartCount": 0, "state": {"terminated": {
+            "exitCode": 0, "reason": "Completed", "startedAt": "2026-12-02T04:17:06Z",
+            "finishedAt": "2026-12-02T04:17:10Z"}}}]}
+    workers = [ready_worker(0), ready_worker(1)]
+    workers[0]["metadata"]["creationTimestamp"] = "2026-12-02T04:15:00Z"
+    workers[1]["metadata"]["creationTimestamp"] = worker_created
+    return status, [*workers, launcher]
+
+
+@pytest.fixture()
+def deletes(api, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The deletions a pass sends that ends an attempt (recorded, not sent)."""
+    sent: list[str] = []
+    monkeypatch.setattr(k8s, "delete_if_present",
+                        lambda api_version, kind, namespace, name, **_: sent.append(
+                            f"{kind} {name}") or True)
+    monkeypatch.setattr(k8s, "stop_pod", lambda pod: bool(pod) and not sent.append(
+        f"Pod {pod['metadata']['name']}"))
+    monkeypatch.setattr(k8s, "delete_pod", lambda namespace, name, **_: sent.append(
+        f"Pod {name}") or True)
+    monkeypatch.setattr(k8s, "pod_log_tail", lambda *args, **kwargs: None)
+    return sent
+
+
+def test_a_launch_never_recorded_is_adopted_with_the_workers_it_started_on(api, deletes):
+    """Chaos soak (seed 1, c023): worker 1 was replaced, the next attempt's launcher created,
+    the operator killed before it wrote the launch. The next operator records the launch from
+    the pod (its creation) and the workers as they were then: the attempt ends Succeeded, not
+    as a worker lost mid-run."""
+    settings = Settings.from_env()
+    status, pods = unrecorded_launch(settings, worker_created="2026-12-02T04:17:01Z")
+    run_pass(settings, make_view(settings, status, worker_pods=pods))
+    final = api["status"][-1]
+    record = final["attempts"][-1]
+    assert (record["class"], record["launchTime"]) == ("Succeeded", LAUNCHED), record
+    assert st.is_true(final, st.SUCCEEDED), final["conditions"]
+
+
+def test_a_worker_replaced_after_an_unrecorded_launch_is_still_lost(api, deletes):
+    settings = Settings.from_env()
+    status, pods = unrecorded_launch(settings, worker_created="2026-12-02T04:17:08Z")
+    run_pass(settings, make_view(settings, status, worker_pods=pods))
+    record = api["status"][-1]["attempts"][0]
+    assert (record["class"], record["reason"]) == ("Infrastructure", st.REASON_WORKER_EVICTED)
+    assert "deleted and recreated" in record["message"], record

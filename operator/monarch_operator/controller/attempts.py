@@ -75,6 +75,29 @@ def worker_snapshot(job_name: str, replicas: int,
     return snapshot
 
 
+def snapshot_as_of(job_name: str, replicas: int, pods: list[dict[str, Any]],
+                   moment: str) -> list[dict[str, Any]]:
+    """The :func:`worker_snapshot` that would have been taken at ``moment`` (an RFC 3339 time:
+    a launcher pod's ``creationTimestamp``), as well as the pods now tell it: a pod created
+    after it stands for one that was lost since (its uid is not the one recorded, so
+    :func:`lost_workers` finds it ``deleted and recreated``), and a container started after
+    it with restarts counts one restart fewer (it restarted since). For an attempt whose
+    launch was never recorded: the operator stopped between creating the launcher pod and
+    writing the attempt's status (chaos soak, seed 1)."""
+    snapshot = worker_snapshot(job_name, replicas, pods)
+    created = {pod["metadata"]["name"]: pod for pod in pods}
+    for entry in snapshot:
+        pod = created[entry["name"]]
+        if str(pod["metadata"].get("creationTimestamp") or "") > moment:
+            entry["uid"] = f"replaced after {moment}"
+            continue
+        started = [str(((status.get("state") or {}).get("running") or {}).get("startedAt") or "")
+                   for status in (pod.get("status") or {}).get("containerStatuses") or []]
+        if entry["restartCount"] > 0 and any(time > moment for time in started):
+            entry["restartCount"] -= 1
+    return snapshot
+
+
 # At most this many distinct worker image digests are recorded per attempt.
 MAX_WORKER_IMAGES = 8
 

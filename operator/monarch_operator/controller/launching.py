@@ -52,6 +52,8 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
                 or _backing_off(state, record)):
             return None
         launcher = _launch(state, settings, worker_pods, launcher_name)
+    elif not record.get("launchTime"):
+        record = _adopt(state, launcher, worker_pods)
     launcher_name = launcher["metadata"]["name"]
     state.condition(st.RUNNING, True, st.REASON_LAUNCHER_STARTED,
                     f"launcher {launcher_name} running (attempt {attempt})")
@@ -62,6 +64,22 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
         # sent together); found in the cache (or just created), it costs no request.
         k8s.ensure(build_hostfile_configmap(job, settings, worker_pods), job.uid)
     return _judge(state, launcher, outcome, worker_pods, record)
+
+
+def _adopt(state: Pass, launcher: dict[str, Any],
+           worker_pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """Record the launch of the attempt's launcher pod that a pass created but whose status
+    write never happened (the operator stopped in between): its launch time is the pod's
+    creation and its workers those the pods show as of then
+    (:func:`.attempts.snapshot_as_of`), so that a worker replaced before the launcher started
+    is not taken for one lost mid-run. Returns the attempt's record."""
+    job = state.job
+    created = str(launcher["metadata"].get("creationTimestamp") or state.now_text)
+    state.status["attemptWorkers"] = attempts.snapshot_as_of(job.name, job.replicas,
+                                                             worker_pods, created)
+    state.status = attempts.update_current(state.status, launchTime=created,
+                                           launcherPod=launcher["metadata"]["name"])
+    return attempts.current(state.status) or {}
 
 
 def _end_launcher_gone(state: Pass, launcher_name: str,
