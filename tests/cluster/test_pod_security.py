@@ -35,7 +35,12 @@ def restrict(kubectl, namespace: str) -> None:
 def dry_run_pod(kubectl, namespace: str, name: str, template: dict[str, Any]
                 ) -> subprocess.CompletedProcess[str]:
     """Create a Pod from a pod ``template`` with ``--dry-run=server`` (every admission plugin
-    runs, nothing is stored); the completed kubectl run."""
+    runs, nothing is stored; the ServiceAccount it names is created first); the completed
+    kubectl run."""
+    account = template["spec"].get("serviceAccountName")
+    if account and get_json(kubectl, "serviceaccount", account, "-n", namespace) is None:
+        # The operator creates the launcher's own ServiceAccount with the job's first objects.
+        kubectl("create", "serviceaccount", account, "-n", namespace)
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "labels": (template.get("metadata") or {}).get("labels",
                                                                                       {})},
