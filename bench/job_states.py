@@ -4,7 +4,8 @@ shows", comes from this script's output).
 
 Jobs, 2 one-GPU workers each unless said otherwise:
 - ``waiting``: one worker asking for 9 GPUs (nodes have 8): Starting, the scheduler's reason;
-- ``running``: a launcher that sleeps: Running;
+- ``running``: a launcher that reports steps 240 and 250 of 1000 (loss), then sleeps: Running,
+  with STEP, PROGRESS, ETA and METRIC;
 - ``restarting``: workers pinned to one node; once it runs the node is cordoned and worker 1
   deleted, so the recreated pod cannot be scheduled: Restarting, waiting for that worker;
 - ``held``: created with ``suspend: true``: Suspended;
@@ -38,6 +39,12 @@ def status_of(kubectl: Kubectl, name: str) -> dict[str, Any]:
     return kubectl.json("monarchjob", name, "-n", NAMESPACE).get("status") or {}
 
 
+# The running job's program: two progress reports 2 s apart (a rate, so an ETA), then it works.
+REPORTING = ("import time; from monarch_operator.job import report; "
+             "report(240, total_steps=1000, metrics={\"loss\": 0.31}); time.sleep(2); "
+             "report(250, total_steps=1000, metrics={\"loss\": 0.30}); time.sleep(3600)")
+
+
 def apply(kubectl: Kubectl, text: str) -> None:
     kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=text)
 
@@ -49,7 +56,8 @@ def create_jobs(kubectl: Kubectl) -> None:
     apply(kubectl, manifest("waiting", "true", workers={"replicas": 1, "gpusPerWorker": 9},
                             meshes={"trainer": {"hosts": 1}, "ref": {"hosts": 1},
                                     "colocate": True}))
-    apply(kubectl, manifest("running", "exec sleep 3600"))
+    apply(kubectl, manifest("running", f"exec python3 -c '{REPORTING}'",
+                            progress={"reportIntervalSeconds": 1}))
     apply(kubectl, manifest("restarting", "exec sleep 3600",
                             workers={"replicas": 2, "gpusPerWorker": 1,
                                      "template": {"spec": pinned}}))
@@ -75,6 +83,8 @@ def settled(kubectl: Kubectl) -> bool:
         if phase in ("Succeeded", "Failed") and not status.get("readyWorkers", "").startswith("0/"):
             return False
         if name == "restarting" and "waiting for" not in status.get("message", ""):
+            return False
+        if name == "running" and (status.get("progress") or {}).get("step") != 250:
             return False
     return True
 
