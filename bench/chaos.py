@@ -12,7 +12,8 @@ fault makes it; ``failureCounts`` and ``restartCount`` exact against ``runPolicy
 live launcher pods (or launcher processes) of one job; no process of an ended attempt once a
 later one runs, none of a launcher pod once it ended, none of a finished job; every job final
 within 7 minutes and its status telling how; nothing (pods, ConfigMaps, Secrets, StatefulSets,
-Services, NetworkPolicies, Workloads, processes) left 2 minutes after deletion. Details:
+Services, NetworkPolicies, Workloads, ServiceAccounts, Roles, RoleBindings, processes) left 2
+minutes after deletion. Details:
 ``monarch_operator.testing.chaos``.
 
 Run as root (the node agent runs pods as other users)::
