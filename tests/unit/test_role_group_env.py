@@ -14,7 +14,7 @@ from monarch_operator.launcher.programs.distributed import (
     interface_of,
 )
 
-GROUP = RoleGroup("trainer", "10.0.0.5", 29411, world_size=8, local_world_size=4)
+GROUP = RoleGroup("trainer", "10.244.1.5", 29411, world_size=8, local_world_size=4)
 
 
 def test_a_proc_gets_its_rank_within_the_role_and_the_roles_master() -> None:
@@ -22,7 +22,7 @@ def test_a_proc_gets_its_rank_within_the_role_and_the_roles_master() -> None:
 
     assert env == {
         "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
-        "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29411",
+        "MASTER_ADDR": "10.244.1.5", "MASTER_PORT": "29411",
         "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0",
     }
 
