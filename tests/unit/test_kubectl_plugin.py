@@ -50,7 +50,8 @@ def test_hosts_table_names_pod_and_node():
     assert rows[1][:3] == ["trainer", "0", "0"] and rows[1][4:] == ["demo-worker-0", "node-a", "0"]
     assert rows[1][3].startswith("demo-worker-0.demo-worker.team-a.svc.")
     assert rows[2][4:6] == ["demo-worker-1 (missing)", "-"]
-    job["status"]["phase"] = "Succeeded"  # released, not missing
+    job["status"] = {"phase": "Succeeded",  # released, not missing
+                     "conditions": [{"type": "Succeeded", "status": "True"}]}
     assert views.hosts_table(job, [])[1][4] == "demo-worker-0 (released)"
 
 

@@ -85,9 +85,9 @@ def snapshot_as_of(job_name: str, replicas: int, pods: list[dict[str, Any]],
     launch was never recorded: the operator stopped between creating the launcher pod and
     writing the attempt's status (chaos soak, seed 1)."""
     snapshot = worker_snapshot(job_name, replicas, pods)
-    created = {pod["metadata"]["name"]: pod for pod in pods}
+    by_name = {pod["metadata"]["name"]: pod for pod in pods}
     for entry in snapshot:
-        pod = created[entry["name"]]
+        pod = by_name[entry["name"]]
         if str(pod["metadata"].get("creationTimestamp") or "") > moment:
             entry["uid"] = f"replaced after {moment}"
             continue

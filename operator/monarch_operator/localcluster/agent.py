@@ -430,13 +430,9 @@ class Agent:
     def _report(self, run: PodRun, now: float) -> None:
         document = json.dumps(run.record.api_status(now), sort_keys=True, separators=(",", ":"))
         if document != run.reported:
-            self._annotate(run.record.namespace, run.record.name, run.record.uid,
+            annotate_pod(self.core, run.record.namespace, run.record.name, run.record.uid,
                            {ANNOTATION_STATUS: document})
             run.reported = document
-
-    def _annotate(self, namespace: str, name: str, uid: str,
-                  annotations: dict[str, str]) -> None:
-        annotate_pod(self.core, namespace, name, uid, annotations)
 
     def _write_hosts(self, pods: list[dict[str, Any]]) -> None:
         content = podfiles.hosts_file(pods)
@@ -477,7 +473,7 @@ class Agent:
         if pod is not None:
             document = json.dumps(run.record.api_status(now), sort_keys=True,
                                   separators=(",", ":"))
-            self._annotate(run.record.namespace, run.record.name, run.record.uid,
+            annotate_pod(self.core, run.record.namespace, run.record.name, run.record.uid,
                            {ANNOTATION_STATUS: document, ANNOTATION_STOPPED: "true"})
         log.info("%s: all containers stopped", run.name)
 
@@ -489,7 +485,7 @@ class Agent:
             return  # kwok's own (Stage simulated-pod-delete)
         if meta["uid"] not in self.runs and ANNOTATION_STOPPED not in (meta.get("annotations")
                                                                       or {}):
-            self._annotate(meta["namespace"], meta["name"], meta["uid"],
+            annotate_pod(self.core, meta["namespace"], meta["name"], meta["uid"],
                            {ANNOTATION_STOPPED: "true"})
 
     def _lose_containers(self, run: PodRun, now: float) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monarch_operator import names
+from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import hostfile_hosts
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
@@ -78,13 +79,10 @@ def find_rank(places: list[RankPlace], rank: int, role: str | None) -> RankPlace
     raise LookupError(f"{wanted} has no rank {rank} (ranks 0..{len(matching) - 1})")
 
 
-FINAL_PHASES = ("Succeeded", "Failed")
-
-
 def finished(body: dict[str, Any]) -> bool:
-    """Whether the job ended (``status.phase`` Succeeded or Failed): its workers are
-    released."""
-    return (body.get("status") or {}).get("phase") in FINAL_PHASES
+    """Whether the job ended (Succeeded or Failed, :func:`.status.is_finished`): its workers
+    are released unless ``cleanupPolicy: KeepAll`` kept them."""
+    return st.is_finished(body.get("status") or {})
 
 
 def hosts_table(body: dict[str, Any], pods: list[dict[str, Any]],
