@@ -146,10 +146,14 @@ def test_c18_the_operator_hears_again_after_its_connections_are_disturbed(
         return any(record.get("class") == "Infrastructure"
                    and "demo-worker-0" in (record.get("lostWorkers") or []) for record in records)
 
-    wait_until(lost_worker_recorded, 60, f"demo's lost worker recorded after '{how}'")
-    lost_after = time.monotonic() - again
-    wait_until(lambda: job_status(kubectl, namespace, "probe").get("phase") == "Succeeded",
-               max(1.0, 60 - (time.monotonic() - again)), f"probe Succeeded after '{how}'")
+    try:
+        wait_until(lost_worker_recorded, 60, f"demo's lost worker recorded after '{how}'")
+        lost_after = time.monotonic() - again
+        wait_until(lambda: job_status(kubectl, namespace, "probe").get("phase") == "Succeeded",
+                   max(1.0, 60 - (time.monotonic() - again)), f"probe Succeeded after '{how}'")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\noperator log, last lines:\n"
+                             + "\n".join(proxied_operator.log().splitlines()[-60:])) from None
     probe_after = time.monotonic() - again
     print(f"C18 {how}: lost worker recorded {lost_after:.1f}s, probe Succeeded "
           f"{probe_after:.1f}s after the API server was reachable again")

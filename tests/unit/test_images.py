@@ -189,3 +189,34 @@ def test_cache_root_honours_the_environment(monkeypatch, tmp_path):
     assert images.images_dir() == tmp_path / "images"
     assert images.storage().root == tmp_path / "buildah"
     assert wheelhouse.wheels_dir() == tmp_path / "wheels"
+
+
+class _Usage:
+    def __init__(self, free_gib: float) -> None:
+        self.free = int(free_gib * 2**30)
+
+
+def test_a_build_is_refused_when_the_disk_cannot_take_it(tmp_path):
+    images.check_free_space(tmp_path, 20, usage=lambda _: _Usage(20.5))
+    with pytest.raises(RuntimeError) as refused:
+        images.check_free_space(tmp_path / "images", 20, usage=lambda _: _Usage(3.25))
+    message = str(refused.value)
+    # How much there is, how much it needs, and where space can be freed.
+    assert "only 3.2 GiB free" in message and "about 20 GiB" in message
+    assert str(tmp_path / "containerd") in message and "docs/development.md#disk" in message
+
+
+def test_stale_and_half_written_archives_are_dropped_and_the_current_one_kept(
+        monkeypatch, tmp_path):
+    monkeypatch.setenv("MONARCH_OPERATOR_CACHE", str(tmp_path))
+    folder = images.images_dir()
+    folder.mkdir()
+    names = ["worker-aaaa.tar", "worker-bbbb.tar", "worker-cccc.tar.partial",
+             "worker-bbbb.tar.partial", "examples-aaaa.tar", "worker-aaaa.log"]
+    for name in names:
+        (folder / name).write_text("x")
+    dropped = images._drop_stale("worker", folder / "worker-bbbb.tar")
+    assert sorted(path.name for path in dropped) == [
+        "worker-aaaa.tar", "worker-bbbb.tar.partial", "worker-cccc.tar.partial"]
+    assert sorted(path.name for path in folder.iterdir()) == [
+        "examples-aaaa.tar", "worker-aaaa.log", "worker-bbbb.tar"]

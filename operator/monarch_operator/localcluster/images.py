@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from monarch_operator import __version__
 from monarch_operator.localcluster import imagebase, wheelhouse
@@ -49,6 +50,9 @@ RECIPE_VERSION = "1"
 HASH_LABEL = "dev.monarch-operator.content-hash"
 # IMAGES[...].base naming the local Debian base rather than another image of IMAGES.
 DEBIAN_BASE = "debian-base"
+# Free space (GiB) a build needs: the worker's buildah layers (~6 GB) and archive (~6 GB),
+# and room for the real nodes to import it.
+MIN_FREE_GIB = 20.0
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,44 @@ def _archive(name: str, content: str) -> Path:
     return images_dir() / f"{name}-{content}.tar"
 
 
+def check_free_space(folder: Path, need_gib: float = MIN_FREE_GIB,
+                     usage: Callable[[Path], Any] = shutil.disk_usage) -> None:
+    """Refuse to start a build that the disk holding ``folder`` cannot take.
+
+    Args:
+        folder: where the build writes (the image cache); ``usage(folder).free`` is in bytes.
+        need_gib: the free space a build needs, in GiB (:data:`MIN_FREE_GIB`).
+
+    Raises:
+        RuntimeError: less than ``need_gib`` free; the message says how much there is and what
+            may be deleted.
+    """
+    free_gib = usage(folder).free / 2**30
+    if free_gib < need_gib:
+        raise RuntimeError(disk_advice(folder, f"only {free_gib:.1f} GiB free on the disk of "
+                                               f"{folder}, a build needs about {need_gib:.0f}"))
+
+
+def disk_advice(folder: Path, what: str) -> str:
+    """``what`` (a sentence about the full disk) followed by what may be deleted to go on."""
+    cache = folder.parent
+    return (f"{what} GiB (buildah's layers, the image archive, each real node's import; "
+            f"docs/development.md#disk). Each build replaces its image's older archive in "
+            f"{folder}; to free more: `monarch-localcluster down`, then delete "
+            f"{cache / 'containerd'} (the nodes import the images again, ~2 min) or "
+            f"~/.cache/go-build (Go's build cache).")
+
+
+def _drop_stale(name: str, keep: Path) -> list[Path]:
+    """Delete image ``name``'s archives other than ``keep`` and any half-written one (a failed
+    export's ``.tar.partial``); returns what was deleted."""
+    stale = [path for path in images_dir().glob(f"{name}-*.tar*")
+             if path != keep and path.name.endswith((".tar", ".tar.partial"))]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def ensure_base(buildah: Buildah, progress: Callable[[str], None]) -> str:
     """Return the local Debian base's reference, bootstrapping it into ``buildah`` if missing
     (about 2 minutes). Raises RuntimeError when debootstrap or buildah fails."""
@@ -237,13 +279,10 @@ def _export(plan: _Plan, buildah: Buildah, progress: Callable[[str], None]) -> P
     """Write the docker-archive (atomically) and delete this image's older archives."""
     target = _archive(plan.spec.name, plan.content)
     partial = target.with_name(target.name + ".partial")
-    partial.unlink(missing_ok=True)
+    _drop_stale(plan.spec.name, target)  # before writing: the old archive's space is needed
     progress(f"{plan.spec.name}: writing {target.name}")
     buildah.run("push", "--quiet", plan.spec.ref, f"docker-archive:{partial}:{plan.spec.ref}")
     partial.replace(target)
-    for old in images_dir().glob(f"{plan.spec.name}-*.tar"):
-        if old != target:
-            old.unlink()
     return target
 
 
@@ -266,6 +305,7 @@ def _ensure(name: str, plans: dict[str, _Plan], buildah: Buildah, need_local: bo
     if archive.exists() and (local or not need_local):
         return archive
     if not local:
+        check_free_space(images_dir())
         started = time.monotonic()
         if plan.spec.base == DEBIAN_BASE:
             ensure_base(buildah, progress)
@@ -303,6 +343,12 @@ def ensure_images(names: list[str] | None = None,
         before = set(buildah.containers())
         try:
             archives = {name: _ensure(name, plans, buildah, False, progress) for name in wanted}
+        except RuntimeError as error:
+            if "no space left on device" not in str(error).lower():
+                raise
+            raise RuntimeError(disk_advice(images_dir(), "the disk filled up during the build "
+                                           f"({str(error).strip()[-300:]}); it needs about "
+                                           f"{MIN_FREE_GIB:.0f}")) from error
         finally:
             for leftover in set(buildah.containers()) - before:
                 buildah.run("rm", leftover, check=False)
