@@ -50,9 +50,9 @@ RECIPE_VERSION = "1"
 HASH_LABEL = "dev.monarch-operator.content-hash"
 # IMAGES[...].base naming the local Debian base rather than another image of IMAGES.
 DEBIAN_BASE = "debian-base"
-# Free space (GiB) a build needs: the worker's buildah layers (~6 GB) and archive (~6 GB),
+# Free space (GiB) a build needs at least: the worker's archive (~6 GB) and its new layers,
 # and room for the real nodes to import it.
-MIN_FREE_GIB = 20.0
+MIN_FREE_GIB = 10.0
 
 
 @dataclass(frozen=True)
