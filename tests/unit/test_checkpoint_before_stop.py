@@ -41,7 +41,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
                         grace_seconds=None: sent["pods"].append((name, grace_seconds)) or True)
     monkeypatch.setattr(k8s, "delete_if_present", lambda api_version, kind, namespace, name: (
         sent["deleted"].append(kind) or True))
-    monkeypatch.setattr(k8s, "node_is_ready", lambda node: True)
+    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
     monkeypatch.setattr(k8s, "_post", lambda desired: stored(desired, "x"))  # the hostfile
     monkeypatch.setattr(k8s, "pod_log_tail", lambda *args, **kwargs: "")
     monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: job_body(status))

@@ -111,7 +111,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
 
     monkeypatch.setattr(k8s, "_post", post)
     monkeypatch.setattr(k8s, "patch_job_status", patch_status)
-    monkeypatch.setattr(k8s, "node_is_ready", lambda node: True)
+    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
     return sent
 
 
@@ -137,7 +137,7 @@ def running_status(settings: Settings) -> dict[str, Any]:
         patch.setattr(k8s, "_post", lambda desired: stored(desired, "x"))
         patch.setattr(k8s, "patch_job_status",
                       lambda namespace, name, status: sent["status"].append(status) or {})
-        patch.setattr(k8s, "node_is_ready", lambda node: True)
+        patch.setattr(k8s, "node_not_ready_since", lambda node: None)
         run_pass(settings, make_view(settings))
     return sent["status"][-1]
 

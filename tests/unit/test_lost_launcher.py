@@ -53,12 +53,12 @@ def test_the_lost_one_is_named_among_the_attempts_launcher_pods():
 
 def test_nodes_are_read_only_for_a_launcher_that_is_not_ready(monkeypatch):
     read: list[str] = []
-    monkeypatch.setattr(k8s, "node_is_ready", lambda node: read.append(node) or True)
+    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: read.append(node))
     running = observe.LauncherOutcome(finished=False)
     state = FakePass()
     # Ready: no node read, nothing ends, no pass asked for.
     assert launching._end_if_launcher_lost(state, running, [launcher()]) is None  # type: ignore[arg-type]
-    assert read == [] and state.wakes == [None]
+    assert read == [] and set(state.wakes) == {None}
     # Not Ready on a node that is Ready: the node is read, the attempt goes on, and a pass is
     # asked for (a node lost before its pod was Ready gives no pod event).
     assert launching._end_if_launcher_lost(  # type: ignore[arg-type]
@@ -107,12 +107,50 @@ def test_a_lost_launcher_ends_the_attempt_as_an_infrastructure_failure(monkeypat
     from monarch_operator.controller import status as st
 
     ended: list[tuple] = []
-    monkeypatch.setattr(k8s, "node_is_ready", lambda node: node != "kwok-gpu-0")
+    monkeypatch.setattr(k8s, "node_not_ready_since",
+                        lambda node: None if node != "kwok-gpu-0" else k8s.NEVER_READY)
     monkeypatch.setattr(endings, "end_attempt",
                         lambda *args: ended.append(args) or policy.INFRASTRUCTURE)
     running = observe.LauncherOutcome(finished=False)
     pods = [launcher(ready="False")]
-    assert launching._end_if_launcher_lost("state", running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
-    assert ended == [("state", policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
+    state = FakePass()
+    assert launching._end_if_launcher_lost(state, running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
+    assert ended == [(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                       "launcher pod j-launcher-1-abcde lost with its node kwok-gpu-0 (NotReady)",
                       running, None, pods)]
+
+
+def test_a_node_is_lost_only_once_not_ready_for_the_confirmation_time():
+    now = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
+    confirm = attempts.NODE_LOSS_CONFIRM_SECONDS
+
+    def ago(seconds: float) -> dt.datetime:
+        return now - dt.timedelta(seconds=seconds)
+
+    assert attempts.confirmed_lost({}, now) == (frozenset(), None)
+    assert attempts.confirmed_lost({"a": None, "b": ago(3)}, now) == (frozenset(), confirm - 3)
+    assert attempts.confirmed_lost(
+        {"a": ago(confirm), "b": ago(confirm - 5), "c": ago(1), "gone": k8s.NEVER_READY},
+        now) == (frozenset({"a", "gone"}), 5)
+
+
+def test_a_not_ready_blip_after_a_control_plane_outage_ends_no_attempt(monkeypatch):
+    """C18 with the API server paused longer than the node-monitor grace: on resuming, the
+    node controller marks the nodes NotReady (and the launcher pod not Ready) until the
+    kubelets' next Lease renewals; the attempt goes on and is looked at again when the node
+    would count as lost. NotReady for the confirmation time, it is lost."""
+    from monarch_operator.controller import endings, policy
+
+    state = FakePass()
+    since = {"kwok-gpu-0": state.now - dt.timedelta(seconds=2)}
+    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: since.get(node))
+    ended: list[tuple] = []
+    monkeypatch.setattr(endings, "end_attempt",
+                        lambda *args: ended.append(args) or policy.INFRASTRUCTURE)
+    running = observe.LauncherOutcome(finished=False)
+    pods = [launcher(ready="False")]
+    assert launching._end_if_launcher_lost(state, running, pods) is None  # type: ignore[arg-type]
+    assert ended == [] and attempts.NODE_LOSS_CONFIRM_SECONDS - 2 in state.wakes
+    since["kwok-gpu-0"] -= dt.timedelta(seconds=attempts.NODE_LOSS_CONFIRM_SECONDS)
+    assert launching._end_if_launcher_lost(state, running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
+    assert len(ended) == 1

@@ -78,7 +78,7 @@ def test_other_preflight_failures_are_left_to_the_exit_code(message, attempt, cr
 def api(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(k8s, "_post", lambda desired, dry_run=False: desired)
     monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: status)
-    monkeypatch.setattr(k8s, "node_is_ready", lambda node: True)
+    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
     monkeypatch.setattr(k8s, "node_heartbeats", lambda: None)  # unknown: judged at once
     monkeypatch.setattr(k8s, "stop_pod", lambda pod: True)
     monkeypatch.setattr(k8s, "delete_if_present", lambda *args: True)

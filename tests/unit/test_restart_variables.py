@@ -30,7 +30,7 @@ def launched_env(status: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dic
 
     monkeypatch.setattr(k8s, "_post", post)
     monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, body: job_body(body))
-    monkeypatch.setattr(k8s, "node_is_ready", lambda node: True)
+    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
     monkeypatch.setattr(k8s, "stop_pod", lambda pod: False)
     settings = Settings.from_env()
     body = {**job_body(status), "spec": {**job_body()["spec"], "runPolicy": {

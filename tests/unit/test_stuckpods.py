@@ -129,6 +129,9 @@ def test_the_gate_finds_workers_whose_node_is_lost(monkeypatch):
     assert state.wake_after == gate.NODE_CHECK_AFTER_SECONDS - 5
 
 
+CHANGED = dt.datetime(2026, 11, 30, 12, 0, 7, tzinfo=dt.UTC)
+
+
 def test_node_ready_is_reused_for_the_memo_period_not_ready_never_and_a_403_ends_reads(monkeypatch):
     import kubernetes
     from kubernetes.client.rest import ApiException
@@ -143,7 +146,8 @@ def test_node_ready_is_reused_for_the_memo_period_not_ready_never_and_a_403_ends
             raise ApiException(status=404)
         if name == "secret":
             raise ApiException(status=403)
-        condition = kubernetes.client.V1NodeCondition(type="Ready", status=answers[name])
+        condition = kubernetes.client.V1NodeCondition(
+            type="Ready", status=answers[name], last_transition_time=CHANGED)
         return kubernetes.client.V1Node(status=kubernetes.client.V1NodeStatus(
             conditions=[condition]))
 
@@ -163,6 +167,10 @@ def test_node_ready_is_reused_for_the_memo_period_not_ready_never_and_a_403_ends
         answers["n1"] = "False"
         clock[0] += k8s.NODE_READY_MEMO_SECONDS
         assert k8s.node_is_ready("n1") is False and reads[-1] == "n1"
+        # When it stopped being Ready: the condition's last transition; a node gone, long ago.
+        assert k8s.node_not_ready_since("n1") == CHANGED
+        assert k8s.node_not_ready_since("gone") == k8s.NEVER_READY
+        assert k8s.node_not_ready_since("n2") is None
         # Not allowed to read nodes: taken as Ready (the pod tells), and never asked again.
         assert k8s.node_is_ready("secret") is True
         assert k8s.node_is_ready("n2") is True and reads[-1] == "secret"

@@ -152,7 +152,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     monkeypatch.setattr(k8s, "_post", lambda desired, dry_run=False: stored(desired, "x"))
     monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: (
         sent["status"].append(status) or job_body(status)))
-    monkeypatch.setattr(k8s, "node_is_ready", lambda node: True)
+    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
     monkeypatch.setattr(k8s, "node_heartbeats", lambda: None)  # unknown: judged at once
     monkeypatch.setattr(k8s, "stop_pod", lambda pod: bool(pod) and not sent["deleted"].append(
         pod["metadata"]["name"]))
@@ -401,7 +401,8 @@ def test_a_launcher_failed_while_a_workers_node_is_silent_waits_then_is_infrastr
     lost["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(k8s, "node_heartbeats", lambda: silent)
-        patch.setattr(k8s, "node_is_ready", lambda node: node != "node-1")
+        patch.setattr(k8s, "node_not_ready_since",
+                      lambda node: None if node != "node-1" else k8s.NEVER_READY)
         patch.setattr(k8s, "delete_pod", lambda *args, **kwargs: True)  # the lost worker
         judged = run_policy_pass(settings, {**body, "status": held}, [worker(0), lost, failed],
                                  end + dt.timedelta(seconds=25))

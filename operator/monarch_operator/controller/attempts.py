@@ -31,6 +31,13 @@ MESSAGE_CHARS = 1024
 LAUNCHER_RECHECK_SECONDS = 5.0
 LAUNCHER_RECHECK_WINDOW_SECONDS = 90.0
 
+# A node not Ready for less than this (seconds) is not taken as lost yet. After an outage of
+# the control plane longer than the node-monitor grace period, the node controller marks every
+# node NotReady (and every pod on it not Ready) until the kubelets' next Lease renewals reach it
+# (each 10 s by default, its look each 5 s): a blip that must not end every running attempt.
+# A node that is really gone stays NotReady; its loss is judged this much later.
+NODE_LOSS_CONFIRM_SECONDS = 20.0
+
 # The launcher's failure line: "trainer rank 1 (host demo-worker-0, local rank 1): ..." (role
 # mode, programs/roles.py and job.py) or "rank 3 of 4 (host demo-worker-1, local rank 1) ..."
 # (SPMD, programs/spmd.py).
@@ -200,6 +207,31 @@ def lost_launcher(pods: list[dict[str, Any]],
         if _launcher_unready(pod) and node in unready_nodes:
             return str(pod["metadata"]["name"]), str(node)
     return None
+
+
+def confirmed_lost(not_ready_since: dict[str, dt.datetime | None],
+                   now: dt.datetime) -> tuple[frozenset[str], float | None]:
+    """The nodes taken as lost, and when to look again at those that may be.
+
+    Args:
+        not_ready_since: per node, when it stopped being Ready (aware UTC; None: Ready), as
+            :func:`.k8s.node_not_ready_since` answers.
+        now: the pass's time (aware UTC).
+
+    Returns:
+        The nodes not Ready for :data:`NODE_LOSS_CONFIRM_SECONDS` or longer, and the seconds
+        until the first of the others would be (None when there is none).
+    """
+    lost, waits = set(), []
+    for node, since in not_ready_since.items():
+        if since is None:
+            continue
+        left = NODE_LOSS_CONFIRM_SECONDS - (now - since).total_seconds()
+        if left <= 0:
+            lost.add(node)
+        else:
+            waits.append(left)
+    return frozenset(lost), (min(waits) if waits else None)
 
 
 def launcher_recheck_in(pods: list[dict[str, Any]], now: dt.datetime) -> float | None:

@@ -549,9 +549,26 @@ _nodes_forbidden = False  # a 403 once: this operator may not read nodes (namesp
 
 
 def node_is_ready(name: str) -> bool:
-    """Whether node ``name`` exists and has condition ``Ready=True`` (a 404 is False).
+    """Whether node ``name`` exists and has condition ``Ready=True`` (a 404 is False): see
+    :func:`node_not_ready_since`, whose answer is None exactly then.
 
-    True when the operator may not read nodes (the chart's namespaced mode has no
+    Raises:
+        ApiException: any error but 403 and 404.
+    """
+    return node_not_ready_since(name) is None
+
+
+# What node_not_ready_since answers for a node that is gone or never reported Ready: lost long
+# ago.
+NEVER_READY = dt.datetime.min.replace(tzinfo=dt.UTC)
+
+
+def node_not_ready_since(name: str) -> dt.datetime | None:
+    """When node ``name`` stopped being Ready: its ``Ready`` condition's ``lastTransitionTime``
+    (aware UTC) while that condition is not ``True``; :data:`NEVER_READY` when the node is gone
+    (404) or has no such condition; None while it is Ready.
+
+    None too when the operator may not read nodes (the chart's namespaced mode has no
     ClusterRole): then only the pod's own state can tell, and after the first 403 nodes are
     never asked for again. A Ready answer is reused for :data:`NODE_READY_MEMO_SECONDS`.
 
@@ -561,30 +578,32 @@ def node_is_ready(name: str) -> bool:
     now = time.monotonic()
     with _node_memo_lock:
         if _nodes_forbidden:
-            return True
+            return None
         memo = _node_memo.get(name)
     if memo is not None and now - memo[0] < NODE_READY_MEMO_SECONDS:
-        return memo[1]
+        return None
+    since: dt.datetime | None = NEVER_READY
     try:
         node = kubernetes.client.CoreV1Api(_client()).read_node(name)
-        ready = any(condition.type == "Ready" and condition.status == "True"
-                    for condition in (node.status.conditions or []))
+        for condition in node.status.conditions or []:
+            if condition.type == "Ready":
+                since = (None if condition.status == "True"
+                         else condition.last_transition_time or NEVER_READY)
     except ApiException as error:
         if error.status == 403:
             _forbid_nodes()
-            return True
+            return None
         if error.status != 404:
             raise
-        ready = False
     with _node_memo_lock:
-        if ready:
-            _node_memo[name] = (now, ready)
+        if since is None:
+            _node_memo[name] = (now, True)
         else:
             _node_memo.pop(name, None)
         for stale in [node for node, (at, _) in _node_memo.items()
                       if now - at >= NODE_READY_MEMO_SECONDS]:
             del _node_memo[stale]
-    return ready
+    return since
 
 
 def _forbid_nodes() -> None:

@@ -82,6 +82,16 @@ def _adopt(state: Pass, launcher: dict[str, Any],
     return attempts.current(state.status) or {}
 
 
+def _lost_nodes(state: Pass, nodes: set[str]) -> frozenset[str]:
+    """Those of ``nodes`` taken as lost: not Ready for
+    :data:`.attempts.NODE_LOSS_CONFIRM_SECONDS` (a control-plane outage's NotReady blip is not
+    a loss); a pass is asked for when one not Ready for less would be."""
+    lost, recheck = attempts.confirmed_lost(
+        {node: k8s.node_not_ready_since(node) for node in sorted(nodes)}, state.now)
+    state.wake_in(recheck)
+    return lost
+
+
 def _end_launcher_gone(state: Pass, launcher_name: str,
                        worker_pods: list[dict[str, Any]]) -> str | None:
     """End the attempt whose launcher pod is gone without an ended state seen (deleted while
@@ -91,8 +101,7 @@ def _end_launcher_gone(state: Pass, launcher_name: str,
     operator killed, its launcher gone when it came back); else ``LauncherLost``. Both are
     Infrastructure. Returns the class when the job restarts, else None."""
     snapshot = state.status.get("attemptWorkers") or []
-    unready = frozenset(node for node in attempts.nodes_to_check(snapshot, worker_pods)
-                        if not k8s.node_is_ready(node))
+    unready = _lost_nodes(state, attempts.nodes_to_check(snapshot, worker_pods))
     lost = attempts.lost_workers(snapshot, worker_pods, unready)
     if lost:
         restarted = all(worker.in_place for worker in lost)
@@ -138,8 +147,7 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
     launcher_name = launcher["metadata"]["name"]
     pods = [launcher]
     snapshot = state.status.get("attemptWorkers") or []
-    unready_nodes = frozenset(node for node in attempts.nodes_to_check(snapshot, worker_pods)
-                              if not k8s.node_is_ready(node))
+    unready_nodes = _lost_nodes(state, attempts.nodes_to_check(snapshot, worker_pods))
     lost = attempts.lost_workers(snapshot, worker_pods, unready_nodes)
     verdict = verdicts.judge(launcher, outcome.finished, outcome.succeeded, lost, snapshot,
                              worker_pods, state.now, verdicts.parse(record.get("launchTime")))
@@ -276,8 +284,7 @@ def _end_if_launcher_lost(state: Pass, outcome: observe.LauncherOutcome,
     for it (:func:`_waiting_for_earlier_launcher`). While a launcher pod is not Ready a pass
     is asked for again (:func:`.attempts.launcher_recheck_in`). Returns the failure class
     when the job restarts, else None."""
-    unready_nodes = frozenset(node for node in attempts.launcher_nodes_to_check(pods)
-                              if not k8s.node_is_ready(node))
+    unready_nodes = _lost_nodes(state, attempts.launcher_nodes_to_check(pods))
     lost = attempts.lost_launcher(pods, unready_nodes)
     if lost is None:  # a launcher lost before it was ever Ready gets no pod event: look again
         state.wake_in(attempts.launcher_recheck_in(pods, state.now))

@@ -37,9 +37,10 @@ SETTLE_SECONDS = 3.0
 # How long at most a failed launcher's verdict waits for the nodes of its workers to show
 # they live (:func:`silent_nodes`): a node that crashed is marked NotReady once its Lease went
 # unrenewed for the node controller's grace period (``--node-monitor-grace-period``, 50 s by
-# default since Kubernetes 1.32, 40 s before) and its next look (5 s). Past this, the exit
-# code decides. While waiting, the verdict looks again every HEARTBEAT_RECHECK_SECONDS.
-NODE_SILENCE_HOLD_SECONDS = 65.0
+# default since Kubernetes 1.32, 40 s before) and its next look (5 s), then taken as lost
+# once NotReady for NODE_LOSS_CONFIRM_SECONDS. Past this, the exit code decides. While
+# waiting, the verdict looks again every HEARTBEAT_RECHECK_SECONDS.
+NODE_SILENCE_HOLD_SECONDS = 65.0 + attempts.NODE_LOSS_CONFIRM_SECONDS
 HEARTBEAT_RECHECK_SECONDS = 2.0
 
 # Verdict kinds.
