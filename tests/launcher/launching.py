@@ -114,6 +114,7 @@ def run_launch(
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,
+            preexec_fn=_default_stop_signals,
         )
         try:
             if sigterm_after is not None:
@@ -133,6 +134,17 @@ def run_launch(
     wall_s = time.monotonic() - started
     lines = output_path.read_text(errors="replace").splitlines()
     return Launch(process.returncode, [line.rstrip("\r") for line in lines], wall_s)
+
+
+def _default_stop_signals() -> None:
+    """In the launcher's process, before it runs: SIGINT and SIGHUP at their default action,
+    whatever the test run inherited. A run started in the background of a non-interactive shell
+    inherits SIGINT ignored (POSIX), and the launcher keeps an inherited ignore (nohup, a
+    script's background job: session/lifecycle.py), so the SIGINT tests would test that case
+    instead. Suspected in a local CI run where both SIGINT tests waited out their limit (not
+    reproduced since); a user who starts the launcher that way keeps the signal ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _wait_for_line(
