@@ -543,7 +543,7 @@ def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
 # few nodes cost a few reads, not one per worker per pass. NotReady is never reused: a node
 # that came back must not cost a new pod on it its attempt (the pod would be judged lost).
 NODE_READY_MEMO_SECONDS = 5.0
-_node_memo: dict[str, tuple[float, bool]] = {}
+_node_memo: dict[str, float] = {}  # node -> when it was last found Ready (monotonic)
 _node_memo_lock = threading.Lock()
 _nodes_forbidden = False  # a 403 once: this operator may not read nodes (namespaced mode)
 
@@ -580,7 +580,7 @@ def node_not_ready_since(name: str) -> dt.datetime | None:
         if _nodes_forbidden:
             return None
         memo = _node_memo.get(name)
-    if memo is not None and now - memo[0] < NODE_READY_MEMO_SECONDS:
+    if memo is not None and now - memo < NODE_READY_MEMO_SECONDS:
         return None
     since: dt.datetime | None = NEVER_READY
     try:
@@ -597,10 +597,10 @@ def node_not_ready_since(name: str) -> dt.datetime | None:
             raise
     with _node_memo_lock:
         if since is None:
-            _node_memo[name] = (now, True)
+            _node_memo[name] = now
         else:
             _node_memo.pop(name, None)
-        for stale in [node for node, (at, _) in _node_memo.items()
+        for stale in [node for node, at in _node_memo.items()
                       if now - at >= NODE_READY_MEMO_SECONDS]:
             del _node_memo[stale]
     return since

@@ -431,7 +431,7 @@ class Agent:
         document = json.dumps(run.record.api_status(now), sort_keys=True, separators=(",", ":"))
         if document != run.reported:
             annotate_pod(self.core, run.record.namespace, run.record.name, run.record.uid,
-                           {ANNOTATION_STATUS: document})
+                         {ANNOTATION_STATUS: document})
             run.reported = document
 
     def _write_hosts(self, pods: list[dict[str, Any]]) -> None:
@@ -474,7 +474,7 @@ class Agent:
             document = json.dumps(run.record.api_status(now), sort_keys=True,
                                   separators=(",", ":"))
             annotate_pod(self.core, run.record.namespace, run.record.name, run.record.uid,
-                           {ANNOTATION_STATUS: document, ANNOTATION_STOPPED: "true"})
+                         {ANNOTATION_STATUS: document, ANNOTATION_STOPPED: "true"})
         log.info("%s: all containers stopped", run.name)
 
     def _confirm_unrun(self, pod: dict[str, Any]) -> None:
@@ -486,7 +486,7 @@ class Agent:
         if meta["uid"] not in self.runs and ANNOTATION_STOPPED not in (meta.get("annotations")
                                                                       or {}):
             annotate_pod(self.core, meta["namespace"], meta["name"], meta["uid"],
-                           {ANNOTATION_STOPPED: "true"})
+                         {ANNOTATION_STOPPED: "true"})
 
     def _lose_containers(self, run: PodRun, now: float) -> None:
         """The pod's node crashed: every process of it dies at once (SIGKILL), and each
