@@ -80,6 +80,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: status)
     monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
     monkeypatch.setattr(k8s, "node_heartbeats", lambda: None)  # unknown: judged at once
+    monkeypatch.setattr(k8s, "node_readiness", lambda: None)
     monkeypatch.setattr(k8s, "stop_pod", lambda pod: True)
     monkeypatch.setattr(k8s, "delete_if_present", lambda *args: True)
     monkeypatch.setattr(k8s, "pod_log_tail", lambda *args: "")

@@ -154,6 +154,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
         sent["status"].append(status) or job_body(status)))
     monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
     monkeypatch.setattr(k8s, "node_heartbeats", lambda: None)  # unknown: judged at once
+    monkeypatch.setattr(k8s, "node_readiness", lambda: None)  # unknown: no node was down
     monkeypatch.setattr(k8s, "stop_pod", lambda pod: bool(pod) and not sent["deleted"].append(
         pod["metadata"]["name"]))
     monkeypatch.setattr(k8s, "delete_if_present", lambda *args: True)

@@ -135,7 +135,8 @@ configmaps above (RBAC's escalation check). */}}
 {{/* Cluster-wide only: kopf watches CustomResourceDefinitions to notice the MonarchJob CRD
 being added or removed while it runs, a pass reads the node of a worker that stopped being
 Ready (a lost node is an infrastructure failure), and a failed launcher's verdict waits for the
-node heartbeats (Leases in kube-node-lease) of its workers. Namespaced mode needs no such rule:
+node heartbeats (Leases in kube-node-lease) of its workers and lists the nodes to see whether
+one was NotReady since the launcher's end. Namespaced mode needs no such rule:
 kopf's scan is off (--namespace), and a 403 on nodes or Leases leaves the pod's own state to
 tell. */}}
 {{- define "monarch-operator.clusterOnlyRules" -}}
@@ -144,7 +145,7 @@ tell. */}}
   verbs: [list, watch]
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [get]
+  verbs: [get, list]
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [list]

@@ -606,6 +606,38 @@ def node_not_ready_since(name: str) -> dt.datetime | None:
     return since
 
 
+def node_readiness() -> dict[str, tuple[bool, dt.datetime | None]] | None:
+    """Every node's readiness: by node name, whether its ``Ready`` condition is ``True`` and
+    that condition's ``lastTransitionTime`` (aware UTC; None when not given). A node without a
+    ``Ready`` condition is not Ready. One list request, whatever the number of nodes; nothing
+    is memoized (a failed launcher's verdict asks, once per pass while it is pending).
+
+    Returns None when the operator may not read nodes (the chart's namespaced mode); after the
+    first 403 nodes are never asked for again.
+
+    Raises:
+        ApiException: any other API error.
+    """
+    with _node_memo_lock:
+        if _nodes_forbidden:
+            return None
+    try:
+        nodes = kubernetes.client.CoreV1Api(_client()).list_node()
+    except ApiException as error:
+        if error.status != 403:
+            raise
+        _forbid_nodes()
+        return None
+    readiness: dict[str, tuple[bool, dt.datetime | None]] = {}
+    for node in nodes.items:
+        conditions = (node.status.conditions if node.status else None) or []
+        ready = next((condition for condition in conditions if condition.type == "Ready"), None)
+        readiness[node.metadata.name] = (
+            (False, None) if ready is None
+            else (ready.status == "True", ready.last_transition_time))
+    return readiness
+
+
 def _forbid_nodes() -> None:
     global _nodes_forbidden
     with _node_memo_lock:

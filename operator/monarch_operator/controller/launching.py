@@ -182,6 +182,14 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
     if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
         return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                                    f"launcher pod lost: {outcome.message}", outcome, None, pods)
+    down = _workers_nodes_down(launcher, worker_pods, snapshot)
+    if down:  # a host lost made the launcher fail, whatever the node does now
+        reason = (st.REASON_WORKER_EVICTED if any(worker.node_lost for worker in down)
+                  else st.REASON_WORKER_RESTARTED)
+        return endings.end_attempt(state, policy.INFRASTRUCTURE, reason,
+                                   f"worker {short([worker.describe() for worker in down])} "
+                                   f"lost around the launcher's end (it exited "
+                                   f"{outcome.exit_code})", outcome, down, pods)
     if _awaiting_heartbeats(state, launcher, outcome, worker_pods, snapshot):
         return None
     unreachable = recreated.recreated_workers_unreachable(
@@ -226,6 +234,30 @@ def _checkpoint_first(state: Pass, launcher: dict[str, Any], lost: list[attempts
                     f"program can save its state (up to "
                     f"{state.job.run_policy.checkpoint_grace_seconds}s)")
     return True
+
+
+def _workers_nodes_down(launcher: dict[str, Any], worker_pods: list[dict[str, Any]],
+                        snapshot: list[dict[str, Any]]) -> list[attempts.LostWorker]:
+    """The attempt's workers on a node that was not Ready at some moment since the failed
+    launcher's end (:func:`.verdicts.nodes_down_since`), in snapshot order; ``[]`` when none
+    or when nodes may not be read. A worker whose node is still not Ready is ``node_lost``
+    (its pod is to be recreated elsewhere); one whose node is back keeps its pod."""
+    readiness = k8s.node_readiness()
+    down = set(verdicts.nodes_down_since(snapshot, worker_pods, readiness,
+                                         verdicts.launcher_end(launcher)))
+    if not down or readiness is None:
+        return []
+    node_of = {pod["metadata"]["name"]: (pod.get("spec") or {}).get("nodeName")
+               for pod in worker_pods}
+    lost = []
+    for entry in snapshot:
+        node = node_of.get(entry["name"])
+        if node in down:
+            still = not readiness.get(str(node), (False, None))[0]
+            lost.append(attempts.LostWorker(
+                entry["name"], f"node {node} {'NotReady' if still else 'was NotReady'}",
+                node_lost=still))
+    return lost
 
 
 def _awaiting_heartbeats(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutcome,

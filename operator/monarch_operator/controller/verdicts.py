@@ -241,12 +241,49 @@ def silent_nodes(snapshot: list[dict[str, Any]], worker_pods: list[dict[str, Any
     failure is not the program's to be charged with. Sorted node names; a worker pod not bound
     to a node is not waited for.
     """
-    names_ = {entry["name"] for entry in snapshot}
-    nodes = {str(pod["spec"]["nodeName"]) for pod in worker_pods
-             if pod["metadata"]["name"] in names_ and (pod.get("spec") or {}).get("nodeName")}
     alive_after = ended + dt.timedelta(seconds=1)
-    return sorted(node for node in nodes
+    return sorted(node for node in _worker_nodes(snapshot, worker_pods)
                   if node not in heartbeats or heartbeats[node] < alive_after)
+
+
+def _worker_nodes(snapshot: list[dict[str, Any]], worker_pods: list[dict[str, Any]]) -> set[str]:
+    """The nodes that the pods of the snapshot's workers are bound to."""
+    names_ = {entry["name"] for entry in snapshot}
+    return {str(pod["spec"]["nodeName"]) for pod in worker_pods
+            if pod["metadata"]["name"] in names_ and (pod.get("spec") or {}).get("nodeName")}
+
+
+def nodes_down_since(snapshot: list[dict[str, Any]], worker_pods: list[dict[str, Any]],
+                     readiness: dict[str, tuple[bool, dt.datetime | None]] | None,
+                     ended: dt.datetime | None) -> list[str]:
+    """The nodes of the attempt's workers that were not Ready at some moment since the
+    launcher's end ``ended``: gone, not Ready now (for any time: no confirmation is waited
+    for), or Ready again through a transition in or after the second of ``ended``.
+
+    A node that crashed makes the launcher fail within seconds, is marked NotReady only after
+    the node controller's grace period, and may be back before the verdict's hold
+    (:func:`heartbeat_hold`) ends: its first heartbeat then must not let the exit code decide
+    (chaos soak, seed 1: a node down 37 s, NotReady 12 s of it). A control-plane outage that
+    marks every node NotReady for a few seconds while a failed launcher's verdict is pending
+    makes that attempt Infrastructure too: one restart of the infrastructure budget, never a
+    program blamed for a host.
+
+    Args:
+        readiness: per node, whether it is Ready and since when its ``Ready`` condition has
+            its status (:func:`.k8s.node_readiness`); None when nodes may not be read.
+        ended: the launcher's ``finishedAt``; None (not reported) decides nothing.
+
+    Returns:
+        Sorted node names; ``[]`` when ``readiness`` or ``ended`` is None.
+    """
+    if readiness is None or ended is None:
+        return []
+    down = []
+    for node in _worker_nodes(snapshot, worker_pods):
+        ready, since = readiness.get(node, (False, None))
+        if not ready or (since is not None and since >= ended):
+            down.append(node)
+    return sorted(down)
 
 
 def heartbeat_hold(snapshot: list[dict[str, Any]], worker_pods: list[dict[str, Any]],
