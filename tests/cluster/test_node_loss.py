@@ -119,3 +119,22 @@ def test_node_down_and_up_from_the_command_line(core, local_cluster):
     assert up.returncode == 0, up.stderr
     assert up.stdout.splitlines()[-1] == f"node {LOST_NODE}: Ready=True"
     assert nodestate.LABEL_NODE_DOWN not in core.read_node(LOST_NODE).metadata.labels
+
+
+def test_a_heartbeat_keeps_the_ready_conditions_transition_time(core):
+    """As a kubelet's node status update does: the operator tells a node that came back from
+    one that was Ready all along by when its Ready condition last changed (chaos soak: with
+    every heartbeat moving it, healthy nodes looked just back)."""
+    def ready() -> dict:
+        return nodestate.condition(core.api_client.sanitize_for_serialization(
+            core.read_node(OTHER_NODE)))
+
+    before = ready()
+
+    def after_a_heartbeat() -> dict | None:
+        now = ready()
+        return now if now["lastHeartbeatTime"] != before["lastHeartbeatTime"] else None
+
+    after = wait_until(after_a_heartbeat, 70, f"a heartbeat of {OTHER_NODE}")
+    assert after["status"] == "True", after
+    assert after["lastTransitionTime"] == before["lastTransitionTime"], (before, after)
