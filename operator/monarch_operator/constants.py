@@ -48,6 +48,28 @@ SSH_HOST_KEY = "ssh_host_ed25519_key"
 SSH_HOST_PUBLIC_KEY = "ssh_host_ed25519_key.pub"
 SSH_KNOWN_HOSTS = "known_hosts"
 
+# spec.mode: how the launcher reaches the workers. "ssh" (the default): each worker runs sshd and
+# the launcher starts Monarch workers over ssh (Monarch's SSHJob). "attach": each worker runs
+# Monarch's worker loop itself and a program written against Monarch's KubernetesJob attaches
+# to the role meshes (docs/attach.md).
+MODE_SSH = "ssh"
+MODE_ATTACH = "attach"
+MODES = (MODE_SSH, MODE_ATTACH)
+# Attach mode: the worker loop's port, Monarch KubernetesJob's default (_DEFAULT_MONARCH_PORT),
+# given to the worker as a literal MONARCH_PORT in its first container, the one place
+# KubernetesJob reads it from (it ignores valueFrom).
+MONARCH_ATTACH_PORT = 26600
+ENV_MONARCH_PORT = "MONARCH_PORT"
+# Attach mode, on the worker: the DNS domain of its headless Service
+# (<service>.<namespace>.svc.<cluster domain>); the worker advertises <hostname>.<domain>.
+ENV_WORKER_DOMAIN = "MONARCH_WORKER_DOMAIN"
+# Attach mode, on each worker pod: its rank in a role's mesh, label <GROUP>/<mesh>-rank (set by
+# the operator in hostfile order; a pod of two colocated roles carries both).
+RANK_LABEL_SUFFIX = "-rank"
+# Attach mode: pods in the job's namespace labelled <GROUP>/attach-to=<job> may reach its
+# workers through the job's NetworkPolicy (a Monarch client outside the job, docs/attach.md).
+LABEL_ATTACH_TO = f"{GROUP}/attach-to"
+
 # Resource name Kubernetes uses for NVIDIA GPUs (device plugin).
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -62,6 +84,10 @@ ENV_TRAINER_HOSTS = "MONARCH_TRAINER_HOSTS"
 ENV_REF_HOSTS = "MONARCH_REF_HOSTS"
 ENV_COLOCATE = "MONARCH_COLOCATE"
 ENV_CLIENT_ADDRESS = "MONARCH_CLIENT_ADDRESS"
+# Attach mode: the role meshes as a JSON list (status.meshes: role, meshName, labelSelector,
+# podRankLabel, replicas, port) and the namespace to give Monarch's KubernetesJob.
+ENV_OPERATOR_MESHES = "MONARCH_OPERATOR_MESHES"
+ENV_OPERATOR_NAMESPACE = "MONARCH_OPERATOR_NAMESPACE"
 # How long each name of MONARCH_HOST_ADDRESSES must keep resolving to its address before the
 # launcher connects, seconds (default 30, one DNS cache lifetime; field case C20).
 ENV_DNS_STABLE = "MONARCH_DNS_STABLE"
@@ -123,6 +149,8 @@ LAUNCHER_RESERVED_ENV = (
     ENV_TRAINER_GPUS,
     ENV_REF_GPUS,
     ENV_CLIENT_ADDRESS,
+    ENV_OPERATOR_MESHES,
+    ENV_OPERATOR_NAMESPACE,
 )
 
 # Set by the worker entrypoint for every ssh session (sshd SetEnv): a JSON object holding the

@@ -27,7 +27,8 @@ API = "monarch_operator.job"
 #                  public API builds its configuration from them, the command lines add theirs.
 #   programs:      programs/ (the job API's engine, the built-in example, SPMD, user programs).
 #   api:           the public facades: monarch_operator.job and the package's lazy re-exports.
-#   command lines: monarch-launch (cli.py, __main__), monarch-torchrun (spmd_cli.py).
+#   command lines: monarch-launch (cli.py, __main__), monarch-torchrun (spmd_cli.py), the
+#                  attach-mode worker (attachworker.py).
 LAYERS: dict[str, list[str]] = {
     "base": ["exitcodes", "stopsignal", "stoprequest", "termination", "report", "progress"],
     "hosts": ["hosts", "hosts.*"],
@@ -35,7 +36,7 @@ LAYERS: dict[str, list[str]] = {
     "options": ["options", "sshflags", "flagtypes"],
     "programs": ["programs", "programs.*"],
     "api": [API, ""],  # "" is the package itself (launcher/__init__.py)
-    "command lines": ["cli", "spmd_cli", "__main__"],
+    "command lines": ["cli", "spmd_cli", "__main__", "attachworker"],
 }
 
 

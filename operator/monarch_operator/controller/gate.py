@@ -8,7 +8,16 @@ import datetime as dt
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attempts, deadlines, endings, k8s, observe, policy, release
+from monarch_operator.controller import (
+    attachmode,
+    attempts,
+    deadlines,
+    endings,
+    k8s,
+    observe,
+    policy,
+    release,
+)
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
@@ -68,11 +77,14 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
         k8s.check_creatable(build_launcher_pod(job, settings, int(state.status["attempt"])))
     worker_set, _ = k8s.ensure(build_worker_statefulset(job, settings), job.uid)
     pods = _worker_pods(state, worker_set)
+    if job.attach:
+        _publish_meshes(state, pods)
     ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)
     state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
     if len(ready) == job.replicas:
         state.condition(st.WORKERS_READY, True, st.REASON_ALL_WORKERS_READY,
-                        f"{job.replicas} of {job.replicas} workers accept SSH")
+                        f"{job.replicas} of {job.replicas} workers "
+                        f"{'run the Monarch worker loop' if job.attach else 'accept SSH'}")
         return pods
     not_ready = [names.worker_pod(job.name, i) for i in range(job.replicas) if i not in ready]
     if st.is_true(state.status, st.RUNNING):
@@ -111,6 +123,16 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
                    f"(spec.startupTimeoutSeconds): {short(described)}")
         endings.end_attempt(state, policy.STARTUP, st.REASON_STARTUP_TIMEOUT, message)
     return pods
+
+
+def _publish_meshes(state: Pass, pods: list[dict[str, Any]]) -> None:
+    """Attach mode: each worker pod gets its rank labels before the launcher exists (Monarch's
+    ``KubernetesJob`` in it finds the role meshes by them), also a pod recreated since; the
+    role meshes go to ``status.meshes``."""
+    job = state.job
+    for name, labels in attachmode.label_changes(job, pods).items():
+        k8s.label_pod(job.namespace, name, labels)
+    state.status["meshes"] = attachmode.published_meshes(job)
 
 
 def _lost_node(state: Pass, pod: dict[str, Any] | None) -> str | None:

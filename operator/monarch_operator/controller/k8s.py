@@ -511,6 +511,25 @@ def delete_pod(namespace: str, name: str, force: bool = False,
     return True
 
 
+def label_pod(namespace: str, name: str, labels: dict[str, str | None]) -> bool:
+    """Merge-patch the labels of pod ``name``: each value set, each None removed (attach mode's
+    rank labels, :mod:`.attachmode`). Returns False if the pod is gone (404).
+
+    Raises:
+        ForbiddenError: the operator may not patch pods (403).
+    """
+    try:
+        kubernetes.client.CoreV1Api(_client()).patch_namespaced_pod(
+            name, namespace, {"metadata": {"labels": labels}})
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        if error.status == 403:
+            raise ForbiddenError("Pod", name, api_error_message(error)) from error
+        raise
+    return True
+
+
 def stop_pod(pod: dict[str, Any] | None, grace_seconds: int | None = None) -> bool:
     """Delete ``pod`` (as read) with its own grace period (or ``grace_seconds``) unless it is
     absent or already being deleted: a pass that finds it so sends nothing. The pod stays in

@@ -106,6 +106,14 @@ class JobSpec:
     # stay on the job, never on its pods: Kueue would queue each pod on its own (C23).
     queue_name: str | None = None
     priority_class: str | None = None
+    # spec.mode: "ssh" (workers run sshd, the launcher starts Monarch over ssh) or "attach"
+    # (workers run Monarch's worker loop; a KubernetesJob program attaches, docs/attach.md).
+    mode: str = constants.MODE_SSH
+
+    @property
+    def attach(self) -> bool:
+        """Whether the job runs in attach mode (``spec.mode: attach``)."""
+        return self.mode == constants.MODE_ATTACH
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> JobSpec:
@@ -128,6 +136,7 @@ class JobSpec:
         except ValueError as error:
             raise InvalidSpecError(str(error)) from error
         check_launcher_rules(spec)
+        check_mode_rules(spec)
         trainer = meshes.get("trainer") or {}
         ref = meshes.get("ref") or {}
         return cls(
@@ -167,6 +176,7 @@ class JobSpec:
                 "reportIntervalSeconds", DEFAULT_PROGRESS_INTERVAL_SECONDS))),
             queue_name=(metadata.get("labels") or {}).get(KUEUE_QUEUE_LABEL) or None,
             priority_class=(metadata.get("labels") or {}).get(KUEUE_PRIORITY_LABEL) or None,
+            mode=str(spec.get("mode") or constants.MODE_SSH),
         )
 
 
@@ -208,6 +218,30 @@ def check_launcher_rules(spec: dict[str, Any]) -> None:
                 f"spec.launcher.env: {item.get('name')} is set by the operator from the spec "
                 "and cannot be given in launcher.env"
             )
+
+
+def check_mode_rules(spec: dict[str, Any]) -> None:
+    """Refuse a ``spec.mode`` the operator cannot run: an unknown one, or attach mode with what
+    only the ssh mode can run (``spec.spmd``, which starts ranks over ssh, and the built-in
+    example, which starts Monarch workers over ssh). The CRD refuses these at admission, this
+    covers objects admitted under an older CRD.
+
+    Raises:
+        InvalidSpecError: naming the field and the rule.
+    """
+    mode = spec.get("mode") or constants.MODE_SSH
+    if mode not in constants.MODES:
+        raise InvalidSpecError(f"spec.mode {mode!r} must be one of {', '.join(constants.MODES)}")
+    if mode != constants.MODE_ATTACH:
+        return
+    launcher = spec.get("launcher") or {}
+    if spec.get("spmd") is not None:
+        raise InvalidSpecError("spec.spmd needs spec.mode ssh: monarch-torchrun starts its "
+                               "ranks over ssh")
+    if launcher.get("program") is None and launcher.get("command") is None:
+        raise InvalidSpecError("spec.mode attach needs spec.launcher.program or "
+                               "spec.launcher.command: the built-in example starts its "
+                               "workers over ssh")
 
 
 def pod_template(template: Any, path: str) -> dict[str, Any]:

@@ -8,9 +8,11 @@ What the pod runs, in order of precedence (the CRD allows at most one of the fir
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from monarch_operator import constants, names
+from monarch_operator.controller.attachmode import published_meshes
 from monarch_operator.controller.builders.common import (
     child_metadata,
     container_security_context,
@@ -69,6 +71,8 @@ def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
     ``MONARCH_STOP_GRACE_SECONDS`` is ``runPolicy.checkpointGracePeriodSeconds`` when above 0,
     and ``MONARCH_CHECKPOINT`` the last checkpoint an earlier launcher named (``checkpoint``,
     ``status.lastCheckpoint.location``), when there is one (launcher/stoprequest.py).
+    In attach mode, ``MONARCH_OPERATOR_NAMESPACE`` and ``MONARCH_OPERATOR_MESHES`` (JSON, as
+    ``status.meshes``) say what to give Monarch's ``KubernetesJob`` (docs/attach.md).
     The mesh layout (``MONARCH_TRAINER_*``, ``MONARCH_REF_*``, ``MONARCH_COLOCATE``) is left out
     for ``spec.spmd`` jobs, which ignore the meshes; the GPU split only when the job gives it.
     """
@@ -123,6 +127,10 @@ def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
         env.append({"name": constants.ENV_PROGRESS_DEADLINE,
                     "value": str(job.run_policy.progress_deadline_seconds)})
     env.append({"name": constants.ENV_CLIENT_ADDRESS, "value": "tcp://$(POD_IP):0"})
+    if job.attach:
+        env += [{"name": constants.ENV_OPERATOR_NAMESPACE, "value": job.namespace},
+                {"name": constants.ENV_OPERATOR_MESHES,
+                 "value": json.dumps(published_meshes(job), sort_keys=True)}]
     return env + copy.deepcopy(job.launcher_env)
 
 

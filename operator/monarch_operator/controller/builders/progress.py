@@ -49,12 +49,20 @@ def build_progress_configmap(job: JobSpec) -> dict[str, Any]:
 
 def build_progress_role(job: JobSpec) -> dict[str, Any]:
     """The Role ``<job>-progress``: ``get`` and ``patch`` of the job's progress ConfigMap
-    alone (``resourceNames``)."""
+    alone (``resourceNames``). In attach mode also ``get``, ``list`` and ``watch`` of pods in
+    the namespace: Monarch's ``KubernetesJob`` in the launcher lists and watches the role
+    meshes' pods by label selector. RBAC cannot restrict a list or watch by label (nor by
+    ``resourceNames`` in a useful way), so the launcher then reads every pod of its namespace:
+    their specs and statuses, not their logs, Secrets or exec."""
     name = names.progress_configmap(job.name)
+    rules: list[dict[str, Any]] = [{"apiGroups": [""], "resources": ["configmaps"],
+                                    "resourceNames": [name], "verbs": ["get", "patch"]}]
+    if job.attach:
+        rules.append({"apiGroups": [""], "resources": ["pods"],
+                      "verbs": ["get", "list", "watch"]})
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": child_metadata(job, name, ROLE_PROGRESS),
-            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [name],
-                       "verbs": ["get", "patch"]}]}
+            "rules": rules}
 
 
 def build_progress_binding(job: JobSpec) -> dict[str, Any]:

@@ -13,7 +13,9 @@ def build_worker_service(job: JobSpec) -> dict[str, Any]:
     """Headless Service ``<job>-worker`` over the worker pods.
 
     ``publishNotReadyAddresses`` lets names resolve before readiness, so the launcher never races
-    DNS once pods are Ready (mpi-operator #470, kubernetes #92559).
+    DNS once pods are Ready (mpi-operator #470, kubernetes #92559). In attach mode the workers
+    advertise these names to Monarch (launcher/attachworker.py), so each must resolve before
+    its pod is Ready: Monarch's ``KubernetesJob`` attaches as soon as all are Ready.
     """
     return {
         "apiVersion": "v1",
@@ -23,13 +25,22 @@ def build_worker_service(job: JobSpec) -> dict[str, Any]:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": job_labels(job, constants.ROLE_WORKER),
-            "ports": [
-                {"name": "ssh", "port": constants.SSH_PORT, "targetPort": constants.SSH_PORT},
-                {
-                    "name": "monarch",
-                    "port": constants.MONARCH_WORKER_PORT,
-                    "targetPort": constants.MONARCH_WORKER_PORT,
-                },
-            ],
+            "ports": _ports(job),
         },
     }
+
+
+def _ports(job: JobSpec) -> list[dict[str, Any]]:
+    """The ports the workers serve: sshd and the Monarch workers SSHJob starts, or in attach
+    mode the worker loop's."""
+    if job.attach:
+        port = constants.MONARCH_ATTACH_PORT
+        return [{"name": "monarch", "port": port, "targetPort": port}]
+    return [
+        {"name": "ssh", "port": constants.SSH_PORT, "targetPort": constants.SSH_PORT},
+        {
+            "name": "monarch",
+            "port": constants.MONARCH_WORKER_PORT,
+            "targetPort": constants.MONARCH_WORKER_PORT,
+        },
+    ]

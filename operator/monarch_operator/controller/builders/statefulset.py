@@ -1,7 +1,9 @@
-"""The worker StatefulSet: GPU pods whose single container runs sshd (workers are its children).
+"""The worker StatefulSet: GPU pods whose single container runs sshd (workers are its children),
+or, in attach mode, Monarch's worker loop itself.
 
 sshd must run in the GPU container: SSHJob starts each Monarch worker as a child of sshd, and
 Kubernetes grants GPUs per container, so a separate sshd container would start GPU-less workers.
+The attach-mode worker loop runs there for the same reason.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"
 # Entrypoint of images/worker: prepares sshd's runtime paths and host keys, then runs sshd.
 WORKER_ENTRYPOINT = "/usr/local/bin/monarch-worker-entrypoint"
+# Attach mode: the worker image's Python runs Monarch's worker loop (launcher/attachworker.py).
+ATTACH_WORKER_COMMAND = ("python", "-u", "-m", "monarch_operator.launcher.attachworker")
 # With a checkpoint grace period: the worker pod's terminationGracePeriodSeconds is that period
 # plus this margin (sshd's own stop, the kubelet's delay in sending SIGTERM).
 WORKER_STOP_MARGIN_SECONDS = 15
@@ -43,7 +47,9 @@ def build_worker_statefulset(job: JobSpec, settings: Settings) -> dict[str, Any]
 
     Each pod requests ``gpusPerWorker`` GPUs, mounts only ``authorized_keys`` and the host key
     of the job's Secret (never the client's private key), is Ready once sshd accepts TCP on
-    port 2222, and searches the job's Service domain.
+    port 2222, and searches the job's Service domain. In attach mode (``spec.mode: attach``)
+    each pod runs Monarch's worker loop instead, mounts no keys and is Ready once the loop
+    accepts TCP on ``MONARCH_PORT`` (26600).
     ``spec.workers.template`` is merged over the generated pod template (containers by name).
     """
     labels = job_labels(job, constants.ROLE_WORKER)
@@ -81,56 +87,22 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(settings.worker_user_id),
         "dnsConfig": {"searches": [service_domain]},
-        "containers": [
-            {
-                "name": WORKER_CONTAINER,
-                "image": job.image,
-                "command": [WORKER_ENTRYPOINT],
-                "securityContext": container_security_context(),
-                "env": [
-                    {"name": "SSH_PORT", "value": str(constants.SSH_PORT)},
-                    {
-                        "name": "SSH_AUTHORIZED_KEYS",
-                        "value": f"{constants.SSH_DIR}/{constants.SSH_AUTHORIZED_KEYS}",
-                    },
-                    # The job's host key, pinned in the launcher's known_hosts; the entrypoint
-                    # copies it to a private 0600 file (fsGroup makes the mounted one 0440).
-                    {
-                        "name": "SSH_HOST_KEY",
-                        "value": f"{constants.SSH_DIR}/{constants.SSH_HOST_KEY}",
-                    },
-                ],
-                "ports": [
-                    {"name": "ssh", "containerPort": constants.SSH_PORT},
-                    {"name": "monarch", "containerPort": constants.MONARCH_WORKER_PORT},
-                ],
-                "readinessProbe": {
-                    "tcpSocket": {"port": constants.SSH_PORT},
-                    "periodSeconds": 2,
-                    "failureThreshold": 1,
-                },
-                "resources": {"limits": {constants.GPU_RESOURCE: str(job.gpus_per_worker)}},
-                "volumeMounts": [
-                    {"name": SSH_VOLUME, "mountPath": constants.SSH_DIR, "readOnly": True},
-                    {"name": SHM_VOLUME, "mountPath": SHM_PATH},
-                ],
-            }
-        ],
-        "volumes": [
-            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
-            {
-                "name": SSH_VOLUME,
-                "secret": {
-                    "secretName": names.ssh_secret(job.name),
-                    "defaultMode": 0o400,
-                    "items": [
-                        {"key": key, "path": key}
-                        for key in (constants.SSH_AUTHORIZED_KEYS, constants.SSH_HOST_KEY)
-                    ],
-                },
-            }
-        ],
+        "containers": [_attach_container(job, service_domain) if job.attach
+                       else _ssh_container(job)],
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
     }
+    if not job.attach:  # attach mode runs no sshd: no keys on the workers
+        spec["volumes"].append({
+            "name": SSH_VOLUME,
+            "secret": {
+                "secretName": names.ssh_secret(job.name),
+                "defaultMode": 0o400,
+                "items": [
+                    {"key": key, "path": key}
+                    for key in (constants.SSH_AUTHORIZED_KEYS, constants.SSH_HOST_KEY)
+                ],
+            },
+        })
     grace = job.run_policy.checkpoint_grace_seconds
     if grace > 0:
         # Checkpoint before a stop: a drained or preempted worker keeps its open ssh sessions
@@ -142,6 +114,71 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
                                              "value": str(grace)})
         spec["terminationGracePeriodSeconds"] = grace + WORKER_STOP_MARGIN_SECONDS
     return spec
+
+
+def _ssh_container(job: JobSpec) -> dict[str, Any]:
+    """SSH mode's worker container: sshd (the image's entrypoint), Ready once it accepts TCP."""
+    return {
+        "name": WORKER_CONTAINER,
+        "image": job.image,
+        "command": [WORKER_ENTRYPOINT],
+        "securityContext": container_security_context(),
+        "env": [
+            {"name": "SSH_PORT", "value": str(constants.SSH_PORT)},
+            {
+                "name": "SSH_AUTHORIZED_KEYS",
+                "value": f"{constants.SSH_DIR}/{constants.SSH_AUTHORIZED_KEYS}",
+            },
+            # The job's host key, pinned in the launcher's known_hosts; the entrypoint
+            # copies it to a private 0600 file (fsGroup makes the mounted one 0440).
+            {
+                "name": "SSH_HOST_KEY",
+                "value": f"{constants.SSH_DIR}/{constants.SSH_HOST_KEY}",
+            },
+        ],
+        "ports": [
+            {"name": "ssh", "containerPort": constants.SSH_PORT},
+            {"name": "monarch", "containerPort": constants.MONARCH_WORKER_PORT},
+        ],
+        "readinessProbe": {
+            "tcpSocket": {"port": constants.SSH_PORT},
+            "periodSeconds": 2,
+            "failureThreshold": 1,
+        },
+        "resources": {"limits": {constants.GPU_RESOURCE: str(job.gpus_per_worker)}},
+        "volumeMounts": [
+            {"name": SSH_VOLUME, "mountPath": constants.SSH_DIR, "readOnly": True},
+            {"name": SHM_VOLUME, "mountPath": SHM_PATH},
+        ],
+    }
+
+
+def _attach_container(job: JobSpec, service_domain: str) -> dict[str, Any]:
+    """Attach mode's worker container: Monarch's worker loop in the GPU container (procs it
+    spawns see the GPUs), on ``MONARCH_PORT``, Ready once the loop accepts TCP there, so that
+    Ready means what Monarch's ``KubernetesJob`` takes it to mean (it attaches to Ready pods).
+
+    ``MONARCH_PORT`` comes first in the env, as a literal value: ``KubernetesJob`` reads the
+    port from the first container's env that has it and ignores ``valueFrom``.
+    """
+    return {
+        "name": WORKER_CONTAINER,
+        "image": job.image,
+        "command": list(ATTACH_WORKER_COMMAND),
+        "securityContext": container_security_context(),
+        "env": [
+            {"name": constants.ENV_MONARCH_PORT, "value": str(constants.MONARCH_ATTACH_PORT)},
+            {"name": constants.ENV_WORKER_DOMAIN, "value": service_domain},
+        ],
+        "ports": [{"name": "monarch", "containerPort": constants.MONARCH_ATTACH_PORT}],
+        "readinessProbe": {
+            "tcpSocket": {"port": constants.MONARCH_ATTACH_PORT},
+            "periodSeconds": 2,
+            "failureThreshold": 1,
+        },
+        "resources": {"limits": {constants.GPU_RESOURCE: str(job.gpus_per_worker)}},
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": SHM_PATH}],
+    }
 
 
 def _keep_one_shm_mount(spec: dict[str, Any]) -> None:
