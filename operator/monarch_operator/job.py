@@ -66,11 +66,27 @@ Run it with ``monarch-launch run module:function`` (the function receives the en
 ``python my_program.py`` with ``Job.from_env()`` / ``Job.from_args(...)``. docs/own-program.md
 ("Write your own trainer and reference model") walks through it.
 
+**Attach mode.** In a MonarchJob with ``spec.mode: attach`` the workers run Monarch's worker
+loop and a program written against Monarch's own ``KubernetesJob`` attaches to the role meshes;
+:func:`kubernetes_job` returns that ``KubernetesJob`` with every role mesh added
+(docs/attach.md)::
+
+    from monarch_operator.job import kubernetes_job
+
+    state = kubernetes_job().state(cached_path=None)
+    policy = state.trainer.spawn_procs(per_host={"procs": 1}).spawn("policy", Policy)
+
 This module is the stable surface: names imported from here keep working across releases of
 monarch-operator; the modules under ``monarch_operator.launcher`` may change.
 """
 
 from monarch_operator.launcher.hosts.placement import PlacementError, Plan, RolePlan
+from monarch_operator.launcher.programs.attach import (
+    AttachError,
+    AttachMesh,
+    kubernetes_job,
+    parse_meshes,
+)
 from monarch_operator.launcher.programs.distributed import RoleGroup, init_process_group
 from monarch_operator.launcher.progress import report
 from monarch_operator.launcher.programs.job import Job, JobConfig, JobError, RankFailure
@@ -86,6 +102,8 @@ from monarch_operator.launcher.stoprequest import (
 )
 
 __all__ = [
+    "AttachError",
+    "AttachMesh",
     "Job",
     "JobConfig",
     "JobError",
@@ -100,7 +118,9 @@ __all__ = [
     "WorkerLost",
     "checkpoint_saved",
     "init_process_group",
+    "kubernetes_job",
     "on_stop",
+    "parse_meshes",
     "report",
     "resume_checkpoint",
     "stop_requested",
