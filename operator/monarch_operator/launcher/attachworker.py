@@ -5,9 +5,10 @@ The worker container of a MonarchJob with ``spec.mode: attach`` runs
 another: a client that disconnects (a launcher attempt that ended) leaves it waiting for the
 next, so a new attempt attaches to the same pods.
 
-It listens on every interface and advertises ``tcp://<name>:<port>``, where ``<name>`` is the
-pod's name in the job's headless Service (``<pod>.<service>.<namespace>.svc.<domain>``, from
-``MONARCH_WORKER_DOMAIN``), the same name the hostfile gives it; the Service publishes names
+It listens on every interface (on ``MONARCH_WORKER_LISTEN_ADDRESS`` when set) and advertises
+``tcp://<name>:<port>``, where ``<name>`` is the pod's name in the job's headless Service
+(``<pod>.<service>.<namespace>.svc.<domain>``, from ``MONARCH_WORKER_DOMAIN``), the same name
+the hostfile gives it; the Service publishes names
 before readiness, so other workers resolve it as soon as the pod has an IP. This is the address
 form of Monarch's own Kubernetes bootstrap (``_WORKER_BOOTSTRAP_SCRIPT`` in
 ``monarch/_src/job/kubernetes.py``, torchmonarch 0.7.0) without a service proc id, which
@@ -25,6 +26,9 @@ from collections.abc import Mapping
 DEFAULT_PORT = 26600
 PORT_ENV = "MONARCH_PORT"
 DOMAIN_ENV = "MONARCH_WORKER_DOMAIN"
+# Where to listen, default every interface. Only for pods without a network namespace of their
+# own (the local cluster's node agent sets the pod IP), where every worker shares one port.
+LISTEN_ENV = "MONARCH_WORKER_LISTEN_ADDRESS"
 
 
 def advertised_name(hostname: str, environ: Mapping[str, str]) -> str:
@@ -57,11 +61,11 @@ def worker_port(environ: Mapping[str, str]) -> int:
     return port
 
 
-def worker_address(name: str, port: int) -> str:
+def worker_address(name: str, port: int, listen: str = "0.0.0.0") -> str:
     """Monarch's worker address: advertise ``tcp://<name>:<port>``, listen on
-    ``tcp://0.0.0.0:<port>`` (``<advertised>@<listen>``, as ``run_worker_loop_forever``
+    ``tcp://<listen>:<port>`` (``<advertised>@<listen>``, as ``run_worker_loop_forever``
     takes it)."""
-    return f"tcp://{name}:{port}@tcp://0.0.0.0:{port}"
+    return f"tcp://{name}:{port}@tcp://{listen}:{port}"
 
 
 def main() -> int:
@@ -71,7 +75,8 @@ def main() -> int:
     except ValueError as error:
         print(f"monarch-attach-worker: {error}", file=sys.stderr)
         return 2
-    address = worker_address(advertised_name(socket.gethostname(), os.environ), port)
+    address = worker_address(advertised_name(socket.gethostname(), os.environ), port,
+                             os.environ.get(LISTEN_ENV) or "0.0.0.0")
     print(f"monarch-attach-worker: serving {address}", file=sys.stderr, flush=True)
     from monarch.actor import run_worker_loop_forever  # only here: tests import the rest
 

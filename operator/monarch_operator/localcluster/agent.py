@@ -392,8 +392,10 @@ class Agent:
         env = {"PATH": DEFAULT_PATH, "HOME": str(home),
                "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"],
                "LANG": "C.UTF-8",
-               # No network namespace: sshd must bind the pod IP, not every loopback address.
-               "SSH_LISTEN_ADDRESS": pod["status"]["podIP"]}
+               # No network namespace: sshd (and attach mode's Monarch worker loop,
+               # launcher/attachworker.py) must bind the pod IP, not every loopback address.
+               "SSH_LISTEN_ADDRESS": pod["status"]["podIP"],
+               "MONARCH_WORKER_LISTEN_ADDRESS": pod["status"]["podIP"]}
         env.update(podfiles.container_env(
             pod, container, self._lookup,
             serviceaccount.api_server_env(self.core.api_client.configuration.host),
