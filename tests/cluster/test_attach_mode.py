@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,60 @@ def test_an_unmodified_kubernetesjob_program_attaches_and_reattaches(kubectl, na
     for output in (first_record, last_log):
         assert "ATTACHED trainer att-run-worker-0,att-run-worker-1" in output, output[-3000:]
         assert "ATTACHED ref att-run-worker-2" in output, output[-3000:]
+
+
+HELPER_PROGRAM = textwrap.dedent("""
+    import socket
+    from monarch.actor import Actor, endpoint
+    from monarch_operator.job import kubernetes_job
+
+    class Where(Actor):
+        @endpoint
+        def host(self) -> str:
+            return socket.gethostname()
+
+    job = kubernetes_job()
+    state = job.state(cached_path=None)
+    for mesh in ("trainer", "ref"):
+        procs = getattr(state, mesh).spawn_procs(per_host={"procs": 1})
+        hosts = list(procs.spawn("where", Where).host.call().get().values())
+        print("HELPER", mesh, ",".join(hosts), flush=True)
+        procs.stop().get()
+    job.kill()
+    print("KILLED", flush=True)
+""")
+
+
+@pytest.fixture()
+def scripts() -> Iterator[Path]:
+    """A folder the pods (local processes) can read."""
+    path = Path(f"/tmp/attach-{uuid.uuid4().hex[:8]}")
+    path.mkdir(mode=0o755)
+    yield path
+    for child in path.iterdir():
+        child.unlink()
+    path.rmdir()
+
+
+def test_the_job_api_helper_attaches_from_a_launcher_program_and_kill_keeps_the_pods(
+        kubectl, namespace, scripts):
+    script = scripts / "attach_helper.py"
+    script.write_text(HELPER_PROGRAM)
+    script.chmod(0o644)
+    launcher = {"program": str(script), "template": {"spec": {"containers": [
+        {"name": "launcher", "env": [{"name": "PYTHONPATH", "value": str(CHECKOUT)}]}]}}}
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=attach_manifest(
+        "att-help", launcher=launcher, cleanupPolicy="KeepAll"))
+    running_attempt(kubectl, namespace, "att-help", 1)
+    workers = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in get_json(
+        kubectl, "pods", "-n", namespace, "-l",
+        "monarch-operator.dev/job=att-help,monarch-operator.dev/role=worker")["items"]}
+    done = wait_phase(kubectl, namespace, "att-help", "Succeeded", timeout=300)
+    log = kubectl("logs", "att-help-launcher", "-n", namespace)
+    assert "HELPER trainer att-help-worker-0,att-help-worker-1" in log, log[-3000:]
+    assert "HELPER ref att-help-worker-2" in log and "KILLED" in log, log[-3000:]
+    assert done["restartCount"] == 0
+    kept = get_json(kubectl, "pods", "-n", namespace, "-l",
+                    "monarch-operator.dev/job=att-help,monarch-operator.dev/role=worker")["items"]
+    assert {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in kept} == workers
+    assert not any(pod["metadata"].get("deletionTimestamp") for pod in kept)

@@ -90,6 +90,9 @@ HELPER_CHECK = textwrap.dedent("""
     from monarch_operator.job import kubernetes_job
     job = kubernetes_job()
     assert isinstance(job, KubernetesJob), type(job)
+    from monarch.config import get_runtime_config
+    transport = get_runtime_config().get("default_transport")
+    assert str(transport) == "tcp:127.0.0.1:0", transport  # Monarch writes it so
     meshes = {name: (m["num_replicas"], m["label_selector"], m["pod_rank_label"], m["port"],
                      m["provisioned"]) for name, m in job._meshes.items()}
     job.apply()                   # attach-only meshes: nothing is created
@@ -103,6 +106,7 @@ def test_kubernetes_job_is_monarchs_own_with_every_mesh_and_a_harmless_kill():
                    [str(ROOT / "operator"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
                "MONARCH_OPERATOR_MESHES": json.dumps(published()),
                "MONARCH_OPERATOR_NAMESPACE": "team-a",
+               "MONARCH_CLIENT_ADDRESS": "tcp://127.0.0.1:0",
                "KUBERNETES_SERVICE_HOST": "", "KUBECONFIG": os.devnull}
     done = subprocess.run([sys.executable, "-c", HELPER_CHECK], env=environ, text=True,
                           capture_output=True, timeout=120, check=False)

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 MESHES_ENV = "MONARCH_OPERATOR_MESHES"
 NAMESPACE_ENV = "MONARCH_OPERATOR_NAMESPACE"
+# The launcher pod's Monarch listen address, tcp://<pod IP>:0 (the operator sets it).
+CLIENT_ADDRESS_ENV = "MONARCH_CLIENT_ADDRESS"
 # How long state() waits for a mesh's pods to be Ready, seconds (KubernetesJob's timeout; its
 # own default, None, waits for ever). The launcher starts once they are, so this only matters
 # when a worker is replaced while the program runs: the default startupTimeoutSeconds.
@@ -126,7 +128,8 @@ def meshes_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, list
 def kubernetes_job(meshes: str | Sequence[Mapping[str, Any]] | None = None,
                    namespace: str | None = None, *,
                    timeout: int | None = DEFAULT_TIMEOUT_SECONDS,
-                   kubeconfig: Any = None) -> OperatorKubernetesJob:
+                   kubeconfig: Any = None,
+                   client_address: str | None = None) -> OperatorKubernetesJob:
     """Monarch's ``KubernetesJob`` with ``add_mesh`` called for each role mesh of a MonarchJob
     in attach mode; ``job.state()`` then attaches (``state.trainer``, ``state.ref``).
 
@@ -141,6 +144,10 @@ def kubernetes_job(meshes: str | Sequence[Mapping[str, Any]] | None = None,
         timeout: seconds ``state()`` waits for each mesh's pods to be Ready (None: for ever).
         kubeconfig: a ``monarch.job.kubernetes.KubeConfig`` for a client outside the cluster
             (Monarch then port-forwards to a worker); default the pod's ServiceAccount.
+        client_address: where this client listens for the workers, e.g. ``tcp://<pod IP>:0``;
+            default ``MONARCH_CLIENT_ADDRESS`` (the launcher pod's IP), else Monarch's choice
+            (the address the pod's hostname resolves to, which Monarch refuses when it is a
+            loopback one).
 
     Returns:
         The job, not yet applied.
@@ -157,6 +164,13 @@ def kubernetes_job(meshes: str | Sequence[Mapping[str, Any]] | None = None,
     from monarch_operator.launcher.programs.kubernetesjob import OperatorKubernetesJob
 
     job = OperatorKubernetesJob(namespace, timeout=timeout, kubeconfig=kubeconfig)
+    client_address = client_address or os.environ.get(CLIENT_ADDRESS_ENV)
+    if client_address:
+        from monarch.config import configure
+
+        # After the constructor, which sets the hostname transport (Monarch refuses a second
+        # transport kind before that, as launcher/session/lifecycle.py found).
+        configure(default_transport=client_address)
     for mesh in parsed:
         job.add_mesh(mesh.mesh_name, mesh.replicas, label_selector=mesh.label_selector,
                      pod_rank_label=mesh.pod_rank_label, port=mesh.port)
