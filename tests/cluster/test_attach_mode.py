@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.cluster.helpers import (
+    IMAGE,
     get_json,
     job_manifest,
     running_attempt,
@@ -139,7 +140,7 @@ UPSTREAM_PROGRAM = textwrap.dedent("""
     configure(default_transport=os.environ["MONARCH_CLIENT_ADDRESS"])
     for mesh, hosts in (("trainer", 2), ("ref", 1)):
         job.add_mesh(mesh, hosts, pod_rank_label=f"monarch-operator.dev/{mesh}-rank",
-                     label_selector="monarch-operator.dev/job=att-run,"
+                     label_selector=f"monarch-operator.dev/job={JOB},"
                                     f"monarch-operator.dev/role=worker,monarch-operator.dev/{mesh}-rank")
     state = job.state(cached_path=None)
     for mesh in ("trainer", "ref"):
@@ -147,13 +148,13 @@ UPSTREAM_PROGRAM = textwrap.dedent("""
         hosts = list(procs.spawn("where", Where).host.call().get().values())
         print("ATTACHED", mesh, ",".join(hosts), flush=True)
         procs.stop().get()
-    if os.environ["MONARCH_ATTEMPT"] == "1":
+    if os.environ.get("MONARCH_ATTEMPT") == "1":
         sys.exit(3)
 """)
 
 
 def test_an_unmodified_kubernetesjob_program_attaches_and_reattaches(kubectl, namespace):
-    program = f"NAMESPACE = {namespace!r}\n" + UPSTREAM_PROGRAM
+    program = f"NAMESPACE, JOB = {namespace!r}, 'att-run'\n" + UPSTREAM_PROGRAM
     kubectl("apply", "-n", namespace, "-f", "-", stdin=attach_manifest(
         "att-run", launcher={"command": ["python", "-u", "-c", program]},
         runPolicy={"backoffLimit": 1}))
@@ -232,3 +233,52 @@ def test_the_job_api_helper_attaches_from_a_launcher_program_and_kill_keeps_the_
                     "monarch-operator.dev/job=att-help,monarch-operator.dev/role=worker")["items"]
     assert {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in kept} == workers
     assert not any(pod["metadata"].get("deletionTimestamp") for pod in kept)
+
+
+# What docs/attach.md asks of a client pod outside the job: a Role to find the pods, and the
+# label that the job's NetworkPolicy admits.
+CLIENT_RBAC = """
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: attach-client}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: attach-client}
+rules:
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: attach-client}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: attach-client}
+subjects:
+- {kind: ServiceAccount, name: attach-client}
+"""
+
+
+def test_an_unmodified_program_attaches_from_another_pod_of_the_namespace(kubectl, namespace):
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=attach_manifest("att-out"))
+    running_attempt(kubectl, namespace, "att-out", 1)
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=CLIENT_RBAC)
+    program = f"NAMESPACE, JOB = {namespace!r}, 'att-out'\n" + UPSTREAM_PROGRAM
+    client = {"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": "client", "labels": {"monarch-operator.dev/attach-to":
+                                                        "att-out"}},
+              "spec": {"restartPolicy": "Never", "serviceAccountName": "attach-client",
+                       "containers": [{"name": "client", "image": IMAGE,
+                                       "command": ["python", "-u", "-c", program],
+                                       "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {
+                                                    "fieldPath": "status.podIP"}}},
+                                               {"name": "MONARCH_CLIENT_ADDRESS",
+                                                "value": "tcp://$(POD_IP):0"}]}]}}
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(client))
+    wait_until(lambda: (get_json(kubectl, "pod", "client", "-n", namespace)["status"]
+                        .get("phase") in ("Succeeded", "Failed")), 240, "the client pod ended")
+    log = kubectl("logs", "client", "-n", namespace)
+    assert get_json(kubectl, "pod", "client", "-n", namespace)["status"]["phase"] == (
+        "Succeeded"), log[-3000:]
+    assert "ATTACHED trainer att-out-worker-0,att-out-worker-1" in log, log[-3000:]
+    assert "ATTACHED ref att-out-worker-2" in log, log[-3000:]
