@@ -157,7 +157,7 @@ def test_an_unmodified_kubernetesjob_program_attaches_and_reattaches(kubectl, na
     program = f"NAMESPACE, JOB = {namespace!r}, 'att-run'\n" + UPSTREAM_PROGRAM
     kubectl("apply", "-n", namespace, "-f", "-", stdin=attach_manifest(
         "att-run", launcher={"command": ["python", "-u", "-c", program]},
-        runPolicy={"backoffLimit": 1}))
+        runPolicy={"backoffLimit": 1}, cleanupPolicy="KeepAll"))
     first = running_attempt(kubectl, namespace, "att-run", 1)
     workers = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in get_json(
         kubectl, "pods", "-n", namespace, "-l",

@@ -7,12 +7,11 @@ next, so a new attempt attaches to the same pods.
 
 It listens on every interface (on ``MONARCH_WORKER_LISTEN_ADDRESS`` when set) and advertises
 ``tcp://<name>:<port>``, where ``<name>`` is the pod's name in the job's headless Service
-(``<pod>.<service>.<namespace>.svc.<domain>``, from ``MONARCH_WORKER_DOMAIN``), the same name
-the hostfile gives it; the Service publishes names
-before readiness, so other workers resolve it as soon as the pod has an IP. This is the address
-form of Monarch's own Kubernetes bootstrap (``_WORKER_BOOTSTRAP_SCRIPT`` in
-``monarch/_src/job/kubernetes.py``, torchmonarch 0.7.0) without a service proc id, which
-``KubernetesJob`` attaching to pods it did not create does not give.
+(``<pod>.<service>.<namespace>.svc.<domain>``, from ``MONARCH_WORKER_DOMAIN``), the same name the
+hostfile gives it; the Service publishes names before readiness, so other workers resolve it as
+soon as the pod has an IP. This is the address form of Monarch's own Kubernetes bootstrap
+(``_WORKER_BOOTSTRAP_SCRIPT`` in ``monarch/_src/job/kubernetes.py``, torchmonarch 0.7.0) without
+a service proc id, which ``KubernetesJob`` attaching to pods it did not create does not give.
 """
 
 from __future__ import annotations
