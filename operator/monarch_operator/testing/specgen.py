@@ -366,6 +366,20 @@ def _program_and_command(_: int, body: dict[str, Any]) -> None:
     body["spec"]["launcher"].update(program="a.b:main", command=["python"])
 
 
+def _attach_without_program(_: int, body: dict[str, Any]) -> None:
+    body["spec"]["mode"] = "attach"
+    body["spec"].pop("spmd", None)
+    for key in ("program", "command"):
+        body["spec"]["launcher"].pop(key, None)
+
+
+def _attach_with_spmd(_: int, body: dict[str, Any]) -> None:
+    body["spec"]["mode"] = "attach"
+    body["spec"]["spmd"] = {"script": "t.py"}
+    for key in ("program", "command", "args"):
+        body["spec"]["launcher"].pop(key, None)
+
+
 def _spmd_with(spmd: dict[str, Any], launcher_args: bool = False) -> Flaw:
     def apply(_: int, body: dict[str, Any]) -> None:
         spec = body["spec"]
@@ -471,6 +485,10 @@ FLAWS: list[tuple[str, Expect, Flaw]] = [
     ("spmd-launcher-args", R, _spmd_with({"script": "t.py"}, launcher_args=True)),
     ("spmd-nproc-too-large", R, _spmd_with({"script": "t.py", "nprocPerNode": 65})),
     ("spmd-module-invalid", R, _spmd_with({"module": "1bad-module"})),
+    # spec.mode (attach mode: docs/attach.md)
+    ("mode-unknown", R, _set("spec.mode", "mpi")),
+    ("attach-without-program", R, _attach_without_program),
+    ("attach-with-spmd", R, _attach_with_spmd),
     # launcher
     ("program-dash", R, _set("spec.launcher.program", "-x")),
     ("program-empty", R, _set("spec.launcher.program", "")),
