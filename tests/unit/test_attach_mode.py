@@ -16,6 +16,7 @@ from monarch_operator.controller.builders.networkpolicy import build_network_pol
 from monarch_operator.controller.builders.progress import build_progress_role
 from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
+from monarch_operator.controller.observe import why_not_ready
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import InvalidSpecError, JobSpec
 
@@ -193,3 +194,11 @@ def test_network_policy_admits_attach_clients_in_attach_mode_only():
     assert "ports" not in rule  # client and workers use ports chosen at run time
     [ssh_rule] = build_network_policy(make_job(mode="ssh"))["spec"]["ingress"]
     assert len(ssh_rule["from"]) == 1
+
+
+def test_a_running_attach_worker_not_ready_is_said_to_wait_for_the_worker_loop():
+    for mode, server in (("attach", "the Monarch worker loop"), ("ssh", "sshd")):
+        template = build_worker_statefulset(make_job(mode=mode), SETTINGS)["spec"]["template"]
+        pod = {"metadata": {"name": "demo-worker-0"}, "spec": template["spec"],
+               "status": {"phase": "Running"}}
+        assert why_not_ready(pod) == f"{server} not accepting connections yet (readiness probe)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from monarch_operator import names
+from monarch_operator import constants, names
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
 
 # status.launcher.reason keeps at most this many characters (its head and its tail).
@@ -46,7 +46,8 @@ def why_not_ready(pod: dict[str, Any] | None) -> str:
         (scheduler), ``"Init:CrashLoopBackOff: init container prep exited 1"`` (an init
         container that fails, named as ``kubectl get pods`` shows it), ``"ImagePullBackOff:
         ..."`` or ``"CrashLoopBackOff: container worker exited 1"`` (kubelet), ``"sshd not
-        accepting connections yet"`` (running, readiness probe failing), ``"not created"``.
+        accepting connections yet"`` (running, readiness probe failing; in attach mode
+        the Monarch worker loop), ``"not created"``.
     """
     if pod is None:
         return "not created"
@@ -67,8 +68,18 @@ def why_not_ready(pod: dict[str, Any] | None) -> str:
             return problem
     phase = status.get("phase") or "Pending"
     if phase == "Running":
-        return "sshd not accepting connections yet (readiness probe)"
+        return f"{_probed_server(pod)} not accepting connections yet (readiness probe)"
     return phase
+
+
+def _probed_server(pod: dict[str, Any]) -> str:
+    """What the worker's readiness probe waits for: the Monarch worker loop (attach mode's
+    probe port) or sshd."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        probe = (container.get("readinessProbe") or {}).get("tcpSocket") or {}
+        if probe.get("port") == constants.MONARCH_ATTACH_PORT:
+            return "the Monarch worker loop"
+    return "sshd"
 
 
 def _init_containers_problem(statuses: list[dict[str, Any]]) -> str:
