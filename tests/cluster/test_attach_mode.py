@@ -104,6 +104,9 @@ def test_the_crd_refuses_what_attach_mode_cannot_run_and_a_mode_change(kubectl, 
     body["spec"]["launcher"] = {}
     assert "mode attach needs launcher.program or launcher.command" in refusal(
         kubectl, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(body))
+    body["spec"]["launcher"] = {"program": "my_rl.controller:main"}
+    assert "module:function needs mode ssh" in refusal(
+        kubectl, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(body))
     body["spec"]["launcher"] = {"program": "/app/train.py"}
     body["spec"]["mode"] = "mpi"
     assert "Unsupported value" in refusal(

@@ -59,6 +59,7 @@ def test_ssh_is_the_default_mode_in_the_spec_and_the_crd():
     ({"mode": "mpi"}, "spec.mode 'mpi'"),
     ({"spmd": {"script": "t.py"}, "launcher": {}}, "spec.spmd needs spec.mode ssh"),
     ({"launcher": {}}, "needs spec.launcher.program or spec.launcher.command"),
+    ({"launcher": {"program": "my_rl.controller:main"}}, "module:function needs spec.mode ssh"),
 ])
 def test_what_attach_mode_cannot_run_is_refused_naming_the_field(spec, words):
     body_spec = {"image": "img:1", "mode": "attach", "launcher": PROGRAM, **spec}

@@ -222,8 +222,9 @@ def check_launcher_rules(spec: dict[str, Any]) -> None:
 
 def check_mode_rules(spec: dict[str, Any]) -> None:
     """Refuse a ``spec.mode`` the operator cannot run: an unknown one, or attach mode with what
-    only the ssh mode can run (``spec.spmd``, which starts ranks over ssh, and the built-in
-    example, which starts Monarch workers over ssh). The CRD refuses these at admission, this
+    only the ssh mode can run (``spec.spmd``, which starts ranks over ssh, the built-in example,
+    which starts Monarch workers over ssh, and a ``module:function`` program, which is given
+    the ssh-mode job). The CRD refuses these at admission, this
     covers objects admitted under an older CRD.
 
     Raises:
@@ -242,6 +243,10 @@ def check_mode_rules(spec: dict[str, Any]) -> None:
         raise InvalidSpecError("spec.mode attach needs spec.launcher.program or "
                                "spec.launcher.command: the built-in example starts its "
                                "workers over ssh")
+    if ":" in str(launcher.get("program") or ""):
+        raise InvalidSpecError("spec.launcher.program module:function needs spec.mode ssh (the "
+                               "function gets the ssh job); in attach mode give a script or a "
+                               "module")
 
 
 def pod_template(template: Any, path: str) -> dict[str, Any]:
