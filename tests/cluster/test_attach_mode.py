@@ -285,3 +285,13 @@ def test_an_unmodified_program_attaches_from_another_pod_of_the_namespace(kubect
         "Succeeded"), log[-3000:]
     assert "ATTACHED trainer att-out-worker-0,att-out-worker-1" in log, log[-3000:]
     assert "ATTACHED ref att-out-worker-2" in log, log[-3000:]
+    # The job's policy admits the client: one of its ingress peers selects exactly that pod.
+    policy = get_json(kubectl, "networkpolicy", "att-out-isolation", "-n", namespace)
+    [rule] = policy["spec"]["ingress"]
+    admitted = set()
+    for peer in rule["from"]:
+        selector = ",".join(f"{key}={value}" for key, value
+                            in sorted(peer["podSelector"]["matchLabels"].items()))
+        admitted |= {pod["metadata"]["name"] for pod in get_json(
+            kubectl, "pods", "-n", namespace, "-l", selector)["items"]}
+    assert "client" in admitted and "ports" not in rule
