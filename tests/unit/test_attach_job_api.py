@@ -18,7 +18,7 @@ from monarch_operator.controller import attachmode
 from monarch_operator.controller.spec import JobSpec
 from monarch_operator.job import AttachError, AttachMesh, parse_meshes
 from monarch_operator.launcher import attachworker
-from monarch_operator.launcher.programs.attach import meshes_from_env
+from monarch_operator.launcher.programs.attach import _namespace_and_meshes, meshes_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,6 +55,15 @@ def test_what_the_operator_publishes_parses_back_from_json_and_from_status():
 def test_malformed_meshes_are_refused_saying_what(meshes, words):
     with pytest.raises(AttachError, match=words):
         parse_meshes(meshes)
+
+
+def test_what_is_given_wins_and_the_rest_comes_from_the_environment():
+    environ = {"MONARCH_OPERATOR_NAMESPACE": "team-a"}
+    namespace, meshes = _namespace_and_meshes(None, published(), environ)
+    assert namespace == "team-a" and len(meshes) == 2
+    assert _namespace_and_meshes("team-b", published(), environ)[0] == "team-b"
+    with pytest.raises(AttachError, match="pass meshes="):
+        _namespace_and_meshes("team-b", None, environ)
 
 
 def test_meshes_from_env_need_both_variables():

@@ -115,14 +115,24 @@ def meshes_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, list
         AttachError: ``MONARCH_OPERATOR_MESHES`` or ``MONARCH_OPERATOR_NAMESPACE`` is unset
             (not a launcher pod of an attach-mode MonarchJob) or malformed.
     """
-    environ = os.environ if environ is None else environ
-    namespace = environ.get(NAMESPACE_ENV, "")
-    text = environ.get(MESHES_ENV, "")
-    if not namespace or not text:
+    return _namespace_and_meshes(None, None, os.environ if environ is None else environ)
+
+
+def _namespace_and_meshes(namespace: str | None,
+                          meshes: str | Sequence[Mapping[str, Any]] | None,
+                          environ: Mapping[str, str]) -> tuple[str, list[AttachMesh]]:
+    """What :func:`kubernetes_job` was given, each missing one from ``environ``.
+
+    Raises:
+        AttachError: one is neither given nor in ``environ``, or the meshes are malformed.
+    """
+    namespace = namespace or environ.get(NAMESPACE_ENV)
+    meshes = meshes if meshes is not None else environ.get(MESHES_ENV)
+    if not namespace or not meshes:
         raise AttachError(f"{MESHES_ENV} and {NAMESPACE_ENV} are set only in the launcher pod "
                           "of a MonarchJob with spec.mode: attach; elsewhere pass meshes= "
                           "(the job's status.meshes) and namespace=")
-    return namespace, parse_meshes(text)
+    return namespace, parse_meshes(meshes)
 
 
 def kubernetes_job(meshes: str | Sequence[Mapping[str, Any]] | None = None,
@@ -155,12 +165,7 @@ def kubernetes_job(meshes: str | Sequence[Mapping[str, Any]] | None = None,
     Raises:
         AttachError: the meshes or the namespace are missing or malformed.
     """
-    if meshes is None or namespace is None:
-        env_namespace, env_meshes = meshes_from_env()
-        namespace = namespace or env_namespace
-        parsed = env_meshes if meshes is None else parse_meshes(meshes)
-    else:
-        parsed = parse_meshes(meshes)
+    namespace, parsed = _namespace_and_meshes(namespace, meshes, os.environ)
     from monarch_operator.launcher.programs.kubernetesjob import OperatorKubernetesJob
 
     job = OperatorKubernetesJob(namespace, timeout=timeout, kubeconfig=kubeconfig)
