@@ -16,7 +16,7 @@ node binaries), builds the worker image if it changed, then runs the sample Mona
 containerd, kube-proxy, CoreDNS; needs root).
 
   --keep            leave the cluster and operator running afterwards (how to use and stop
-                    them is printed)
+                    them is printed), with the examples image imported too
   --nodes N         real nodes (default 2)
   --simulated       kwok nodes whose pods run as host processes, instead of real nodes
   --dir DIR         state directory: kubeconfig, logs, pod output (default .localcluster in

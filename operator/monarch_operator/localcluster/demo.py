@@ -27,6 +27,9 @@ FINAL_PHASES = ("Succeeded", "Failed")
 # The demo's real nodes: two, so that the sample's three workers spread over both.
 DEMO_NODES = 2
 DEMO_GPUS_PER_NODE = 4
+# The images the demo imports into its nodes; with --keep the examples image too.
+DEMO_IMAGES = ("worker",)
+KEPT_IMAGES = ("worker", "examples")
 
 
 class Kubectl:
@@ -159,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="namespace of the sample job (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
                         help="how long to wait for the job to finish (default %(default)s)")
-    parser.add_argument("--keep", action="store_true", help="leave cluster and operator running")
+    parser.add_argument("--keep", action="store_true",
+                        help="leave cluster and operator running, with the examples image "
+                             "imported too (examples/*/monarchjob*.yaml run there)")
     parser.add_argument("--nodes", type=int, default=DEMO_NODES, metavar="N",
                         help="real nodes (kubelet, containerd, images built from images/; "
                              "default %(default)s)")
@@ -168,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                              "instead of real nodes (no images built)")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    # A kept cluster is for trying the examples by hand: their image is built and imported too.
     cluster = LocalCluster(args.dir, real_nodes=0 if args.simulated else args.nodes,
-                           gpus_per_node=DEMO_GPUS_PER_NODE if not args.simulated else 8)
+                           gpus_per_node=DEMO_GPUS_PER_NODE if not args.simulated else 8,
+                           images=KEPT_IMAGES if args.keep else DEMO_IMAGES)
     # A cluster (and operator) someone already runs here is used and left as it was found.
     was_running = cluster.is_running()
     cluster.up(progress=lambda message: print(f"[localcluster] {message}", flush=True))
