@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from monarch_operator import constants
+from monarch_operator import constants, names
 from monarch_operator.controller.spec import JobSpec, resource_amounts
 
 
@@ -97,3 +97,11 @@ def quantities_as_strings(pod_spec: dict[str, Any]) -> dict[str, Any]:
             if isinstance(amount, int | float) and not isinstance(amount, bool):
                 amounts[name] = str(amount)
     return converted
+
+
+def ssh_secret_volume(job: JobSpec, volume: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A pod volume named ``volume`` holding the ``keys`` of the job's SSH key Secret, each as
+    a file of its own, readable by its owner only (mode 0400)."""
+    return {"name": volume, "secret": {"secretName": names.ssh_secret(job.name),
+                                       "defaultMode": 0o400,
+                                       "items": [{"key": key, "path": key} for key in keys]}}

@@ -20,6 +20,7 @@ from monarch_operator.controller.builders.common import (
     pod_metadata,
     pod_security_context,
     quantities_as_strings,
+    ssh_secret_volume,
 )
 from monarch_operator.controller.builders.statefulset import merge_pod_template
 from monarch_operator.controller.settings import Settings
@@ -185,17 +186,7 @@ def build_launcher_pod(job: JobSpec, settings: Settings, attempt: int = 1,
         "containers": [container],
         "volumes": [
             {"name": "hostfile", "configMap": {"name": names.hostfile_configmap(job.name)}},
-            {
-                "name": "ssh",
-                "secret": {
-                    "secretName": names.ssh_secret(job.name),
-                    "defaultMode": 0o400,
-                    "items": [
-                        {"key": key, "path": key}
-                        for key in (constants.SSH_PRIVATE_KEY, constants.SSH_KNOWN_HOSTS)
-                    ],
-                },
-            },
+            ssh_secret_volume(job, "ssh", (constants.SSH_PRIVATE_KEY, constants.SSH_KNOWN_HOSTS)),
         ],
     }
     template = merge_pod_template(

@@ -19,6 +19,7 @@ from monarch_operator.controller.builders.common import (
     pod_metadata,
     pod_security_context,
     quantities_as_strings,
+    ssh_secret_volume,
 )
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
@@ -92,17 +93,8 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
         "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
     }
     if not job.attach:  # attach mode runs no sshd: no keys on the workers
-        spec["volumes"].append({
-            "name": SSH_VOLUME,
-            "secret": {
-                "secretName": names.ssh_secret(job.name),
-                "defaultMode": 0o400,
-                "items": [
-                    {"key": key, "path": key}
-                    for key in (constants.SSH_AUTHORIZED_KEYS, constants.SSH_HOST_KEY)
-                ],
-            },
-        })
+        spec["volumes"].append(ssh_secret_volume(
+            job, SSH_VOLUME, (constants.SSH_AUTHORIZED_KEYS, constants.SSH_HOST_KEY)))
     grace = job.run_policy.checkpoint_grace_seconds
     if grace > 0:
         # Checkpoint before a stop: a drained or preempted worker keeps its open ssh sessions
