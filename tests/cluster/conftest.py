@@ -3,7 +3,9 @@ Kueue here)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import kubernetes
 import pytest
@@ -22,6 +24,19 @@ def core(local_cluster: LocalCluster) -> Iterator[kubernetes.client.CoreV1Api]:
         yield kubernetes.client.CoreV1Api(api)
     finally:
         api.close()
+
+
+@pytest.fixture
+def scripts(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A folder for one test's scripts that the pods (local processes of other users) can
+    read: ``/tmp/<test module>-<8 hex>``, deleted with what is in it after the test."""
+    module = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    path = Path(f"/tmp/{module}-{uuid.uuid4().hex[:8]}")
+    path.mkdir(mode=0o755)
+    yield path
+    for child in path.iterdir():
+        child.unlink()
+    path.rmdir()
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -161,17 +159,17 @@ def test_an_unmodified_kubernetesjob_program_attaches_and_reattaches(kubectl, na
     kubectl("apply", "-n", namespace, "-f", "-", stdin=attach_manifest(
         "att-run", launcher={"command": ["python", "-u", "-c", program]},
         runPolicy={"backoffLimit": 1}, cleanupPolicy="KeepAll"))
+    def worker_uids() -> dict[str, str]:
+        return {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in get_json(
+            kubectl, "pods", "-n", namespace, "-l",
+            "monarch-operator.dev/job=att-run,monarch-operator.dev/role=worker")["items"]}
+
     first = running_attempt(kubectl, namespace, "att-run", 1)
-    workers = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in get_json(
-        kubectl, "pods", "-n", namespace, "-l",
-        "monarch-operator.dev/job=att-run,monarch-operator.dev/role=worker")["items"]}
+    workers = worker_uids()
     assert len(workers) == 3 and first["meshes"]
     done = wait_phase(kubectl, namespace, "att-run", "Succeeded", timeout=420)
     assert done["restartCount"] == 1, done
-    after = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in get_json(
-        kubectl, "pods", "-n", namespace, "-l",
-        "monarch-operator.dev/job=att-run,monarch-operator.dev/role=worker")["items"]}
-    assert after == workers, "the second attempt must re-attach to the same worker pods"
+    assert worker_uids() == workers, "the second attempt must re-attach to the same worker pods"
     # The first launcher pod is gone (a finished job keeps only its last); its record keeps
     # the end of its log (terminationMessagePolicy FallbackToLogsOnError).
     first_record = json.dumps(done["attempts"][0])
@@ -202,16 +200,6 @@ HELPER_PROGRAM = textwrap.dedent("""
     print("KILLED", flush=True)
 """)
 
-
-@pytest.fixture()
-def scripts() -> Iterator[Path]:
-    """A folder the pods (local processes) can read."""
-    path = Path(f"/tmp/attach-{uuid.uuid4().hex[:8]}")
-    path.mkdir(mode=0o755)
-    yield path
-    for child in path.iterdir():
-        child.unlink()
-    path.rmdir()
 
 
 def test_the_job_api_helper_attaches_from_a_launcher_program_and_kill_keeps_the_pods(

@@ -12,8 +12,6 @@ import subprocess
 import textwrap
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,16 +76,6 @@ class ConfigMapWatch:
         self._process.stdout.close()
         return self.events
 
-
-@pytest.fixture
-def scripts() -> Iterator[Path]:
-    """A folder the pods (local processes) can read."""
-    path = Path(f"/tmp/progress-{uuid.uuid4().hex[:8]}")
-    path.mkdir(mode=0o755)
-    yield path
-    for child in path.iterdir():
-        child.unlink()
-    path.rmdir()
 
 
 def test_reports_reach_status_and_kubectl_get_at_the_configured_rate(kubectl, namespace):

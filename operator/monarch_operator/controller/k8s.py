@@ -603,11 +603,10 @@ def node_not_ready_since(name: str) -> dt.datetime | None:
         return None
     since: dt.datetime | None = NEVER_READY
     try:
-        node = kubernetes.client.CoreV1Api(_client()).read_node(name)
-        for condition in node.status.conditions or []:
-            if condition.type == "Ready":
-                since = (None if condition.status == "True"
-                         else condition.last_transition_time or NEVER_READY)
+        ready = _ready_condition(kubernetes.client.CoreV1Api(_client()).read_node(name))
+        if ready is not None:
+            since = (None if ready.status == "True"
+                     else ready.last_transition_time or NEVER_READY)
     except ApiException as error:
         if error.status == 403:
             _forbid_nodes()
@@ -649,12 +648,17 @@ def node_readiness() -> dict[str, tuple[bool, dt.datetime | None]] | None:
         return None
     readiness: dict[str, tuple[bool, dt.datetime | None]] = {}
     for node in nodes.items:
-        conditions = (node.status.conditions if node.status else None) or []
-        ready = next((condition for condition in conditions if condition.type == "Ready"), None)
+        ready = _ready_condition(node)
         readiness[node.metadata.name] = (
             (False, None) if ready is None
             else (ready.status == "True", ready.last_transition_time))
     return readiness
+
+
+def _ready_condition(node: Any) -> Any:
+    """The ``Ready`` condition of a ``V1Node`` as read, or None when it has none."""
+    conditions = (node.status.conditions if node.status else None) or []
+    return next((condition for condition in conditions if condition.type == "Ready"), None)
 
 
 def _forbid_nodes() -> None:
