@@ -12,7 +12,8 @@ import sysconfig
 
 import pytest
 
-from tests.cluster.helpers import apply_manifest, job_manifest, running_attempt, wait_phase
+from tests.cluster.helpers import (apply_manifest, job_manifest, running_attempt, wait_phase,
+                                   wait_until)
 
 pytestmark = pytest.mark.cluster
 
@@ -91,10 +92,18 @@ def test_every_subcommand_answers_for_a_finished_job(local_cluster, kubectl, nam
     assert status.stdout.startswith(f"{namespace}/plugdone: Succeeded"), status.stdout
     assert "Succeeded" in status.stdout.split("ATTEMPT", 1)[1], status.stdout
 
-    hosts = plugin(local_cluster, "hosts", "plugdone", "-n", namespace)
-    assert hosts.returncode == 0, hosts.stderr
-    assert [line.split()[4:6] for line in hosts.stdout.splitlines()[1:]] == [
-        ["plugdone-worker-0", "(released)"], ["plugdone-worker-1", "(released)"]], hosts.stdout
+    # Succeeded comes first, then the workers are deleted (each within its grace period):
+    # meanwhile a worker shows as releasing, then as released.
+    def host_pods() -> list[list[str]]:
+        hosts = plugin(local_cluster, "hosts", "plugdone", "-n", namespace)
+        assert hosts.returncode == 0, hosts.stderr
+        rows = [line.split()[4:6] for line in hosts.stdout.splitlines()[1:]]
+        assert all(row[1] in ("(releasing)", "(released)") for row in rows), hosts.stdout
+        return rows
+
+    wait_until(lambda: host_pods() == [["plugdone-worker-0", "(released)"],
+                                       ["plugdone-worker-1", "(released)"]],
+               60, "both workers released")
 
     # The ended launcher's pod is kept for its output.
     logs = plugin(local_cluster, "logs", "plugdone", "-n", namespace, "--role", "ref")

@@ -11,6 +11,7 @@ import pytest
 from monarch_operator.testing.chaos import checks, plan, procs
 from monarch_operator.testing.chaos.plan import Verdict
 from monarch_operator.testing.chaos.procs import JobProcess
+from monarch_operator.testing.chaos.soak import Track
 
 
 def attempt(number: int, cls: str | None = None, **fields: object) -> dict:
@@ -35,6 +36,21 @@ def test_a_deleted_launcher_judged_application_is_a_violation():
         ("Infrastructure (LauncherLost)", "Application exit 143 (LauncherFailed): 143")]
     lost = attempt(1, "Infrastructure", reason="LauncherLost")
     assert checks.verdict_problems(lost, accepted) == []
+
+
+def test_a_node_lost_under_a_deleted_launchers_job_accepts_either_faults_verdict():
+    # CI, seed 1: a node lost under the job's worker, then its launcher deleted; the
+    # operator judged the worker's loss (WorkerRestarted), which is as true as LauncherLost.
+    track = Track(plan.make_plan("c005", "rank_straggler_lost", random.Random(1)), 0.0)
+    track.strict[1] = Verdict(plan.INFRASTRUCTURE, None, frozenset({"LauncherLost"}))
+    worker_lost = attempt(1, "Infrastructure", reason="WorkerRestarted")
+    assert checks.verdict_problems(worker_lost, track.accepted(1)) != []
+    track.widen(1, Verdict(plan.INFRASTRUCTURE))  # what a node lost under its pods widens
+    assert checks.verdict_problems(worker_lost, track.accepted(1)) == []
+    # Still never Application, and the next attempt keeps its own natural verdict.
+    failed = attempt(1, "Application", exitCode=143, reason="LauncherFailed")
+    assert checks.verdict_problems(failed, track.accepted(1)) != []
+    assert track.accepted(2) == track.plan.natural(2)
 
 
 def test_natural_verdicts_follow_exit_code_rules():

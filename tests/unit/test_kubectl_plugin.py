@@ -53,6 +53,18 @@ def test_hosts_table_names_pod_and_node():
     job["status"] = {"phase": "Succeeded",  # released, not missing
                      "conditions": [{"type": "Succeeded", "status": "True"}]}
     assert views.hosts_table(job, [])[1][4] == "demo-worker-0 (released)"
+    # Still there once finished: releasing (its StatefulSet deleted, the pod follows), the
+    # node still named; kept by KeepAll: plain, unless the deadline released everything.
+    assert views.hosts_table(job, pods)[1][4:6] == ["demo-worker-0 (releasing)", "node-a"]
+    job["spec"]["cleanupPolicy"] = "KeepAll"
+    assert views.hosts_table(job, pods)[1][4] == "demo-worker-0"
+    job["status"] = {"phase": "Failed", "conditions": [
+        {"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}
+    assert views.hosts_table(job, pods)[1][4] == "demo-worker-0 (releasing)"
+    # Being deleted while the job runs: terminating.
+    job["status"] = {}
+    pods[0]["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    assert views.hosts_table(job, pods)[1][4] == "demo-worker-0 (terminating)"
 
 
 def test_attempts_table_and_logs_filter():

@@ -16,7 +16,7 @@ from monarch_operator import names
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import hostfile_hosts
 from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec import CLEANUP_KEEP_ALL, JobSpec
 from monarch_operator.launcher.hosts.placement import plan_placement
 
 # A rank's output line in SPMD mode: "[role/host/rank] text" (launcher/programs/spmd_actor.py).
@@ -85,14 +85,30 @@ def finished(body: dict[str, Any]) -> bool:
     return st.is_finished(body.get("status") or {})
 
 
+def releases_workers(body: dict[str, Any]) -> bool:
+    """Whether the job finished and its worker pods go (:func:`.release.clean_up`): always
+    unless ``cleanupPolicy: KeepAll``, and also then when its deadline was exceeded."""
+    if not finished(body):
+        return False
+    return (JobSpec.from_body(body).cleanup_policy != CLEANUP_KEEP_ALL
+            or st.reason_of(body.get("status") or {}, st.FAILED) == st.REASON_DEADLINE_EXCEEDED)
+
+
 def hosts_table(body: dict[str, Any], pods: list[dict[str, Any]],
                 settings: Settings | None = None) -> list[list[str]]:
-    """Rows ``ROLE RANK HOST POD NODE GPU`` (header first): rank -> host -> pod -> node."""
+    """Rows ``ROLE RANK HOST POD NODE GPU`` (header first): rank -> host -> pod -> node.
+
+    A pod that is gone is ``(released)`` once the job finished (its workers deleted), else
+    ``(missing)``. A pod still there is ``(releasing)`` when the finished job's workers are
+    to go (:func:`releases_workers`: the operator deleted their StatefulSet, the pods follow
+    within their grace period), ``(terminating)`` when it is being deleted before that (as
+    ``kubectl get pods`` shows ``Terminating``); its node is still shown."""
     job = JobSpec.from_body(body)
     settings = settings or Settings()
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
     # A finished job's workers are released (deleted): not missing.
     gone = "released" if finished(body) else "missing"
+    releasing = releases_workers(body)
     rows = [["ROLE", "RANK", "LOCAL", "HOST", "POD", "NODE", "GPU"]]
     for place in rank_places(body, settings):
         pod_name = names.worker_pod(job.name, place.ordinal)
@@ -100,7 +116,10 @@ def hosts_table(body: dict[str, Any], pods: list[dict[str, Any]],
         rows.append([place.role, str(place.rank), str(place.local_rank),
                      names.worker_fqdn(job.name, job.namespace, place.ordinal,
                                        settings.cluster_domain),
-                     pod_name if pod else f"{pod_name} ({gone})",
+                     f"{pod_name} ({gone})" if not pod else
+                     f"{pod_name} (releasing)" if releasing else
+                     f"{pod_name} (terminating)" if pod["metadata"].get("deletionTimestamp")
+                     else pod_name,
                      str((pod.get("spec") or {}).get("nodeName") or "-"), str(place.gpu)])
     return rows
 

@@ -60,10 +60,15 @@ class Track:
     ended_launchers: dict[int, float] = field(default_factory=dict)
 
     def accepted(self, attempt: int) -> set[Verdict]:
-        if attempt in self.strict:  # a job's deadline may still come first
-            return {self.strict[attempt]} | (self.plan.natural(attempt) if self.plan.deadline
-                                              is not None else set())
-        return self.plan.natural(attempt) | self.extra.get(attempt, set())
+        """The endings accepted for attempt ``attempt``: the aimed fault's verdict in place of
+        the natural one (a hang ends by nothing else, but a job's deadline may still come
+        first), and, either way, what overlapping faults widened it by (:meth:`widen`): a node
+        lost under the job while its launcher was deleted may be judged by either fault."""
+        widened = self.extra.get(attempt, set())
+        if attempt in self.strict:
+            return {self.strict[attempt]} | widened | (
+                self.plan.natural(attempt) if self.plan.deadline is not None else set())
+        return self.plan.natural(attempt) | widened
 
     def widen(self, attempt: int, *verdicts: Verdict) -> None:
         self.extra.setdefault(attempt, set()).update(verdicts)
