@@ -36,10 +36,13 @@ CLIENT_VERBS = {"read": "get", "get": "get", "list": "list", "create": "create",
 RAW_REQUESTS = {"_post": "create"}
 API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps", "BatchV1Api": "batch",
               "NetworkingV1Api": "networking.k8s.io", "CoordinationV1Api": "coordination.k8s.io",
+              "RbacAuthorizationV1Api": "rbac.authorization.k8s.io",
               "CustomObjectsApi": constants.GROUP}
 
 # Subresources as the typed client's method names end (`..._pod_log`, `..._object_status`).
 SUBRESOURCES = ("log", "status", "scale", "eviction", "binding", "exec", "attach")
+# Kinds whose names end like a subresource (``delete_namespaced_role_binding``: rolebindings).
+KINDS_LIKE_SUBRESOURCES = {"role_binding", "cluster_role_binding"}
 # Cluster-scoped resources, and node Leases (kube-node-lease is never a watched namespace): only
 # a ClusterRole grants them, so namespaced mode goes without.
 CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "nodes"),
@@ -66,7 +69,7 @@ def client_method_rule(api_class: str, method: str) -> Rule:
     rest = rest.removeprefix("namespaced_")
     base, subresource = rest, ""
     for name in SUBRESOURCES:  # read_namespaced_pod_log: pods/log
-        if rest.endswith(f"_{name}"):
+        if rest.endswith(f"_{name}") and rest not in KINDS_LIKE_SUBRESOURCES:
             base, subresource = rest.removesuffix(f"_{name}"), f"/{name}"
     resource = constants.PLURAL if api_class == "CustomObjectsApi" else plural(base)
     return API_GROUPS[api_class], resource + subresource, CLIENT_VERBS[verb]

@@ -463,6 +463,7 @@ def delete_exact(api_version: str, kind: str, namespace: str, name: str, uid: st
     core = kubernetes.client.CoreV1Api(_client())
     apps = kubernetes.client.AppsV1Api(_client())
     networking = kubernetes.client.NetworkingV1Api(_client())
+    rbac = kubernetes.client.RbacAuthorizationV1Api(_client())
     try:
         match (api_version, kind):
             case ("v1", "Pod"):
@@ -477,6 +478,12 @@ def delete_exact(api_version: str, kind: str, namespace: str, name: str, uid: st
                 apps.delete_namespaced_stateful_set(name, namespace, body=options)
             case ("networking.k8s.io/v1", "NetworkPolicy"):
                 networking.delete_namespaced_network_policy(name, namespace, body=options)
+            case ("v1", "ServiceAccount"):
+                core.delete_namespaced_service_account(name, namespace, body=options)
+            case ("rbac.authorization.k8s.io/v1", "Role"):
+                rbac.delete_namespaced_role(name, namespace, body=options)
+            case ("rbac.authorization.k8s.io/v1", "RoleBinding"):
+                rbac.delete_namespaced_role_binding(name, namespace, body=options)
             case _:
                 raise ValueError(f"{api_version} {kind} is not a kind of child of a job")
     except ApiException as error:
