@@ -10,7 +10,7 @@ from monarch_operator import constants, names
 from monarch_operator.controller import attempts, k8s, observe, stuckpods, verdicts
 from monarch_operator.controller import status as st
 from monarch_operator.controller.passstate import Event, Pass
-from monarch_operator.controller.spec import CLEANUP_DELETE_ALL, CLEANUP_KEEP_ALL
+from monarch_operator.controller.spec import CLEANUP_DELETE_ALL
 
 
 def launcher_pod(namespace: str, job_name: str, attempt: int) -> dict[str, Any] | None:
@@ -117,7 +117,7 @@ def clean_up(state: Pass) -> None:
     launcher_running = launcher is not None and not observe.launcher_outcome(launcher).finished
     if (launcher_running or cleanup == CLEANUP_DELETE_ALL) and k8s.stop_pod(launcher):
         _tell(state, Event("Normal", "LauncherDeleted", "launcher pod deleted"))
-    if (cleanup != CLEANUP_KEEP_ALL or deadline) and k8s.delete_if_present(
+    if job.releases_workers(deadline) and k8s.delete_if_present(
                "apps/v1", "StatefulSet", namespace, names.worker_set(job.name)):
         _tell(state, Event("Normal", "WorkersReleased", "worker pods deleted"))
     if cleanup == CLEANUP_DELETE_ALL:  # literal kinds: the chart's RBAC test reads them

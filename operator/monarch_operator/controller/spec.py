@@ -115,6 +115,11 @@ class JobSpec:
         """Whether the job runs in attach mode (``spec.mode: attach``)."""
         return self.mode == constants.MODE_ATTACH
 
+    def releases_workers(self, deadline_exceeded: bool) -> bool:
+        """Whether the finished job's worker pods go (``spec.cleanupPolicy``): always unless
+        KeepAll, and also then when ``deadline_exceeded`` (a deadline releases everything)."""
+        return self.cleanup_policy != CLEANUP_KEEP_ALL or deadline_exceeded
+
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> JobSpec:
         """Build from a MonarchJob object (``dict`` as kopf or the API returns it).

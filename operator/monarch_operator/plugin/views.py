@@ -16,7 +16,7 @@ from monarch_operator import names
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import hostfile_hosts
 from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import CLEANUP_KEEP_ALL, JobSpec
+from monarch_operator.controller.spec import JobSpec
 from monarch_operator.launcher.hosts.placement import plan_placement
 
 # A rank's output line in SPMD mode: "[role/host/rank] text" (launcher/programs/spmd_actor.py).
@@ -86,12 +86,10 @@ def finished(body: dict[str, Any]) -> bool:
 
 
 def releases_workers(body: dict[str, Any]) -> bool:
-    """Whether the job finished and its worker pods go (:func:`.release.clean_up`): always
-    unless ``cleanupPolicy: KeepAll``, and also then when its deadline was exceeded."""
-    if not finished(body):
-        return False
-    return (JobSpec.from_body(body).cleanup_policy != CLEANUP_KEEP_ALL
-            or st.reason_of(body.get("status") or {}, st.FAILED) == st.REASON_DEADLINE_EXCEEDED)
+    """Whether the job finished and its worker pods go (:meth:`.JobSpec.releases_workers`, as
+    :func:`.release.clean_up` does)."""
+    return finished(body) and JobSpec.from_body(body).releases_workers(
+        st.reason_of(body.get("status") or {}, st.FAILED) == st.REASON_DEADLINE_EXCEEDED)
 
 
 def hosts_table(body: dict[str, Any], pods: list[dict[str, Any]],
