@@ -2,17 +2,25 @@
 # One-time set-up on a fresh Debian/Ubuntu machine (idempotent, safe to re-run):
 # openssh (sshd for worker pods and SSH tests), util-linux (unshare), what the real nodes need
 # from Debian (runc, the CNI plugins, iptables, ipset, conntrack; buildah, debootstrap and gcc
-# to build the images), a virtualenv in .venv with monarch-operator and its pinned
-# dependencies, and the control-plane and node binaries built from the Go module proxy into
-# ~/.cache/monarch-operator (15-30 min the first time, seconds after), and the pinned helm
-# client the chart's tests use, and the pinned linters and scanners (hadolint, shellcheck,
-# checkov: scripts/scanners.txt) in their own virtualenv there. The images themselves are
-# built on first use (monarch-localcluster up --real-nodes, the demo, the e2e tests).
+# to build the images), then these parts at once, each with a line when it ends:
+#   venv           a virtualenv in .venv with monarch-operator and its pinned dependencies
+#   control-plane  etcd, kube-apiserver, ... built from the Go module proxy into
+#   node             ~/.cache/monarch-operator (15-25 min the first time, seconds after),
+#   helm, kueue      the Helm client and Kueue the tests use
+#   scanners       the pinned linters and scanners (scripts/scanners.txt) in their own virtualenv
+#   images         the container images of the real nodes (after venv and node), with --images
+# Different builds run side by side (while one compiles, another downloads or links); two asks
+# for one binary never build it twice (build-binaries.sh holds a lock per build).
+#   scripts/setup.sh            the above without the images (built on first use)
+#   scripts/setup.sh --images   the images too (scripts/test.sh: the end-to-end tests need them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+with_images=false
+[ "${1:-}" = "--images" ] && with_images=true
+started=$SECONDS
 
 need_apt=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
@@ -32,41 +40,87 @@ command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
 dpkg -s libc6-dev >/dev/null 2>&1 || need_apt+=(libc6-dev)  # the pause image is linked static
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
+  t0=$SECONDS
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  log "apt: done in $((SECONDS - t0)) s"
 fi
 # A non-root login user like the worker image's "monarch": tests/images runs the worker
 # entrypoint's sshd as this user (non-root sshd logs in only the user it runs as).
 id monarch >/dev/null 2>&1 || $SUDO useradd --create-home --shell /bin/bash monarch
 command -v go >/dev/null 2>&1 || { log "Go is required (1.26+) to build the control plane"; exit 1; }
 
-if [ ! -x .venv/bin/python ]; then
-  log "creating .venv"
-  python3 -m venv .venv
-fi
-stamp=".venv/.installed-$(cat pyproject.toml examples/pyproject.toml | sha256sum | cut -c1-16)"
-if [ ! -f "$stamp" ]; then
-  log "installing monarch-operator[dev] into .venv (first time: torch + CUDA wheels, several minutes)"
+install_venv() {
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+  fi
+  local stamp
+  stamp=".venv/.installed-$(cat pyproject.toml examples/pyproject.toml | sha256sum | cut -c1-16)"
+  [ -f "$stamp" ] && return 0
   .venv/bin/pip install -q --upgrade pip
   # torch and its CUDA wheels (about 3 GB) come from the machine's wheelhouse, which the image
   # builds read too (localcluster/wheelhouse.py): downloaded once per machine, not per clone.
+  local wheels
   wheels=$(PYTHONPATH=operator .venv/bin/python -m monarch_operator.localcluster.wheelhouse)
   .venv/bin/pip install -q --no-index --find-links "$wheels" -r "$wheels/requirements.txt"
   .venv/bin/pip install -q -e '.[dev]'
-  # The example programs (examples/: rl_kl, torchrun_demo), as their image has them: importable by the
-  # launcher and by every worker (loopback test hosts and local-cluster pods share this venv).
+  # The example programs (examples/: rl_kl, torchrun_demo), as their image has them: importable
+  # by the launcher and by every worker (loopback test hosts and local-cluster pods share this venv).
   .venv/bin/pip install -q -e examples
   touch "$stamp"
-fi
+}
 
-log "control-plane binaries"
-bash operator/monarch_operator/localcluster/build-binaries.sh >/dev/null
-log "node binaries (kubelet, kube-proxy, containerd, CoreDNS, fake GPU plugin)"
-bash operator/monarch_operator/localcluster/build-binaries.sh node >/dev/null
-log "helm (the chart's tests)"
-bash operator/monarch_operator/localcluster/build-binaries.sh helm >/dev/null
-log "kueue (the Kueue cluster tests: tests/cluster/test_kueue_*.py)"
-bash operator/monarch_operator/localcluster/build-binaries.sh kueue >/dev/null
-log "linters and scanners (tests/scan)"
-bash scripts/install-scanners.sh >/dev/null
-log "ready"
+build() { bash operator/monarch_operator/localcluster/build-binaries.sh "$@" >/dev/null; }
+images() { .venv/bin/python -m monarch_operator.localcluster.images build >/dev/null; }
+
+# part NAME CMD...: run CMD in the background, its output in $parts/NAME.log; one line when it
+# ends (its seconds), and its log's end if it failed.
+parts=$(mktemp -d "${TMPDIR:-/tmp}/monarch-setup.XXXXXX")
+trap 'rm -rf "$parts"' EXIT
+declare -A pid_of=() awaited=()
+part() {
+  local name="$1"; shift
+  log "$name: started"
+  (
+    t0=$SECONDS
+    if "$@" >"$parts/$name.log" 2>&1; then
+      log "$name: done in $((SECONDS - t0)) s"
+    else
+      code=$?
+      log "$name: FAILED (exit $code) after $((SECONDS - t0)) s; the end of its output:"
+      tail -n 40 "$parts/$name.log" | sed "s/^/[setup] $name| /" >&2
+      exit "$code"
+    fi
+  ) &
+  pid_of[$name]=$!
+}
+# await NAME...: wait for the parts; a failed one ends the set-up with its exit status.
+await() {
+  local name code
+  for name in "$@"; do
+    [ -n "${awaited[$name]:-}" ] && continue
+    awaited[$name]=1
+    code=0
+    wait "${pid_of[$name]}" || code=$?
+    if [ "$code" != 0 ]; then
+      log "set-up failed in part '$name' (see above)"
+      exit "$code"
+    fi
+  done
+}
+
+part venv install_venv
+part control-plane build
+part node build node
+part helm build helm
+part kueue build kueue
+part scanners bash scripts/install-scanners.sh
+if $with_images; then
+  # The images need the venv (their pip installs read the wheelhouse it fetched) and the node
+  # binaries (the CoreDNS image copies CoreDNS).
+  await venv node
+  part images images
+fi
+await venv control-plane node helm kueue scanners
+$with_images && await images
+log "ready in $((SECONDS - started)) s"

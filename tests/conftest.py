@@ -17,6 +17,12 @@ import pytest
 from monarch_operator.localcluster.cluster import LocalCluster
 from monarch_operator.localcluster.demo import Kubectl, install_crds, start_operator, stop_process
 from tests.chart import CHART_NAMESPACE_PREFIX
+from tests.parallel import (  # noqa: F401  (hooks: parallel workers, phase table)
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_xdist_make_scheduler,
+)
 
 # Every namespace but the chart tests' (kopf pattern): those run the chart's own operator.
 OPERATOR_NAMESPACES = (f"!{CHART_NAMESPACE_PREFIX}*",)

@@ -24,6 +24,7 @@ from tests.conftest import (  # noqa: F401  (fixtures re-registered for this clu
     operator_process,
     run_cluster,
 )
+from tests.parallel import unnice
 
 REAL_NODES = 2
 GPUS_PER_NODE = 4
@@ -33,6 +34,7 @@ IMAGES = ("worker", "operator", "examples")
 
 @pytest.fixture(scope="session")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    unnice()  # the longest chain of a parallel run (tests/parallel.py)
     cluster = LocalCluster(tmp_path_factory.mktemp("realcluster"), real_nodes=REAL_NODES,
                            gpus_per_node=GPUS_PER_NODE, images=IMAGES, stop_with_owner=True)
     yield from run_cluster(cluster)

@@ -122,6 +122,7 @@ class Reporter:
         termination log (:mod:`launcher.termination`). After a stop signal the outcome is
         ``128 + signal`` whatever the run's (:mod:`launcher.stopsignal`).
         """
+        close_monarch_client(self)
         exit_code, reason = stopsignal.final_result(exit_code, reason)
         status = "succeeded" if exit_code == 0 else "failed"
         if exit_code != 0 and reason:
@@ -140,3 +141,29 @@ class Reporter:
         else:
             print(f"{self.prefix} failed: {reason}", file=self.err, flush=True)
         return exit_code
+
+
+# How long the launcher waits for this process's Monarch client to shut down before its final
+# line, seconds; Monarch's own shutdown at interpreter exit allows 1 s.
+MONARCH_CLIENT_SHUTDOWN_S = 15.0
+
+
+def close_monarch_client(reporter: Reporter, timeout_s: float = MONARCH_CLIENT_SHUTDOWN_S) -> None:
+    """Shut down this process's Monarch client, if the run made one, before the final line.
+
+    Monarch shuts its client down at interpreter exit with a 1 s limit
+    (``monarch/_src/actor/actor_mesh.py``, ``atexit.register(... .get(timeout=1.0))``); on a
+    loaded machine that limit passes and Python prints "Exception ignored in atexit callback
+    ... TimeoutError" after the launcher's final line, which then is not the last one. Done
+    here with a longer limit, Monarch's own call finds the shutdown claimed and returns at once.
+    A client that does not finish in ``timeout_s`` seconds is named in a warning; the run's
+    outcome stands. Without Monarch imported (a usage error, a dry run) it does nothing.
+    """
+    if "monarch.actor" not in sys.modules:
+        return
+    from monarch.actor import shutdown_context
+
+    try:
+        shutdown_context(host_timeout=2.0).get(timeout=timeout_s)
+    except TimeoutError:
+        reporter.warning(f"Monarch's client did not shut down within {timeout_s:g}s")

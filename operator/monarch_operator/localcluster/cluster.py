@@ -39,8 +39,9 @@ from monarch_operator.localcluster.node import nodes as real_nodes_mod
 from monarch_operator.localcluster.orphans import stop_with_parent
 
 # Pod IPs (kwok --cidr), inside 127.0.0.0/8. MONARCH_LOCALCLUSTER_POD_CIDR moves them, so that two
-# local clusters on one machine (parallel test runs) never hand out the same pod IP.
-POD_CIDR = os.environ.get("MONARCH_LOCALCLUSTER_POD_CIDR", "127.100.0.0/16")
+# local clusters on one machine (parallel test workers) never hand out the same pod IP.
+POD_CIDR_ENV = "MONARCH_LOCALCLUSTER_POD_CIDR"
+DEFAULT_POD_CIDR = "127.100.0.0/16"
 SERVICE_CIDR = "127.96.0.0/16"
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
 NODE_NAME = "kwok-gpu-{index}"
@@ -120,8 +121,10 @@ class LocalCluster:
                  stop_with_owner: bool = False,
                  controller_manager_qps: int | None = None, real_nodes: int = 0,
                  images: tuple[str, ...] = ("worker",)) -> None:
-        if not ipaddress.ip_network(POD_CIDR).subnet_of(ipaddress.ip_network("127.0.0.0/8")):
-            raise ValueError(f"MONARCH_LOCALCLUSTER_POD_CIDR={POD_CIDR!r} must lie inside "
+        # Read when the cluster is made (not at import): a test worker sets its own range.
+        self.pod_cidr = os.environ.get(POD_CIDR_ENV, DEFAULT_POD_CIDR)
+        if not ipaddress.ip_network(self.pod_cidr).subnet_of(ipaddress.ip_network("127.0.0.0/8")):
+            raise ValueError(f"{POD_CIDR_ENV}={self.pod_cidr!r} must lie inside "
                              "127.0.0.0/8: the local cluster never uses other addresses")
         self.state_dir = Path(state_dir).resolve()
         self.controller_manager_qps = controller_manager_qps
@@ -497,7 +500,7 @@ class LocalCluster:
         return [str(bin_dir / "kwok"), f"--kubeconfig={self.kubeconfig}",
                 # every node that is not down (nodestate.py)
                 f"--manage-nodes-with-label-selector={nodestate.KWOK_NODE_SELECTOR}",
-                f"--cidr={POD_CIDR}", "--node-ip=127.0.0.1",
+                f"--cidr={self.pod_cidr}", "--node-ip=127.0.0.1",
                 f"--server-address=127.0.0.1:{ports['kwok']}",
                 # What the node status advertises as the kubelet port: the node agent's.
                 f"--node-port={ports['kubelet']}",

@@ -1,0 +1,203 @@
+"""How the suite runs in parallel (pytest-xdist), and what it says about where the time went.
+
+``scripts/test.sh`` runs ``pytest -n N --dist loadscope --no-loadscope-reorder``. Under it:
+
+- **Work units.** One worker runs a whole module (:class:`UnitScheduling`, pytest-xdist's
+  loadscope with one change): module fixtures (Kueue, a chart install) start once, and no two
+  tests of a module race each other. All of ``tests/e2e`` is one unit, :data:`REAL_NODES_UNIT`:
+  one cluster with real nodes runs on a machine at a time (fixed addresses on the node bridge).
+  (Not ``--dist loadgroup`` with ``xdist_group`` marks: pytest-xdist 3.8 tags a test's group
+  onto ``item._nodeid``, which pytest 9.2 no longer reads, so every test went its own way.)
+- **Order.** Units start longest first, by the seconds recorded in :data:`DURATIONS_FILE`
+  (``--store-durations`` writes it from a run), so the longest chain (the real nodes: images,
+  nodes, jobs) starts at once and no long module is left to start last.
+- **Clusters.** Each worker starts its own kwok cluster on first use, with its own pod range
+  (:func:`worker_pod_cidr`), so that no two clusters hand out the same pod IP.
+- **Priority.** Two cores are saturated by four workers, and the real-node unit is the longest
+  chain (35 of 39 minutes in the first parallel run). Workers run at nice :data:`WORKER_NICE`;
+  the real-node cluster's fixture puts its worker back to 0 (:func:`unnice`), so the nodes,
+  their pods and that worker get the larger share and the other units fill the rest.
+
+Whether run in parallel or not, the end of the run prints a phase table: the set-up's seconds
+(``MONARCH_SETUP_SECONDS``, from ``scripts/test.sh``), then per test folder the tests run, the
+wall time from its first test's start to its last test's end, and the test-seconds (the sum of
+every test's set-up, call and teardown); then the count of tests run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
+REAL_NODES_UNIT = "tests/e2e (real nodes)"
+# Seconds assumed for a unit the durations file does not know yet (a new module).
+DEFAULT_UNIT_SECONDS = {"unit": 2.0, "scan": 10.0, "images": 60.0}
+DEFAULT_OTHER_SECONDS = 60.0
+# Pod ranges of the workers' kwok clusters: 127.110.0.0/16 for gw0, 127.111.0.0/16 for gw1 ...
+# (127.100/16 is a lone cluster's default, 127.104/16 the chaos bench's, 127.0.0.x loopback sshd).
+FIRST_WORKER_POD_OCTET = 110
+MAX_WORKERS = 40
+# The niceness of every worker but the one running the real nodes (see the module doc).
+WORKER_NICE = 5
+
+
+def unnice() -> None:
+    """Give this process (and what it starts from now on) the default priority again, as the
+    real-node fixture does in its worker (root may lower a niceness; others keep theirs)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except PermissionError:
+        pass
+
+
+def worker_pod_cidr(worker: str) -> str:
+    """The pod range of pytest-xdist worker ``worker`` (``"gw0"``, ``"gw1"``, ...): a /16 of
+    127.0.0.0/8 of its own.
+
+    Raises:
+        ValueError: ``worker`` is not a pytest-xdist worker id, or beyond :data:`MAX_WORKERS`.
+    """
+    if not (worker.startswith("gw") and worker[2:].isdigit()):
+        raise ValueError(f"not a pytest-xdist worker id: {worker!r}")
+    index = int(worker[2:])
+    if index >= MAX_WORKERS:
+        raise ValueError(f"worker {worker}: at most {MAX_WORKERS} workers have a pod range")
+    return f"127.{FIRST_WORKER_POD_OCTET + index}.0.0/16"
+
+
+def unit_of(nodeid: str) -> str:
+    """The work unit of test ``nodeid``: its module's path from the repository root, or
+    :data:`REAL_NODES_UNIT` for every test of tests/e2e."""
+    module = nodeid.split("::", 1)[0]
+    return REAL_NODES_UNIT if folder_of(module) == "tests/e2e" else module
+
+
+class UnitScheduling(LoadScopeScheduling):
+    """pytest-xdist's loadscope scheduling whose scope is :func:`unit_of` (a module, or all of
+    tests/e2e); units go out in collection order, which
+    :func:`pytest_collection_modifyitems` made longest first."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return unit_of(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+    """With ``--dist loadscope``: :class:`UnitScheduling` (other modes: pytest-xdist's own)."""
+    if config.getvalue("dist") == "loadscope":
+        return UnitScheduling(config, log)
+    return None
+
+
+def folder_of(nodeid: str) -> str:
+    """``tests/<folder>`` of a test id: ``tests/cluster/test_x.py::test_y`` -> ``tests/cluster``."""
+    return "/".join(nodeid.split("::", 1)[0].split("/")[:2])
+
+
+def expected_seconds(unit: str, recorded: dict[str, float]) -> float:
+    """How long ``unit`` is expected to take: its recorded seconds, else a folder default."""
+    if unit in recorded:
+        return recorded[unit]
+    folder = unit.split("/")[1] if unit.count("/") >= 1 else ""
+    return DEFAULT_UNIT_SECONDS.get(folder, DEFAULT_OTHER_SECONDS)
+
+
+def read_durations(path: Path = DURATIONS_FILE) -> dict[str, float]:
+    """Seconds per work unit from ``path`` (empty when the file is missing)."""
+    try:
+        return {str(k): float(v) for k, v in json.loads(path.read_text())["units"].items()}
+    except FileNotFoundError:
+        return {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--store-durations", action="store_true", default=False,
+                     help=f"write each work unit's test-seconds to {DURATIONS_FILE.name} "
+                          "(the order the next parallel run starts units in)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        # Before any cluster is made; processes the tests start inherit it.
+        os.environ.setdefault("MONARCH_LOCALCLUSTER_POD_CIDR", worker_pod_cidr(worker))
+        os.nice(WORKER_NICE - os.getpriority(os.PRIO_PROCESS, 0))
+    config.pluginmanager.register(PhaseClock(config), "monarch-phase-clock")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker: the work units longest first (a stable sort: tests keep their
+    order inside a unit). Every worker sorts the same collection the same way."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    recorded = read_durations()
+    items.sort(key=lambda item: -expected_seconds(unit_of(item.nodeid), recorded))
+
+
+@dataclass
+class _Folder:
+    tests: set[str] = field(default_factory=set)
+    first_start: float = float("inf")
+    last_stop: float = 0.0
+    test_seconds: float = 0.0
+
+
+class PhaseClock:
+    """Collects every test report (on the controller, under pytest-xdist) and prints the phase
+    table at the end; with ``--store-durations`` writes :data:`DURATIONS_FILE`."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.started = time.time()
+        self.folders: dict[str, _Folder] = defaultdict(_Folder)
+        self.unit_seconds: dict[str, float] = defaultdict(float)
+        self.outcomes: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        nodeid = report.nodeid
+        folder = self.folders[folder_of(nodeid)]
+        folder.tests.add(nodeid)
+        folder.first_start = min(folder.first_start, getattr(report, "start", time.time()))
+        folder.last_stop = max(folder.last_stop, getattr(report, "stop", time.time()))
+        folder.test_seconds += report.duration
+        self.unit_seconds[unit_of(nodeid)] += report.duration
+        if report.when == "call" or report.outcome != "passed":
+            # A test counts as run once; a failed set-up or teardown is its outcome too.
+            if self.outcomes.get(nodeid) in (None, "passed"):
+                self.outcomes[nodeid] = report.outcome
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:  # type: ignore[no-untyped-def]
+        if os.environ.get("PYTEST_XDIST_WORKER") or not self.folders:
+            return
+        write = terminalreporter.write_line
+        terminalreporter.section("phases (wall time)")
+        setup = os.environ.get("MONARCH_SETUP_SECONDS")
+        write(f"{'phase':<22}{'tests':>7}{'wall s':>9}{'test-s':>9}")
+        if setup:
+            write(f"{'set-up':<22}{'':>7}{float(setup):>9.0f}{'':>9}")
+        for name in sorted(self.folders):
+            folder = self.folders[name]
+            wall = max(0.0, folder.last_stop - folder.first_start)
+            write(f"{name:<22}{len(folder.tests):>7}{wall:>9.0f}{folder.test_seconds:>9.0f}")
+        total = time.time() - self.started
+        write(f"{'tests, all folders':<22}{len(self.outcomes):>7}{total:>9.0f}"
+              f"{sum(f.test_seconds for f in self.folders.values()):>9.0f}")
+        counts: dict[str, int] = defaultdict(int)
+        for outcome in self.outcomes.values():
+            counts[outcome] += 1
+        summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+        write(f"tests run: {len(self.outcomes)} ({summary})")
+        if self.config.getoption("store_durations"):
+            units = {unit: round(seconds, 1) for unit, seconds in
+                     sorted(self.unit_seconds.items(), key=lambda kv: -kv[1])}
+            DURATIONS_FILE.write_text(json.dumps({"tests_run": len(self.outcomes),
+                                                  "units": units}, indent=1) + "\n")
+            write(f"wrote {DURATIONS_FILE}")
