@@ -8,6 +8,10 @@
   one cluster with real nodes runs on a machine at a time (fixed addresses on the node bridge).
   (Not ``--dist loadgroup`` with ``xdist_group`` marks: pytest-xdist 3.8 tags a test's group
   onto ``item._nodeid``, which pytest 9.2 no longer reads, so every test went its own way.)
+- **Machine alone.** A module that watches what every process of this user does on the
+  machine (the straggler scans stop any process an ended standalone run left, whoever started
+  it) is listed in :data:`ALONE_UNITS` with its reason. Those units go last, one after another,
+  on the one worker left when every other unit is done (:meth:`UnitScheduling._assign_work_unit`).
 - **Order.** Units start longest first, by the seconds recorded in :data:`DURATIONS_FILE`
   (``--store-durations`` writes it from a run), so the longest chain (the real nodes: images,
   nodes, jobs) starts at once and no long module is left to start last.
@@ -49,6 +53,17 @@ MAX_WORKERS = 40
 WORKER_NICE = 5
 
 
+# Modules that need the machine to themselves (see the module doc), each with why.
+ALONE_UNITS: dict[str, str] = {
+    "tests/launcher/test_stragglers.py":
+        "a killed run's processes must outlive it until this module's next run stops them; "
+        "another worker's standalone pre-flight would stop them first",
+    "tests/launcher/test_straggler_scan.py":
+        "it plants processes of ended standalone runs and of live ones; another worker's "
+        "pre-flight stops the first kind, and its scans would stop other workers' leftovers",
+}
+
+
 def unnice() -> None:
     """Give this process (and what it starts from now on) the default priority again, as the
     real-node fixture does in its worker (root may lower a niceness; others keep theirs)."""
@@ -87,6 +102,19 @@ class UnitScheduling(LoadScopeScheduling):
 
     def _split_scope(self, nodeid: str) -> str:
         return unit_of(nodeid)
+
+    def _assign_work_unit(self, node) -> None:  # type: ignore[no-untyped-def]
+        """Send ``node`` the next unit, except that a unit of :data:`ALONE_UNITS` waits until
+        no worker (this one included) has a test left; a worker with nothing left meanwhile
+        stops, and the last one busy takes the machine-alone units when it is done."""
+        scope = next(iter(self.workqueue))
+        if scope in ALONE_UNITS and any(self._pending_of(work) for work in
+                                        self.assigned_work.values()):
+            if not self._pending_of(self.assigned_work.get(node, {})) and \
+                    not node.shutting_down:
+                node.shutdown()
+            return
+        super()._assign_work_unit(node)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
@@ -134,12 +162,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a pytest-xdist worker: the work units longest first (a stable sort: tests keep their
-    order inside a unit). Every worker sorts the same collection the same way."""
+    """In a pytest-xdist worker: the work units longest first, the machine-alone ones last (a
+    stable sort: tests keep their order inside a unit). Every worker sorts the same collection
+    the same way."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     recorded = read_durations()
-    items.sort(key=lambda item: -expected_seconds(unit_of(item.nodeid), recorded))
+    items.sort(key=lambda item: (unit_of(item.nodeid) in ALONE_UNITS,
+                                 -expected_seconds(unit_of(item.nodeid), recorded)))
 
 
 @dataclass

@@ -45,3 +45,62 @@ def test_each_worker_has_a_pod_range_of_its_own_inside_loopback() -> None:
         parallel.worker_pod_cidr(f"gw{parallel.MAX_WORKERS}")
     with pytest.raises(ValueError, match="worker id"):
         parallel.worker_pod_cidr("main")
+
+
+class _Worker:
+    """Stands in for xdist's WorkerController: records what it was sent."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = type("Gateway", (), {"id": name})()
+        self.sent: list[list[int]] = []
+        self.shutting_down = False
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent.append(indices)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def _scheduler(workers: int) -> parallel.UnitScheduling:
+    values = {"tx": [f"{workers}*popen"]}
+    config = type("Config", (), {"getvalue": lambda self, name: values[name],
+                                 "option": type("Option", (), {"loadscopereorder": False})()})()
+    return parallel.UnitScheduling(config)  # type: ignore[arg-type]
+
+
+def test_machine_alone_units_wait_until_every_other_unit_is_done() -> None:
+    alone = next(iter(parallel.ALONE_UNITS))
+    collection = ["tests/cluster/test_a.py::t1", "tests/cluster/test_b.py::t1",
+                  f"{alone}::t1", f"{alone}::t2"]
+    scheduler = _scheduler(2)
+    first, second = _Worker("gw0"), _Worker("gw1")
+    for worker in (first, second):
+        scheduler.add_node(worker)  # type: ignore[arg-type]
+        scheduler.add_node_collection(worker, collection)  # type: ignore[arg-type]
+    scheduler.schedule()
+    # Each worker got one cluster module; the machine-alone unit waits while they run.
+    assert sorted(first.sent + second.sent) == [[0], [1]]
+    assert alone in scheduler.workqueue
+
+    done_first = first if first.sent == [[0]] else second
+    last = second if done_first is first else first
+    scheduler.mark_test_complete(done_first, done_first.sent[0][0])  # type: ignore[arg-type]
+    # Nothing left for it but the machine-alone unit, and another worker is busy: it stops.
+    assert done_first.shutting_down and len(done_first.sent) == 1
+    scheduler.remove_node(done_first)  # type: ignore[arg-type]
+    assert not scheduler.tests_finished
+
+    scheduler.mark_test_complete(last, last.sent[0][0])  # type: ignore[arg-type]
+    # The last busy worker takes the machine-alone unit, all its tests at once.
+    assert last.sent[-1] == [2, 3] and not last.shutting_down
+    assert not scheduler.workqueue
+
+
+def test_every_machine_alone_unit_says_why_and_exists() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for unit, why in parallel.ALONE_UNITS.items():
+        assert (root / unit).is_file(), unit
+        assert len(why) > 40, f"{unit}: say why it needs the machine alone"

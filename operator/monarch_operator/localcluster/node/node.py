@@ -257,12 +257,11 @@ def processes_of(name: str) -> set[int]:
     cgroup = f"{network.PREFIX}{name}"
     for hierarchy in cgroup_hierarchies(unified=True):
         root = hierarchy / cgroup
-        if root.is_dir():
-            for procs in root.rglob("cgroup.procs"):
-                try:
-                    pids.update(int(p) for p in procs.read_text().split())
-                except OSError:
-                    pass
+        for folder in _cgroup_tree(root):
+            try:
+                pids.update(int(p) for p in (folder / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
     inode = network.netns_inode(f"{network.PREFIX}{name}")
     if inode is not None:
         for proc in Path("/proc").iterdir():
@@ -309,10 +308,15 @@ def remove_cgroups(name: str) -> None:
         root = hierarchy / f"{network.PREFIX}{name}"
         if not root.is_dir():
             continue
-        for path in sorted((p for p in root.rglob("*") if p.is_dir()),
-                           key=lambda p: len(p.parts), reverse=True):
+        for path in sorted(_cgroup_tree(root), key=lambda p: len(p.parts), reverse=True):
             _rmdir(path)
-        _rmdir(root)
+
+
+def _cgroup_tree(root: Path) -> list[Path]:
+    """``root`` and every cgroup below it; [] when it is gone. The kubelet and runc remove pod
+    and container cgroups at any time: one that vanishes during the walk is left out (a
+    ``Path.rglob`` raised FileNotFoundError then, seen under load in the real-node tests)."""
+    return [Path(folder) for folder, _, _ in os.walk(root)]  # os.walk skips unreadable folders
 
 
 def _rmdir(path: Path) -> None:
