@@ -12,18 +12,25 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from monarch_operator.testing.loopback_sshd import SshCluster, processes_mentioning
+from monarch_operator.testing.loopback_sshd import (
+    SshCluster,
+    free_port,
+    processes_mentioning,
+    reap_processes_mentioning,
+)
 from tests.launcher.launching import Launch, run_launch
 
 pytestmark = pytest.mark.ssh
 
 DATA = Path(__file__).parent.parent / "data" / "spmd"
 C9_RUNS = 50
+C9_AT_ONCE = 3
 
 
 def reports(launch: Launch) -> dict[int, tuple[str, dict[str, Any]]]:
@@ -205,22 +212,34 @@ def test_c9_every_rank_exits_3_gives_3_in_50_of_50_runs(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
     # Field case C9 (mpich #7057, ompi #1344): two hosts, every worker exits 3 at once.
+    # C9_AT_ONCE launches go at a time, each with its own folder and Monarch port: a launch
+    # mostly waits on ssh and process start, and a loaded machine is where the race shows.
     script = copy_script(tmp_path, "exit_with.py")
-    codes = []
-    for _ in range(C9_RUNS):
-        launch = spmd_on_two_hosts(
-            tmp_path,
-            ssh_cluster,
-            monarch_port,
-            "--quiet",
-            str(script),
-            "3",
-        )
-        codes.append(launch.returncode)
-        if launch.returncode != 3:
-            pytest.fail(f"run {len(codes)} of {C9_RUNS}: {launch.describe()}")
+    ports = [monarch_port]
+    while len(ports) < C9_AT_ONCE:
+        if (port := free_port(ssh_cluster.hosts)) not in ports:
+            ports.append(port)
+
+    def one_run(index: int) -> Launch:
+        folder = tmp_path / f"run{index}"
+        folder.mkdir()
+        port = ports[index % C9_AT_ONCE]
+        return spmd_on_two_hosts(folder, ssh_cluster, port, "--quiet", str(script), "3")
+
+    launches: list[Launch] = []
+    with ThreadPoolExecutor(C9_AT_ONCE) as pool:
+        for start in range(0, C9_RUNS, C9_AT_ONCE):  # a port is used by one launch at a time
+            launches.extend(pool.map(one_run, range(start, min(start + C9_AT_ONCE, C9_RUNS))))
+    codes = [launch.returncode for launch in launches]
+    wrong = [(index + 1, launch) for index, launch in enumerate(launches) if launch.returncode != 3]
+    if wrong:
+        run, launch = wrong[0]
+        pytest.fail(f"{len(wrong)} of {C9_RUNS} runs did not exit 3; run {run}: {launch.describe()}")
     assert codes == [3] * C9_RUNS
-    assert "exited with code 3" in launch.lines[-1], launch.describe()
+    assert all("exited with code 3" in launch.lines[-1] for launch in launches), \
+        launches[0].describe()
+    for port in ports[1:]:
+        assert not reap_processes_mentioning(f":{port}"), f"processes left on port {port}"
     assert_no_script_left(tmp_path)
 
 
