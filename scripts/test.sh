@@ -2,18 +2,19 @@
 # All tests: unit, launcher over loopback sshd, cluster (operator on the local control plane),
 # images and end to end (the sample MonarchJob to Succeeded on real nodes). The end of the
 # output has a phase table (set-up, each test folder) and the 40 slowest tests with --durations=40.
-#   MONARCH_TEST_WORKERS=N   N pytest-xdist workers (default 0: one test at a time). Each worker
-#                            runs whole modules on a kwok cluster of its own, all the real-node
-#                            tests run in one worker, longest modules first (tests/parallel.py).
-#                            Not the default yet: with 4 workers on 2 cores 8 of 1509 tests
-#                            failed (docs/development.md, "How the suite runs in parallel").
+#   MONARCH_TEST_WORKERS=N   N pytest-xdist workers (default 2; 0: one test at a time). Each
+#                            worker runs whole modules on a kwok cluster of its own, all the
+#                            real-node tests run in one worker, longest modules first, the
+#                            machine-alone modules last (tests/parallel.py). One at a time the
+#                            suite takes about 70 minutes, and a fresh machine's set-up 31 more:
+#                            over CI's 90 (docs/development.md, "How the suite runs in parallel").
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
 scripts/setup.sh --images
 export MONARCH_SETUP_SECONDS=$((SECONDS - t0))
-workers="${MONARCH_TEST_WORKERS:-0}"
+workers="${MONARCH_TEST_WORKERS:-2}"
 parallel=()
 [ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)
 exec .venv/bin/python -m pytest "${parallel[@]}" "$@"
