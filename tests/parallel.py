@@ -105,16 +105,27 @@ class UnitScheduling(LoadScopeScheduling):
 
     def _assign_work_unit(self, node) -> None:  # type: ignore[no-untyped-def]
         """Send ``node`` the next unit, except that a unit of :data:`ALONE_UNITS` waits until
-        no worker (this one included) has a test left; a worker with nothing left meanwhile
-        stops, and the last one busy takes the machine-alone units when it is done."""
-        scope = next(iter(self.workqueue))
-        if scope in ALONE_UNITS and any(self._pending_of(work) for work in
-                                        self.assigned_work.values()):
-            if not self._pending_of(self.assigned_work.get(node, {})) and \
-                    not node.shutting_down:
-                node.shutdown()
-            return
+        every other worker has stopped: while another one still takes units, this one stops
+        once its last test is all it holds (an xdist worker runs its last test only when told
+        what comes next, or to stop); the last worker left takes the machine-alone units."""
+        if next(iter(self.workqueue)) in ALONE_UNITS:
+            others = [other for other in self.assigned_work if other is not node]
+            if any(not other.shutting_down for other in others):
+                if self._pending_of(self.assigned_work.get(node, {})) <= 1 and \
+                        not node.shutting_down:
+                    node.shutdown()
+                return
+            if others:  # stopping: they finish their last tests first (see remove_node)
+                return
         super()._assign_work_unit(node)
+
+    def remove_node(self, node):  # type: ignore[no-untyped-def]
+        """xdist's, then the workers left are offered work again: a worker waiting for the
+        others to stop before it takes the machine-alone units learns that they have."""
+        crashitem = super().remove_node(node)
+        for other in list(self.assigned_work):
+            self._reschedule(other)
+        return crashitem
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]

@@ -82,19 +82,32 @@ def test_machine_alone_units_wait_until_every_other_unit_is_done() -> None:
     # Each worker got one cluster module; the machine-alone unit waits while they run.
     assert sorted(first.sent + second.sent) == [[0], [1]]
     assert alone in scheduler.workqueue
-
-    done_first = first if first.sent == [[0]] else second
-    last = second if done_first is first else first
-    scheduler.mark_test_complete(done_first, done_first.sent[0][0])  # type: ignore[arg-type]
-    # Nothing left for it but the machine-alone unit, and another worker is busy: it stops.
-    assert done_first.shutting_down and len(done_first.sent) == 1
-    scheduler.remove_node(done_first)  # type: ignore[arg-type]
-    assert not scheduler.tests_finished
-
-    scheduler.mark_test_complete(last, last.sent[0][0])  # type: ignore[arg-type]
-    # The last busy worker takes the machine-alone unit, all its tests at once.
+    # An xdist worker runs its last test only once told what follows: one of them is told to
+    # stop, the other waits for it.
+    stopping = [worker for worker in (first, second) if worker.shutting_down]
+    assert len(stopping) == 1
+    last = second if stopping[0] is first else first
+    scheduler.mark_test_complete(stopping[0], stopping[0].sent[0][0])  # type: ignore[arg-type]
+    assert len(last.sent) == 1 and not scheduler.tests_finished
+    scheduler.remove_node(stopping[0])  # type: ignore[arg-type]
+    # The last worker left takes the machine-alone unit, all its tests at once.
     assert last.sent[-1] == [2, 3] and not last.shutting_down
     assert not scheduler.workqueue
+
+
+def test_machine_alone_units_alone_in_the_run_go_to_one_worker() -> None:
+    alone = next(iter(parallel.ALONE_UNITS))
+    collection = [f"{alone}::t1", f"{alone}::t2"]
+    scheduler = _scheduler(2)
+    workers = [_Worker("gw0"), _Worker("gw1")]
+    for worker in workers:
+        scheduler.add_node(worker)  # type: ignore[arg-type]
+        scheduler.add_node_collection(worker, collection)  # type: ignore[arg-type]
+    scheduler.schedule()
+    for worker in workers:
+        if worker.shutting_down and not worker.sent and worker in scheduler.nodes:
+            scheduler.remove_node(worker)  # type: ignore[arg-type]
+    assert [worker.sent for worker in workers if worker.sent] == [[[0, 1]]]
 
 
 def test_every_machine_alone_unit_says_why_and_exists() -> None:
