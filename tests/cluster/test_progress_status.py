@@ -159,8 +159,10 @@ def test_a_torchrun_scripts_progress_lines_reach_status(kubectl, namespace, scri
 
 
 STALLING_PROGRAM = textwrap.dedent("""
-    import os, sys, threading, time
+    import os, signal, sys, threading, time
     from monarch_operator.job import report
+    if os.environ.get("EXIT_0_ON_SIGTERM"):  # the stall still decides (issue 32 item 2)
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
 
     def wait_for_a_dead_peer():
         threading.Event().wait()
@@ -174,13 +176,15 @@ STALLING_PROGRAM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("exits_0_on_sigterm", [False, True], ids=["default", "exit-0"])
 def test_a_stalled_attempt_is_detected_with_its_stacks_and_the_next_attempt_starts(
-        kubectl, namespace):
+        kubectl, namespace, exits_0_on_sigterm):
     deadline = 30
+    env = [{"name": "EXIT_0_ON_SIGTERM", "value": "1"}] if exits_0_on_sigterm else []
     apply_manifest(kubectl, namespace, job_manifest(
         "stall", progress={"reportIntervalSeconds": 1},
         runPolicy={"progressDeadlineSeconds": deadline},
-        launcher={"command": ["python3", "-c", STALLING_PROGRAM]}))
+        launcher={"command": ["python3", "-c", STALLING_PROGRAM], "env": env}))
     done = wait_phase(kubectl, namespace, "stall", "Succeeded", timeout=240)
     first, second = done["attempts"]
     assert (first["class"], first["reason"]) == ("Infrastructure", "ProgressStalled"), first

@@ -167,18 +167,19 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
     if verdict.kind == verdicts.SETTLING:  # reports of what happened before its end may come
         state.wake_in(verdict.wait_seconds)
         return None
-    if verdict.kind == verdicts.SUCCEEDED:
-        endings.succeed(state, outcome)
-        return None
-    if not outcome.finished:
-        return _end_if_stalled(state, outcome, pods) or _end_if_launcher_lost(state, outcome, pods)
-    stalled = stalls.stall_in(outcome.message)
-    if stalled:  # the launcher stopped a run that reported no progress for the deadline
+    stalled = stalls.stall_in(outcome.message) if outcome.finished else None
+    if stalled:  # the launcher stopped a run that reported no progress for the deadline; its
+        # program's exit code (0 when it exits 0 on the SIGTERM) does not say how it ended
         what, stacks = stalled
         restarted = endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_PROGRESS_STALLED,
                                         what, outcome, None, pods)
         state.status = stalls.attach_stacks(state.status, attempt, stacks)
         return restarted
+    if verdict.kind == verdicts.SUCCEEDED:
+        endings.succeed(state, outcome)
+        return None
+    if not outcome.finished:
+        return _end_if_stalled(state, outcome, pods) or _end_if_launcher_lost(state, outcome, pods)
     if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
         return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                                    f"launcher pod lost: {outcome.message}", outcome, None, pods)

@@ -217,8 +217,6 @@ def launcher_outcome(pod: dict[str, Any] | None,
         return LauncherOutcome(finished=True, succeeded=False, exit_code=None,
                                message=f"{CONTAINER_STATUS_UNKNOWN}: {pod_failure}")
     exit_code = None if terminated is None else int(terminated.get("exitCode", 0))
-    if phase == "Succeeded":
-        return LauncherOutcome(finished=True, succeeded=True, exit_code=exit_code or 0)
     message = ""
     if terminated is not None:
         # One line: monarch-launch's final failure line, or (a command of the user's, a crash:
@@ -227,6 +225,11 @@ def launcher_outcome(pod: dict[str, Any] | None,
         lines = [line.strip() for line in (terminated.get("message") or "").splitlines()]
         message = next((line for line in reversed(lines) if line), "") or str(
             terminated.get("reason") or "")
+    if phase == "Succeeded":
+        # Its message too: a program that exits 0 once its launcher stopped it for a stall
+        # wrote the stall there, and the stall decides (controller/launching.py).
+        return LauncherOutcome(finished=True, succeeded=True, exit_code=exit_code or 0,
+                               message="" if message == "Completed" else message)
     pod_failure = ": ".join(part for part in (status.get("reason"), status.get("message"))
                             if part) or "pod failed"
     return LauncherOutcome(

@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from monarch_operator.launcher import stopguard
 from monarch_operator.launcher.flagtypes import positive_int, positive_seconds
 from monarch_operator.launcher.options import (  # noqa: F401 - re-exported: cli's names before
     UsageError,
@@ -144,7 +145,13 @@ def install_sigterm_handler() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``monarch-launch``; returns the exit status (see ``--help``)."""
+    """Entry point of ``monarch-launch``; returns the exit status (see ``--help``).
+
+    Run as the program (``argv`` None), the launcher runs under a stop guard
+    (:mod:`.stopguard`): a stop signal decides the exit status whatever the user's program
+    does with it."""
+    if argv is None:
+        stopguard.guard("monarch-launch", json_mode="--json" in sys.argv[1:])
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["spmd"]:
         from monarch_operator.launcher.spmd_cli import main as spmd_main

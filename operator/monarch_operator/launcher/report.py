@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from monarch_operator.launcher import stopsignal
+from monarch_operator.launcher import stopguard, stopsignal
 from monarch_operator.launcher.termination import write_termination_message
 
 PREFIX = "monarch-launch:"
@@ -124,6 +124,7 @@ class Reporter:
         """
         close_monarch_client(self)
         exit_code, reason = stopsignal.final_result(exit_code, reason)
+        stopguard.note_final(exit_code)  # the guard checks the process ends with this status
         status = "succeeded" if exit_code == 0 else "failed"
         if exit_code != 0 and reason:
             write_termination_message(reason)  # Kubernetes: the pod's state.terminated.message

@@ -26,7 +26,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher import exitcodes, stopguard
 from monarch_operator.launcher.flagtypes import port_number
 from monarch_operator.launcher.options import (
     UsageError,
@@ -234,6 +234,8 @@ def launcher_from_args(args: argparse.Namespace, reporter: Reporter) -> SpmdLaun
 
 def main(argv: Sequence[str] | None = None, prog: str = "monarch-torchrun") -> int:
     """Entry point of ``monarch-torchrun`` and ``monarch-launch spmd``; returns the exit status."""
+    if argv is None:  # run as the program: under a stop guard (launcher/stopguard.py)
+        stopguard.guard(prog, json_mode="--json" in sys.argv[1:])
     args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
     reporter = Reporter(json_mode=args.json, quiet=args.quiet, prefix=f"{prog.split()[0]}:")
     try:

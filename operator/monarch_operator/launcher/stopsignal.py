@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import signal
 
+from monarch_operator.launcher import stopguard
+
 # What a stop signal turns the exit status into (shell convention; launcher.exitcodes).
 SIGNAL_BASE = 128
 # The signals that mean "stop the run" (a terminal's Ctrl-C, its closing, kill/pod deletion).
@@ -33,8 +35,10 @@ def record(signal_number: int) -> None:
 
 
 def received() -> int | None:
-    """The first stop signal this process got, or None."""
-    return _received
+    """The first stop signal this process got, or None. Under a guard
+    (:mod:`.stopguard`) also a signal the guard got that no handler of ours saw (the user's
+    program took the signal)."""
+    return _received if _received is not None else stopguard.signal_received()
 
 
 def record_stall(message: str) -> None:
@@ -42,6 +46,7 @@ def record_stall(message: str) -> None:
     :mod:`.progress`): the final result says that, not the signal it sends itself."""
     global _stall
     _stall = message
+    stopguard.note_stop(message)
 
 
 def reset() -> None:
@@ -70,11 +75,12 @@ def final_result(exit_code: int, reason: str | None) -> tuple[int, str | None]:
         Unchanged when no stop signal was recorded; else ``128 + signal`` and a reason that
         starts with :func:`describe` (followed by the run's own reason, if it had one).
     """
+    first = received()
     if _stall is not None:
-        return SIGNAL_BASE + (_received or signal.SIGTERM), _stall
-    if _received is None:
+        return SIGNAL_BASE + (first or signal.SIGTERM), _stall
+    if first is None:
         return exit_code, reason
-    stopped = describe(_received)
+    stopped = describe(first)
     if reason and not reason.startswith(stopped):
-        return SIGNAL_BASE + _received, f"{stopped}; {reason}"
-    return SIGNAL_BASE + _received, stopped
+        return SIGNAL_BASE + first, f"{stopped}; {reason}"
+    return SIGNAL_BASE + first, stopped
