@@ -59,9 +59,9 @@ from monarch_operator.launcher.session.ssh import (
 from monarch_operator.launcher.session.stragglers import (
     mark_env,
     run_mark,
-    stop_run_processes,
     survivor_lines,
 )
+from monarch_operator.launcher.session.sweep import sweep_lines, sweep_run
 
 if TYPE_CHECKING:
     from monarch.actor import HostMesh, MeshFailure
@@ -339,7 +339,7 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
 
     def report_cleaned(check: HostCheck) -> None:
         checked.append(check)
-        for line in survivor_lines(check.host, check.survivors):
+        for line in survivor_lines(check.host, check.survivors, stopping=config.clean_stale):
             reporter.warning(line)
         if check.cleaned:
             pids = ", ".join(str(pid) for pid in check.cleaned)
@@ -373,7 +373,9 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
             for check in error.failures
             if check.address and check.reason not in unreached
         }
-        remove_private_env_files(reached, settings)
+        left = remove_private_env_files(reached, settings)
+        if left is not None:
+            reporter.warning(left)
         raise
 
 
@@ -464,7 +466,9 @@ def started_job(
         }
         teardown(job, reachable, reporter)
         # Workers delete their env file when they start; one that never started left it.
-        remove_private_env_files(addresses, preflight_settings(config))
+        left = remove_private_env_files(addresses, preflight_settings(config))
+        if left is not None:
+            reporter.warning(left)
         stop_leftovers(config, addresses, reporter)
         reporter.progress("torn down")
 
@@ -473,18 +477,13 @@ def stop_leftovers(
     config: SessionConfig, addresses: Mapping[str, str], reporter: Reporter
 ) -> None:
     """End every process of this run still alive on any host (those that left the worker's
-    session or ignored its signals), naming each one; see :mod:`launcher.session.stragglers`."""
+    session or ignored its signals), naming each one, and in one line every host that could
+    not be swept and why; see :mod:`launcher.session.sweep`."""
     mark = run_mark(config.run_id, os.environ)
     with signals_deferred():
-        reports = stop_run_processes(addresses, config.ssh, config.python_exe, mark)
-    for host, report in reports.items():
-        if report is None:
-            reporter.warning(
-                f"could not look for processes left by this run on {host} (no answer over "
-                "ssh); the next run's pre-flight stops any it finds there"
-            )
-        for line in survivor_lines(host, report, at_end=True):
-            reporter.warning(line)
+        result = sweep_run(addresses, config.ssh, config.python_exe, mark)
+    for line in sweep_lines(result):
+        reporter.warning(line)
 
 
 def _wait_attached(
