@@ -1,18 +1,43 @@
-"""Every warning tells what was seen (issue 32): launcher.session.causes, and the places that
-use it. Pure; ssh's wording as seen on real runs (OpenSSH 9)."""
+"""Every warning and failure tells what was seen (issue 32): launcher.session.causes, and the
+places that use it. Pure; ssh's and Monarch's wording as seen on real runs (OpenSSH 9,
+torchmonarch 0.7.0)."""
 
 from __future__ import annotations
 
 import pytest
 
+from monarch_operator.hostfile import Host
+from monarch_operator.launcher.hosts.placement import plan_placement
+from monarch_operator.launcher.programs.roles import describe_failure
+from monarch_operator.launcher.programs.spmd import SpmdRunError, describe_exit
+from monarch_operator.launcher.programs.spmd_actor import RankOutcome
 from monarch_operator.launcher.session.causes import (
     command_failure,
+    monarch_loss,
     not_reached,
     quote,
+    session_end,
 )
 from monarch_operator.launcher.session.fanout import CommandResult
+from monarch_operator.launcher.session.lifecycle import WorkerLost
 from monarch_operator.launcher.session.straggler_scan import command_words
 from monarch_operator.launcher.session.stragglers import ScanReport, Survivor, survivor_lines
+
+# A Monarch supervision error for a trainer proc whose host went silent (wording of
+# hyperactor_mesh in torchmonarch 0.7.0; the proc and actor ids as Monarch prints them).
+UNRESPONSIVE = (
+    "SupervisionError: Endpoint call trainer.step() failed, The actor <root>.<monarch_operator."
+    "launcher.programs.workload.Trainer trainer{'hosts': 1/2, 'gpus': 0/1}> and all its "
+    "descendants have failed: Supervision event: the process tcp:127.0.0.3:26600,service "
+    "owned by actor <root>.<monarch_operator.launcher.programs.workload.Trainer trainer> became "
+    "unresponsive and is assumed dead, check the log on the host for details"
+)
+STALLED = (
+    "delivery progress to monitored actor tcp:10.0.0.7:26600,trainer[1] from "
+    "tcp:10.0.0.2:40111,client[0] stalled for 30s"
+)
+UNDELIVERED = "failed to deliver message within timeout 60s"
+EXITED_3 = "the process this actor was running on exited with non-zero code 3"
 
 
 @pytest.mark.parametrize(
@@ -59,6 +84,86 @@ def test_the_summary_names_each_host_once_or_is_absent() -> None:
         "sweep: 2 of 64 hosts not reached: h1 (no answer within 15s), h2 (exit status 2); "
         "then this"
     )
+
+
+@pytest.mark.parametrize(
+    ("code", "lines", "words"),
+    [
+        (255, ["[spmd/127.0.0.3/1] started", "Timeout, server 127.0.0.3 not responding."],
+         "127.0.0.3 stopped answering: no reply to 3 ssh keepalives sent 1s apart (3s of "
+         "silence)"),
+        (255, ["Connection to 127.0.0.3 closed by remote host."],
+         "the ssh connection to 127.0.0.3 was cut (Connection to 127.0.0.3 closed by remote "
+         "host.)"),
+        (255, ["[spmd/127.0.0.3/1] started"],
+         "the ssh session to 127.0.0.3 ended (ssh exit status 255, no reason given)"),
+        (3, ["boom"], "the Monarch worker on 127.0.0.3 exited with status 3"),
+        (137, [], "the Monarch worker on 127.0.0.3 was killed by signal SIGKILL (9)"),
+        (-15, [], "the ssh client for 127.0.0.3 was killed by signal SIGTERM (15)"),
+    ],
+    ids=["keepalives-unanswered", "closed-by-remote", "cut-silently", "exit-3", "killed",
+         "ssh-killed"],
+)
+def test_a_session_that_ended_mid_run_is_said_in_words(
+    code: int, lines: list[str], words: str
+) -> None:
+    assert session_end("127.0.0.3", code, lines, 1, 3) == words
+
+
+def test_a_lost_worker_is_reported_with_what_was_seen_never_a_made_up_exit_code() -> None:
+    reason = session_end("b", 255, ["Timeout, server b not responding."], 15, 4)
+
+    lost = WorkerLost({"b": 255}, {"b": reason})
+
+    assert str(lost) == (
+        "Monarch worker lost mid-run: b stopped answering: no reply to 4 ssh keepalives sent "
+        "15s apart (60s of silence)"
+    )
+    assert str(WorkerLost({"c": 0})) == (
+        "Monarch worker lost mid-run: its ssh session ended with status 0"
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "words"),
+    [
+        (UNRESPONSIVE, "host b stopped answering: Monarch found its process unresponsive and "
+                       "assumed it dead"),
+        (STALLED, "host b stopped answering: messages to it made no progress for 30s"),
+        (UNDELIVERED, "host b stopped answering: a message to it was not delivered in time"),
+        (EXITED_3, None),
+        ("Actor call info.boom failed. ValueError: deliberate", None),
+    ],
+    ids=["unresponsive", "stalled", "undelivered", "exited", "raised"],
+)
+def test_monarchs_words_for_a_silent_host_map_to_one_sentence(
+    message: str, words: str | None
+) -> None:
+    assert monarch_loss(message, "b") == words
+
+
+def test_a_role_rank_on_a_silent_host_says_its_host_stopped_answering() -> None:
+    plan = plan_placement([Host("a", 1), Host("b", 1), Host("c", 1)], 2, 1)
+
+    assert describe_failure(plan, " ".join(UNRESPONSIVE.split())) == (
+        "trainer rank 1 (host b, local rank 0): host b stopped answering: Monarch found its "
+        "process unresponsive and assumed it dead"
+    )
+
+
+def test_an_spmd_rank_on_a_lost_host_is_never_said_to_have_exited_with_code_1() -> None:
+    lost = RankOutcome(1, "b", 0, 1, 0.0, error="Monarch worker lost mid-run: ...",
+                       lost="b stopped answering: no reply to 4 ssh keepalives sent 15s apart "
+                            "(60s of silence)")
+    exited = RankOutcome(0, "a", 0, 3, 0.0)
+
+    assert describe_exit(lost) == (
+        "was lost: b stopped answering: no reply to 4 ssh keepalives sent 15s apart (60s of "
+        "silence)"
+    )
+    assert describe_exit(exited) == "exited with code 3"
+    error = SpmdRunError([lost], world_size=2)
+    assert "exited with code" not in str(error) and error.exit_code == 1
 
 
 @pytest.mark.parametrize(

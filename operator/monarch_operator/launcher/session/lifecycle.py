@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_operator.launcher import exitcodes, stopsignal, stoprequest
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session.causes import session_end
 from monarch_operator.launcher.session.diagnose import SSH_SESSION_FAILED
 from monarch_operator.launcher.session.dnswait import DEFAULT_STABLE_S, wait_for_addresses
 from monarch_operator.launcher.session.environment import (
@@ -209,12 +210,19 @@ class WorkerLost(BaseException):
 
     Attributes:
         hosts: ``{host name: ssh exit status}`` of the lost workers.
+        reasons: ``{host name: what was seen, in words}`` (:func:`launcher.session.causes.
+            session_end`): a host that stopped answering is said to, with how long, never to
+            have exited with a code it never had.
     """
 
-    def __init__(self, hosts: Mapping[str, int]) -> None:
+    def __init__(self, hosts: Mapping[str, int], reasons: Mapping[str, str] | None = None) -> None:
         self.hosts = dict(hosts)
-        listing = ", ".join(f"{host} (ssh exited {code})" for host, code in self.hosts.items())
-        super().__init__(f"Monarch worker lost mid-run on {listing}")
+        self.reasons = {
+            host: (reasons or {}).get(host) or f"its ssh session ended with status {code}"
+            for host, code in self.hosts.items()
+        }
+        listing = "; ".join(self.reasons.values())
+        super().__init__(f"Monarch worker lost mid-run: {listing}")
 
 
 class WorkerStartFailed(RuntimeError):
@@ -246,13 +254,17 @@ class _WorkerWatch:
     (signals); elsewhere it stays off and Monarch's own supervision reports the loss.
     """
 
-    def __init__(self, job: LauncherSSHJob, names: Mapping[str, str]) -> None:
+    def __init__(
+        self, job: LauncherSSHJob, names: Mapping[str, str], ssh: SshSettings | None = None
+    ) -> None:
         self._job = job
         self.names = names  # address -> host name
+        self._ssh = ssh
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._previous: Any = None
         self.lost: dict[str, int] = {}
+        self.reasons: dict[str, str] = {}
 
     def start(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -272,13 +284,26 @@ class _WorkerWatch:
         while not self._stop.wait(WATCH_INTERVAL_S):
             exited = self._job.exited_ssh()
             if exited:
+                self.reasons = self._why(exited)
                 self.lost = {self.names.get(addr, addr): code for addr, code in exited.items()}
                 signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
                 return
 
+    def _why(self, exited: Mapping[str, int]) -> dict[str, str]:
+        """``{host: why its session ended}`` from ssh's status and its last words."""
+        ssh = self._ssh or SshSettings(port=22, user="")
+        reasons = {}
+        for address, code in exited.items():
+            host = self.names.get(address, address)
+            reasons[host] = session_end(
+                host, code, self._job.output_tail(address), ssh.alive_interval_s,
+                ssh.alive_count_max,
+            )
+        return reasons
+
     def _raise(self, _signum: int, _frame: Any) -> None:
         if self.lost and not self._stop.is_set():
-            raise WorkerLost(self.lost)
+            raise WorkerLost(self.lost, self.reasons)
 
 
 class FaultRecorder:
@@ -437,7 +462,7 @@ def started_job(
     # when the hostname resolves only to loopback, and enabling another one before SSHJob() is
     # refused ("Only one transport type may be enabled").
     host_meshes: dict[str, HostMesh] = {}
-    watch = _WorkerWatch(job, names)
+    watch = _WorkerWatch(job, names, config.ssh)
     try:
         listen = config.client_address or client_address(addresses.values())
         configure(default_transport=listen)
