@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_operator.launcher import exitcodes, stopsignal, stoprequest
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.session.causes import session_end
 from monarch_operator.launcher.session.diagnose import SSH_SESSION_FAILED
 from monarch_operator.launcher.session.dnswait import DEFAULT_STABLE_S, wait_for_addresses
 from monarch_operator.launcher.session.environment import (
@@ -63,6 +62,8 @@ from monarch_operator.launcher.session.stragglers import (
     survivor_lines,
 )
 from monarch_operator.launcher.session.sweep import sweep_lines, sweep_run
+from monarch_operator.launcher.session.workerloss import WorkerLost as WorkerLost
+from monarch_operator.launcher.session.workerloss import WorkerStartFailed, _WorkerWatch
 
 if TYPE_CHECKING:
     from monarch.actor import HostMesh, MeshFailure
@@ -75,8 +76,6 @@ SHUTDOWN_TIMEOUT_S = 15.0
 # about a second instead of at a call timeout (measured: 8.4 s -> 0.35 s for an exiting proc).
 SUPERVISION_POLL = "500ms"
 _SUPERVISION_POLL_ENV = "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"
-# How often the ssh clients are checked for a worker that ended mid-run, seconds.
-WATCH_INTERVAL_S = 0.5
 # How often the ssh clients are checked while the meshes attach, seconds: a worker that dies
 # before it attached (port taken, import error, crash) fails the launch at once instead of at
 # the attach timeout.
@@ -201,109 +200,6 @@ def signals_deferred() -> Iterator[None]:
         for number, handler in previous.items():
             if handler is not None:
                 signal.signal(number, handler)
-
-
-class WorkerLost(BaseException):
-    """A host's Monarch worker ended mid-run (its ssh session closed); raised in the main thread.
-
-    A BaseException for the same reason as :class:`Terminated`.
-
-    Attributes:
-        hosts: ``{host name: ssh exit status}`` of the lost workers.
-        reasons: ``{host name: what was seen, in words}`` (:func:`launcher.session.causes.
-            session_end`): a host that stopped answering is said to, with how long, never to
-            have exited with a code it never had.
-    """
-
-    def __init__(self, hosts: Mapping[str, int], reasons: Mapping[str, str] | None = None) -> None:
-        self.hosts = dict(hosts)
-        self.reasons = {
-            host: (reasons or {}).get(host) or f"its ssh session ended with status {code}"
-            for host, code in self.hosts.items()
-        }
-        listing = "; ".join(self.reasons.values())
-        super().__init__(f"Monarch worker lost mid-run: {listing}")
-
-
-class WorkerStartFailed(RuntimeError):
-    """Monarch workers ended before their mesh attached (port taken, import error, crash).
-
-    Attributes:
-        mesh: the mesh that was attaching.
-        exits: ``{host name: (ssh exit status, the worker's last output lines)}``.
-    """
-
-    def __init__(self, mesh: str, exits: Mapping[str, tuple[int, Sequence[str]]]) -> None:
-        self.mesh = mesh
-        self.exits = {host: (code, list(tail)) for host, (code, tail) in exits.items()}
-        reasons = []
-        for host, (code, tail) in self.exits.items():
-            said = [line.strip() for line in tail if line.strip()]
-            last_words = f": {said[-1]}" if said else " (no output)"
-            reasons.append(f"the worker on {host} exited (ssh exit status {code}){last_words}")
-        super().__init__(f"mesh {mesh} did not attach: {'; '.join(reasons)}")
-
-
-class _WorkerWatch:
-    """Polls the ssh clients of a started job; when one exits, raises WorkerLost in the main thread.
-
-    The ssh client ends when its remote worker ends (the session guard exits with it), or when
-    the host goes silent past the keepalives, so a worker killed by the OOM killer, a node
-    reboot or a cable pull is seen within ``WATCH_INTERVAL_S`` (plus the keepalive limit)
-    instead of at the next call's timeout. Only works when the session runs in the main thread
-    (signals); elsewhere it stays off and Monarch's own supervision reports the loss.
-    """
-
-    def __init__(
-        self, job: LauncherSSHJob, names: Mapping[str, str], ssh: SshSettings | None = None
-    ) -> None:
-        self._job = job
-        self.names = names  # address -> host name
-        self._ssh = ssh
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._previous: Any = None
-        self.lost: dict[str, int] = {}
-        self.reasons: dict[str, str] = {}
-
-    def start(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        self._previous = signal.signal(signal.SIGUSR1, self._raise)
-        self._thread = threading.Thread(target=self._run, name="worker-watch", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            signal.signal(signal.SIGUSR1, self._previous)
-            self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.wait(WATCH_INTERVAL_S):
-            exited = self._job.exited_ssh()
-            if exited:
-                self.reasons = self._why(exited)
-                self.lost = {self.names.get(addr, addr): code for addr, code in exited.items()}
-                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
-                return
-
-    def _why(self, exited: Mapping[str, int]) -> dict[str, str]:
-        """``{host: why its session ended}`` from ssh's status and its last words."""
-        ssh = self._ssh or SshSettings(port=22, user="")
-        reasons = {}
-        for address, code in exited.items():
-            host = self.names.get(address, address)
-            reasons[host] = session_end(
-                host, code, self._job.output_tail(address), ssh.alive_interval_s,
-                ssh.alive_count_max,
-            )
-        return reasons
-
-    def _raise(self, _signum: int, _frame: Any) -> None:
-        if self.lost and not self._stop.is_set():
-            raise WorkerLost(self.lost, self.reasons)
 
 
 class FaultRecorder:
