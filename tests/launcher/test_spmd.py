@@ -466,7 +466,7 @@ def test_worker_lost_mid_run_fails_the_ranks_of_that_host(
 
     assert launch.returncode == 1, launch.describe()
     assert launch.lines[-1] == (
-        f"monarch-launch: failed: rank 1 of 2 (host {b}, local rank 0) exited with code 1: "
-        f"Monarch worker lost mid-run on {b} (ssh exited 137)"
+        f"monarch-launch: failed: rank 1 of 2 (host {b}, local rank 0) was lost: the Monarch "
+        f"worker on {b} was killed by signal SIGKILL (9)"
     ), launch.describe()
     assert_no_script_left(tmp_path)

@@ -69,6 +69,11 @@ def test_a_silent_host_fails_the_run_naming_it_and_the_other_ranks_stop(
         hung_at = time.monotonic()
         assert launch.returncode not in (0, None), launch.describe()
         assert b in launch.lines[-1] and "lost" in launch.lines[-1], launch.describe()
+        # What was seen, not an exit code the host never had (issue 32).
+        assert launch.lines[-1].endswith(
+            f"{b} stopped answering: no reply to 3 ssh keepalives sent 1s apart (3s of silence)"
+        ), launch.describe()
+        assert "exited with code" not in launch.lines[-1], launch.describe()
         # a's rank was stopped by the launcher's teardown.
         deadline = time.monotonic() + 10
         while (left := processes_mentioning(needle)) and time.monotonic() < deadline:

@@ -67,10 +67,34 @@ def test_old_mac_line_ends_are_accepted() -> None:
     assert parse_hostfile("worker-a slots=8\rworker-b slots=8") == TWO_WORKERS
 
 
-def test_same_host_with_same_slots_is_kept_once() -> None:
-    hosts = parse_hostfile("worker-a slots=8\nworker-b slots=8\nworker-a slots=8\n")
+# Hostfile rules (docs/standalone.md, "Hostfile rules"; Open MPI 5's, see hostfile.py).
 
-    assert hosts == TWO_WORKERS
+
+def test_a_bare_host_listed_twice_gets_one_slot_per_line() -> None:
+    hosts = parse_hostfile("worker-a\nworker-b slots=8\nworker-a\n# spare\nworker-a\n")
+
+    assert hosts == [Host("worker-a", 3), Host("worker-b", 8)]
+
+
+@pytest.mark.parametrize(
+    ("text", "first"),
+    [
+        ("worker-a slots=8\nworker-b slots=8\nworker-a slots=8\n", "'worker-a slots=8'"),
+        ("worker-a slots=8\nworker-b slots=8\nworker-a\n", "'worker-a slots=8'"),
+        ("worker-a\nworker-b slots=8\nworker-a slots=8\n", "'worker-a'"),
+        ("worker-a max_slots=8\nworker-b slots=8\nworker-a\n", "'worker-a max_slots=8'"),
+    ],
+    ids=["slots-twice-same", "slots-then-bare", "bare-then-slots", "max-slots-then-bare"],
+)
+def test_a_host_with_slots_listed_again_is_refused_naming_both_lines(text: str, first: str) -> None:
+    with pytest.raises(HostfileError) as caught:
+        parse_hostfile(text, source="hosts.txt")
+
+    message = str(caught.value)
+    third = text.splitlines()[2]
+    assert message.startswith(f"hosts.txt:3: {third!r}: host 'worker-a' is already on line 1")
+    assert first in message
+    assert "either once with slots=<n> or on one bare line per slot" in message
 
 
 def test_same_host_with_other_slots_names_both_lines() -> None:
@@ -80,9 +104,43 @@ def test_same_host_with_other_slots_names_both_lines() -> None:
         parse_hostfile(text, source="hosts.txt")
 
     message = str(caught.value)
-    assert message.startswith("hosts.txt:4:")
-    assert "'worker-a'" in message and "slots=4" in message
-    assert "line 1 gave slots=8" in message
+    assert message.startswith("hosts.txt:4: 'worker-a slots=4':")
+    assert "already on line 1 ('worker-a slots=8')" in message
+
+
+@pytest.mark.parametrize(
+    ("line", "host"),
+    [
+        ("worker-a slots=4 max_slots=8", Host("worker-a", 4)),
+        ("worker-a max_slots=8 slots=4", Host("worker-a", 4)),
+        ("worker-a slots=4 max_slots=4", Host("worker-a", 4)),
+        ("worker-a max_slots=8", Host("worker-a", 8)),
+    ],
+    ids=["cap-above-slots", "cap-first", "cap-equal", "cap-alone-is-the-slots"],
+)
+def test_max_slots_is_accepted_and_changes_no_placement(line: str, host: Host) -> None:
+    assert parse_hostfile(f"{line}\nworker-b slots=8\n") == [host, Host("worker-b", 8)]
+
+
+def test_max_slots_below_slots_is_refused_with_the_rule() -> None:
+    with pytest.raises(HostfileError) as caught:
+        parse_hostfile("worker-a slots=8 max_slots=4\n", source="hosts.txt")
+
+    assert str(caught.value) == (
+        "hosts.txt:1: 'worker-a slots=8 max_slots=4': max_slots=4 is below slots=8; max_slots "
+        "caps a host's slots, so it must be at least slots"
+    )
+
+
+def test_the_operators_hostfile_lines_read_back() -> None:
+    text = "".join(
+        f"demo-worker-{i}.demo-worker.team-a.svc.cluster.local slots=8\n" for i in range(3)
+    )
+
+    hosts = parse_hostfile(text)
+
+    assert [host.slots for host in hosts] == [8, 8, 8]
+    assert format_hostfile(hosts) == text
 
 
 @pytest.mark.parametrize(
@@ -93,16 +151,21 @@ def test_same_host_with_other_slots_names_both_lines() -> None:
         ("worker-a slots=-2", "negative slots"),
         ("worker-a slots=", "empty slots"),
         ("worker-a slots 8", "missing '='"),
-        ("worker-a max_slots=8", "unknown field"),
+        ("worker-a cpus=8", "unknown field"),
         ("worker-a slots=8 extra", "trailing word"),
+        ("worker-a slots=8 slots=4", "slots twice"),
+        ("worker-a max_slots=0", "zero cap"),
+        ("worker-a max_slots=x", "cap not a number"),
     ],
 )
-def test_malformed_line_is_refused_with_its_line_number(line: str, why: str) -> None:
+def test_malformed_line_is_refused_with_its_line_number_text_and_rule(line: str, why: str) -> None:
     with pytest.raises(HostfileError) as caught:
         parse_hostfile(f"worker-b slots=8\n\n{line}\n", source="hosts.txt")
 
-    assert str(caught.value).startswith("hosts.txt:3:"), why
-    assert repr(line) in str(caught.value), why
+    assert str(caught.value).startswith(f"hosts.txt:3: {line!r}: "), why
+    assert str(caught.value).endswith(
+        "a line is '<host> [slots=<n>] [max_slots=<n>]' with n a positive integer"
+    ), why
 
 
 @pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "   \t\r\n"])
@@ -115,7 +178,7 @@ def test_read_hostfile_names_the_path_in_errors(tmp_path: Path) -> None:
     path = tmp_path / "hosts.txt"
     path.write_bytes(b"worker-a slots=x\n")
 
-    with pytest.raises(HostfileError, match=f"^{path}:1:"):
+    with pytest.raises(HostfileError, match=f"^{path}:1: 'worker-a slots=x': slots=x is not a"):
         read_hostfile(path)
 
 
@@ -169,7 +232,7 @@ def test_host_entry_with_user_port_or_ipv6_is_refused_naming_the_line(
     with pytest.raises(HostfileError) as caught:
         parse_hostfile(f"worker-a slots=8\n# spare\n{line}\n", source="hosts.txt")
 
-    assert str(caught.value).startswith(f"hosts.txt:3: {message}")
+    assert str(caught.value).startswith(f"hosts.txt:3: {line!r}: {message}")
 
 
 @pytest.mark.parametrize(

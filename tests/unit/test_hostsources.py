@@ -367,8 +367,8 @@ def test_resolve_hostfile_parse_error_keeps_its_message(tmp_path: Path) -> None:
     with pytest.raises(HostSourceError) as raised:
         resolve_host_source(str(path), None, False, None, {})
     assert str(raised.value) == (
-        f"--hostfile: {path}:2: expected '<host> slots=<positive integer>', "
-        "got 'worker-b slots=zero'"
+        f"--hostfile: {path}:2: 'worker-b slots=zero': slots=zero is not a positive integer; "
+        "a line is '<host> [slots=<n>] [max_slots=<n>]' with n a positive integer"
     )
 
 

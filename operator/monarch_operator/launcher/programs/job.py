@@ -42,6 +42,7 @@ from monarch_operator.launcher.options import (
 )
 from monarch_operator.launcher.programs.distributed import RoleGroup, form_role_groups
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session.causes import monarch_loss
 from monarch_operator.launcher.session.exitrecords import ExitRecord, collect
 from monarch_operator.launcher.session.lifecycle import (
     FaultRecorder,
@@ -476,6 +477,8 @@ class Job:
         if role is None or host_index >= len(hosts):
             return None
         code = exitcodes.exit_code_for_failure([*self.recorder.reports, text])
+        if code == exitcodes.FAILURE:
+            what = monarch_loss(what, hosts[host_index]) or what
         return RankFailure(
             role.role,
             host_index * role.procs_per_host + local_rank,

@@ -25,6 +25,7 @@ from monarch_operator.launcher.hosts.placement import (
 from monarch_operator.launcher.programs.failures import report_failure
 from monarch_operator.launcher.programs.job import JOB_MODULES, Job, JobConfig, parse_failed_actor
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session.causes import monarch_loss
 
 # Label of the per-host proc dimension; Monarch's SPMD helpers treat the last label as local rank.
 PROCS_LABEL = "gpus"
@@ -120,5 +121,6 @@ def describe_failure(plan: Plan, message: str) -> str | None:
     if host_index >= len(hosts):
         return None
     rank = host_index * role.procs_per_host + local
+    what = monarch_loss(what, hosts[host_index]) or what
     return f"{role.role} rank {rank} (host {hosts[host_index]}, local rank {local}): {what}"
 

@@ -38,6 +38,7 @@ from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.hosts.placement import is_loopback_name
 from monarch_operator.launcher.hosts.sources import resolve_host_source
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session.causes import monarch_loss
 from monarch_operator.launcher.session.lifecycle import (
     FaultRecorder,
     SessionConfig,
@@ -133,8 +134,11 @@ def _is_traceback(text: str) -> bool:
 
 
 def describe_exit(outcome: RankOutcome) -> str:
-    """Say how a failed rank ended: ``raised ValueError: boom``, ``exited with code 3`` or
-    ``was killed by signal 9 (exit 137)``."""
+    """Say how a failed rank ended: ``raised ValueError: boom``, ``exited with code 3``,
+    ``was killed by signal 9 (exit 137)`` or, for a rank whose host was lost, ``was lost: host b
+    stopped answering ...`` (never an exit code it did not have)."""
+    if outcome.lost:
+        return f"was lost: {outcome.lost}"
     if _is_traceback(outcome.error):
         return "raised " + outcome.error.strip().splitlines()[-1]
     if outcome.exit_code > exitcodes.SIGNAL_BASE:
@@ -496,6 +500,7 @@ class SpmdLauncher:
                 exitcodes.FAILURE,
                 now,
                 error=str(lost),
+                lost=lost.reasons.get(host.name, str(lost)),
             )
             for index, host in enumerate(self.hosts)
             if host.name in lost.hosts
@@ -508,10 +513,13 @@ class SpmdLauncher:
         text = str(error)
         code = exitcodes.exit_code_for_failure([*self.recorder.reports, text])
         host_index, local = divmod(rank, self.nproc_per_node)
+        host = self.hosts[host_index].name
+        # A host that went silent has no exit code: say so instead of "exited with code 1".
+        lost = monarch_loss(text, host) if code == exitcodes.FAILURE else None
         # The rank's process is gone; Monarch cannot respawn it into this mesh.
-        self._broken = f"the process of rank {rank} on {self.hosts[host_index].name} died"
+        self._broken = f"the process of rank {rank} on {host} died"
         return RankOutcome(
-            rank, self.hosts[host_index].name, local, code, time.time(), error=one_line(text, 2000)
+            rank, host, local, code, time.time(), error=one_line(text, 2000), lost=lost or ""
         )
 
     def _collect(self, futures: dict[int, Any], stoppable: bool) -> list[RankOutcome]:

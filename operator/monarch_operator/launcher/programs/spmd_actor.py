@@ -101,6 +101,9 @@ class RankOutcome:
         value: the function's return value (function mode only).
         error: the remote traceback text when a function raised, else "".
         exception: the raised exception itself when it could be pickled, else None.
+        lost: why the rank's host was lost, in words, when it was (it stopped answering, its
+            ssh connection was cut): the rank never exited, so ``exit_code`` is the launcher's
+            generic 1 and is not reported as the rank's; "" otherwise.
     """
 
     rank: int
@@ -111,6 +114,7 @@ class RankOutcome:
     value: Any = None
     error: str = ""
     exception: BaseException | None = None
+    lost: str = ""
 
 
 def rank_environment(

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NoReturn
 
-from monarch_operator.launcher.session.fanout import RetryPolicy, run_with_retries
-from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
+from monarch_operator.launcher.session.fanout import RetryPolicy, run_on_hosts
+from monarch_operator.launcher.session.ssh import SshSettings, ssh_runner
 
 RECORD_DIR = "~/.cache/monarch-launch"
 _PREFIX = "exit-"
@@ -120,34 +118,14 @@ def collect(
     # Each record file is read and deleted in one step, so hosts sharing a home directory (as
     # loopback test hosts do) report each record once.
     command = f'for f in {pattern}; do [ -f "$f" ] && cat "$f" && rm -f -- "$f"; done; true'
-
-    def read(address: str, host: str) -> str:
-        stdout = ""
-
-        def attempt() -> tuple[int | None, str]:
-            nonlocal stdout
-            result = subprocess.run(
-                ["ssh", *ssh_args(ssh, host, tty=False), "-n", address, command],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-            )
-            stdout = result.stdout
-            return result.returncode, result.stderr
-
-        try:
-            # Bounded and retried as every other connection (launcher.session.fanout, C28).
-            run_with_retries(attempt, RetryPolicy(retries=ssh.retries))
-        except subprocess.TimeoutExpired:
-            return ""
-        return stdout
-
     unique: dict[str, str] = {}  # address -> the first host name given for it
     for host, address in addresses.items():
         unique.setdefault(address, host)
-    if not unique:
-        return []
-    with ThreadPoolExecutor(max_workers=min(ssh.concurrency, len(unique))) as pool:
-        outputs = list(pool.map(read, unique.keys(), unique.values()))
-    return parse_records("\n".join(outputs))
+    # Bounded and retried as every other connection (launcher.session.fanout, C28).
+    results = run_on_hosts(
+        unique,
+        ssh_runner(ssh, lambda _: command, timeout_s),
+        ssh.concurrency,
+        RetryPolicy(retries=ssh.retries),
+    )
+    return parse_records("\n".join(result.stdout for result in results.values()))

@@ -59,9 +59,11 @@ from monarch_operator.launcher.session.ssh import (
 from monarch_operator.launcher.session.stragglers import (
     mark_env,
     run_mark,
-    stop_run_processes,
     survivor_lines,
 )
+from monarch_operator.launcher.session.sweep import sweep_lines, sweep_run
+from monarch_operator.launcher.session.workerloss import WorkerLost as WorkerLost
+from monarch_operator.launcher.session.workerloss import WorkerStartFailed, _WorkerWatch
 
 if TYPE_CHECKING:
     from monarch.actor import HostMesh, MeshFailure
@@ -74,8 +76,6 @@ SHUTDOWN_TIMEOUT_S = 15.0
 # about a second instead of at a call timeout (measured: 8.4 s -> 0.35 s for an exiting proc).
 SUPERVISION_POLL = "500ms"
 _SUPERVISION_POLL_ENV = "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"
-# How often the ssh clients are checked for a worker that ended mid-run, seconds.
-WATCH_INTERVAL_S = 0.5
 # How often the ssh clients are checked while the meshes attach, seconds: a worker that dies
 # before it attached (port taken, import error, crash) fails the launch at once instead of at
 # the attach timeout.
@@ -202,85 +202,6 @@ def signals_deferred() -> Iterator[None]:
                 signal.signal(number, handler)
 
 
-class WorkerLost(BaseException):
-    """A host's Monarch worker ended mid-run (its ssh session closed); raised in the main thread.
-
-    A BaseException for the same reason as :class:`Terminated`.
-
-    Attributes:
-        hosts: ``{host name: ssh exit status}`` of the lost workers.
-    """
-
-    def __init__(self, hosts: Mapping[str, int]) -> None:
-        self.hosts = dict(hosts)
-        listing = ", ".join(f"{host} (ssh exited {code})" for host, code in self.hosts.items())
-        super().__init__(f"Monarch worker lost mid-run on {listing}")
-
-
-class WorkerStartFailed(RuntimeError):
-    """Monarch workers ended before their mesh attached (port taken, import error, crash).
-
-    Attributes:
-        mesh: the mesh that was attaching.
-        exits: ``{host name: (ssh exit status, the worker's last output lines)}``.
-    """
-
-    def __init__(self, mesh: str, exits: Mapping[str, tuple[int, Sequence[str]]]) -> None:
-        self.mesh = mesh
-        self.exits = {host: (code, list(tail)) for host, (code, tail) in exits.items()}
-        reasons = []
-        for host, (code, tail) in self.exits.items():
-            said = [line.strip() for line in tail if line.strip()]
-            last_words = f": {said[-1]}" if said else " (no output)"
-            reasons.append(f"the worker on {host} exited (ssh exit status {code}){last_words}")
-        super().__init__(f"mesh {mesh} did not attach: {'; '.join(reasons)}")
-
-
-class _WorkerWatch:
-    """Polls the ssh clients of a started job; when one exits, raises WorkerLost in the main thread.
-
-    The ssh client ends when its remote worker ends (the session guard exits with it), or when
-    the host goes silent past the keepalives, so a worker killed by the OOM killer, a node
-    reboot or a cable pull is seen within ``WATCH_INTERVAL_S`` (plus the keepalive limit)
-    instead of at the next call's timeout. Only works when the session runs in the main thread
-    (signals); elsewhere it stays off and Monarch's own supervision reports the loss.
-    """
-
-    def __init__(self, job: LauncherSSHJob, names: Mapping[str, str]) -> None:
-        self._job = job
-        self.names = names  # address -> host name
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._previous: Any = None
-        self.lost: dict[str, int] = {}
-
-    def start(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        self._previous = signal.signal(signal.SIGUSR1, self._raise)
-        self._thread = threading.Thread(target=self._run, name="worker-watch", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            signal.signal(signal.SIGUSR1, self._previous)
-            self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.wait(WATCH_INTERVAL_S):
-            exited = self._job.exited_ssh()
-            if exited:
-                self.lost = {self.names.get(addr, addr): code for addr, code in exited.items()}
-                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
-                return
-
-    def _raise(self, _signum: int, _frame: Any) -> None:
-        if self.lost and not self._stop.is_set():
-            raise WorkerLost(self.lost)
-
-
 class FaultRecorder:
     """Monarch's unhandled-fault hook: records each report instead of exiting the client.
 
@@ -339,7 +260,7 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
 
     def report_cleaned(check: HostCheck) -> None:
         checked.append(check)
-        for line in survivor_lines(check.host, check.survivors):
+        for line in survivor_lines(check.host, check.survivors, stopping=config.clean_stale):
             reporter.warning(line)
         if check.cleaned:
             pids = ", ".join(str(pid) for pid in check.cleaned)
@@ -373,7 +294,9 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
             for check in error.failures
             if check.address and check.reason not in unreached
         }
-        remove_private_env_files(reached, settings)
+        left = remove_private_env_files(reached, settings)
+        if left is not None:
+            reporter.warning(left)
         raise
 
 
@@ -435,7 +358,7 @@ def started_job(
     # when the hostname resolves only to loopback, and enabling another one before SSHJob() is
     # refused ("Only one transport type may be enabled").
     host_meshes: dict[str, HostMesh] = {}
-    watch = _WorkerWatch(job, names)
+    watch = _WorkerWatch(job, names, config.ssh)
     try:
         listen = config.client_address or client_address(addresses.values())
         configure(default_transport=listen)
@@ -464,7 +387,9 @@ def started_job(
         }
         teardown(job, reachable, reporter)
         # Workers delete their env file when they start; one that never started left it.
-        remove_private_env_files(addresses, preflight_settings(config))
+        left = remove_private_env_files(addresses, preflight_settings(config))
+        if left is not None:
+            reporter.warning(left)
         stop_leftovers(config, addresses, reporter)
         reporter.progress("torn down")
 
@@ -473,18 +398,13 @@ def stop_leftovers(
     config: SessionConfig, addresses: Mapping[str, str], reporter: Reporter
 ) -> None:
     """End every process of this run still alive on any host (those that left the worker's
-    session or ignored its signals), naming each one; see :mod:`launcher.session.stragglers`."""
+    session or ignored its signals), naming each one, and in one line every host that could
+    not be swept and why; see :mod:`launcher.session.sweep`."""
     mark = run_mark(config.run_id, os.environ)
     with signals_deferred():
-        reports = stop_run_processes(addresses, config.ssh, config.python_exe, mark)
-    for host, report in reports.items():
-        if report is None:
-            reporter.warning(
-                f"could not look for processes left by this run on {host} (no answer over "
-                "ssh); the next run's pre-flight stops any it finds there"
-            )
-        for line in survivor_lines(host, report, at_end=True):
-            reporter.warning(line)
+        result = sweep_run(addresses, config.ssh, config.python_exe, mark)
+    for line in sweep_lines(result):
+        reporter.warning(line)
 
 
 def _wait_attached(

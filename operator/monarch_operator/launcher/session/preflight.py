@@ -44,11 +44,17 @@ from monarch_operator.launcher.session.environment import env_prefix, private_en
 from monarch_operator.launcher.session.fanout import (
     RetryPolicy,
     is_transient_refusal,
+    run_on_hosts,
     run_with_retries,
 )
 from monarch_operator.launcher.session.network import NetworkCheckError, probe_sshd, resolve_host
-from monarch_operator.launcher.session import versions
-from monarch_operator.launcher.session.ssh import SshSettings, host_key_failure, ssh_args
+from monarch_operator.launcher.session import causes, versions
+from monarch_operator.launcher.session.ssh import (
+    SshSettings,
+    host_key_failure,
+    ssh_args,
+    ssh_runner,
+)
 from monarch_operator.launcher.session.stragglers import (
     RunMark,
     ScanReport,
@@ -509,30 +515,38 @@ def run_preflight(
 
 def remove_private_env_files(
     addresses: Mapping[str, str], settings: PreflightSettings, timeout_s: float = 5.0
-) -> None:
-    """Delete this run's private env files on ``addresses`` (``{host: address}``), in parallel;
-    best effort.
+) -> str | None:
+    """Delete this run's private env files on ``addresses`` (``{host: address}``), within the
+    ssh limits (:func:`launcher.session.fanout.run_on_hosts`).
 
     A worker deletes its file when it starts; this covers hosts whose worker never started
     (another host failed pre-flight, attach failed), so no token is left on disk.
+
+    Returns:
+        None when every file is gone (or there were none), else one warning line naming each
+        host not reached, why, and the file left there.
     """
     if not settings.private_environment or not addresses:
-        return
+        return None
+    targets = {address: host for host, address in addresses.items()}
 
-    def remove(host: str, address: str) -> None:
+    def command(address: str) -> str:
         # run_id is hex and address an IPv4 literal: no quoting issue; "$HOME" instead of "~"
         # because the tilde does not expand inside quotes.
-        path = private_env_path(settings.run_id, address).replace("~", "$HOME", 1)
-        options = ssh_args(settings.ssh, host, tty=False)
-        try:
-            subprocess.run(
-                ["ssh", *options, "-n", address, f'rm -f -- "{path}"'],
-                capture_output=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            pass
+        return f'rm -f -- "{private_env_path(settings.run_id, address).replace("~", "$HOME", 1)}"'
 
-    with ThreadPoolExecutor(max_workers=min(settings.ssh.concurrency, len(addresses))) as pool:
-        list(pool.map(remove, addresses.keys(), addresses.values()))
+    results = run_on_hosts(
+        targets,
+        ssh_runner(settings.ssh, command, timeout_s),
+        settings.ssh.concurrency,
+        RetryPolicy(retries=settings.ssh.retries),
+    )
+    unreached = {
+        host: causes.command_failure(result, timeout_s)
+        for host, result in results.items()
+        if result.exit_status != 0
+    }
+    return causes.not_reached(
+        "removal of this run's private env files", unreached, len(targets),
+        f"delete {private_env_path(settings.run_id, '<address>')} there by hand",
+    )

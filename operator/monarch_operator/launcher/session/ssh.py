@@ -22,9 +22,15 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from monarch_operator.launcher.session.fanout import DEFAULT_CONCURRENCY, DEFAULT_RETRIES
+from monarch_operator.launcher.session.fanout import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_RETRIES,
+    CommandResult,
+)
 
 # The port ssh files known_hosts entries under without a "[name]:port" wrapper.
 DEFAULT_SSH_PORT = 22
@@ -129,6 +135,35 @@ def ssh_args(settings: SshSettings, host: str | None, tty: bool = True) -> list[
     for option in options:
         args += ["-o", option]
     return args
+
+
+def ssh_runner(
+    settings: SshSettings, command_for: Callable[[str], str], timeout_s: float
+) -> Callable[[str, str], CommandResult]:
+    """``(address, host) -> CommandResult``: one attempt of a remote command, stdin closed
+    (``-n``); for :func:`launcher.session.fanout.run_on_hosts`.
+
+    Args:
+        settings: how to log in.
+        command_for: the remote shell command for an address.
+        timeout_s: wall limit of one attempt, seconds; past it the result's ``exit_status`` is
+            None (no answer).
+    """
+
+    def run_once(address: str, host: str) -> CommandResult:
+        try:
+            result = subprocess.run(
+                ["ssh", *ssh_args(settings, host, tty=False), "-n", address, command_for(address)],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return CommandResult(None, "", "")
+        return CommandResult(result.returncode, result.stdout, result.stderr)
+
+    return run_once
 
 
 _OFFENDING = re.compile(r"Offending \S+ key in (?P<file>.+):(?P<line>\d+)")

@@ -295,8 +295,11 @@ class LauncherSSHJob(SSHJob):
             self._python_exe, [self._python_exe, "-c", loop]
         )
         process = subprocess.Popen(
-            # No -n: the guard reads the channel to learn when it closes.
-            ["ssh", *self._ssh_args_for(host), host, command],
+            # No -n: the guard reads the channel to learn when it closes. LogLevel=INFO (ssh
+            # takes the first value given, so it wins over ssh_args' ERROR): ssh says "Timeout,
+            # server ... not responding." only at INFO, and that line is how a host that stopped
+            # answering is told from a cut connection (launcher.session.causes.session_end).
+            ["ssh", "-o", "LogLevel=INFO", *self._ssh_args_for(host), host, command],
             # Own session: a Ctrl-C meant for the launcher must not cut the ssh sessions before
             # the launcher has shut the meshes down.
             start_new_session=True,

@@ -42,6 +42,14 @@ STANDALONE = "-"
 KILL_LIMIT_S = 5.0
 POLL_S = 0.05
 COMMAND_CHARS = 200
+# A "-c" argument longer than this, or of several lines, is a program: it is named, not shown,
+# so that no warning prints a whole program (issue 32).
+PROGRAM_CHARS = 40
+# Programs the launcher itself starts with "python -c", by a word only they contain.
+KNOWN_PROGRAMS = (
+    ("run_worker_loop_forever", "Monarch worker"),
+    ("monarch-session-guard", "session guard"),
+)
 
 
 def _read(path: str) -> bytes:
@@ -71,14 +79,30 @@ def _mark_of(pid: int, key: bytes) -> str | None:
     return environ[start + len(key) : end if end >= 0 else None].decode(errors="replace")
 
 
+def command_words(argv: list[str]) -> str:
+    """A process's command line for a warning: its words joined by spaces, each ``-c`` program
+    replaced by its name (``<Monarch worker program>``, ``<session guard program>``) or its
+    size (``<program of 12 lines>``), cut to :data:`COMMAND_CHARS` characters."""
+    words = []
+    for index, word in enumerate(argv):
+        if index and argv[index - 1] == "-c" and (len(word) > PROGRAM_CHARS or "\n" in word):
+            names = [name for marker, name in KNOWN_PROGRAMS if marker in word]
+            lines = len(word.strip().splitlines())
+            word = f"<{names[0]} program>" if names else f"<program of {lines} lines>"
+        words.append(word)
+    text = " ".join(words).strip()
+    return text if len(text) <= COMMAND_CHARS else text[: COMMAND_CHARS - 3] + "..."
+
+
 def _command(pid: int) -> str:
     try:
-        text = _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
+        raw = _read(f"/proc/{pid}/cmdline").decode(errors="replace")
+        text = command_words(raw.rstrip("\0").split("\0")) if raw else ""
         if not text:
             text = "[" + _read(f"/proc/{pid}/comm").decode(errors="replace").strip() + "]"
     except OSError:
         return "?"
-    return text if len(text) <= COMMAND_CHARS else text[: COMMAND_CHARS - 3] + "..."
+    return text
 
 
 def _split(mark: str) -> tuple[str, str, str] | None:

@@ -40,15 +40,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from monarch_operator import constants
 from monarch_operator.launcher.session import straggler_scan
-from monarch_operator.launcher.session.ssh import SshSettings, ssh_args
 
 # The environment variable every process of a run inherits from its Monarch worker.
 MARK_ENV = "MONARCH_RUN_MARK"
@@ -217,66 +214,47 @@ def parse_report(stdout: str) -> ScanReport | None:
     return None
 
 
-def survivor_lines(host: str, report: ScanReport | None, at_end: bool = False) -> list[str]:
-    """Warning lines naming every process the scan found on ``host`` and what became of it."""
+def survivor_lines(
+    host: str, report: ScanReport | None, at_end: bool = False, stopping: bool = False
+) -> list[str]:
+    """Warning lines naming every process the scan found on ``host`` and what became of it.
+
+    Args:
+        host: the host's name.
+        report: the scan's report; None gives no lines.
+        at_end: the end-of-run sweep (the run's own processes, always stopped) instead of the
+            pre-flight's scan (earlier runs' processes).
+        stopping: whether the pre-flight's scan was told to stop what it found (not with
+            ``--no-clean-stale``).
+
+    Returns:
+        One line per process, e.g. ``process left by this run on node-1, pid 41 (run a): sleep
+        1000: stopped (SIGTERM)``; what became of it is one of ``stopped (SIGTERM)``, ``stopped
+        (SIGKILL)``, ``ended by itself before it was signalled``, ``still running after
+        SIGKILL``, ``still running: it could not be signalled`` or ``left running
+        (--no-clean-stale)``.
+    """
     if report is None:
         return []
-    lines = []
+    what = "left by this run" if at_end else "of an earlier run"
     left = set(report.left)
+    lines = []
     for survivor in report.found:
-        if at_end:
-            what = "left by this run"
-        else:
-            what = "of an earlier run"
-        if survivor.pid in left and survivor.stopped is None:
-            done = "left running (--no-clean-stale)" if not at_end else "could not be stopped"
-        elif survivor.pid in left:
-            done = f"still alive after {survivor.stopped}"
-        else:
-            done = f"stopped ({survivor.stopped})"
-        lines.append(f"process {what} on {host}, {survivor.describe()}: {done}")
+        lines.append(
+            f"process {what} on {host}, {survivor.describe()}: "
+            f"{_outcome(survivor, survivor.pid in left, at_end or stopping)}"
+        )
     return lines
 
 
-def stop_run_processes(
-    addresses: Mapping[str, str],
-    ssh: SshSettings,
-    python_exe: str,
-    mark: RunMark,
-    timeout_s: float = SWEEP_TIMEOUT_S,
-) -> dict[str, ScanReport | None]:
-    """End every process of ``mark``'s run on every host, in parallel (the end-of-run sweep).
-
-    Args:
-        addresses: ``{host name: address}``; each address is visited once.
-        ssh: how to log in.
-        python_exe: the worker Python.
-        mark: the run that ended.
-        timeout_s: limit per host, seconds.
-
-    Returns:
-        ``{host name: report}``; None for a host that could not be reached or did not answer.
-    """
-    unique: dict[str, str] = {}
-    for host, address in addresses.items():
-        unique.setdefault(address, host)
-    command = scan_command(python_exe, mark, "run", stop=True)
-
-    def sweep(address: str, host: str) -> ScanReport | None:
-        try:
-            result = subprocess.run(
-                ["ssh", *ssh_args(ssh, host, tty=False), "-n", address, command],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return None
-        return parse_report(result.stdout)
-
-    if not unique:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(32, len(unique))) as pool:
-        reports = list(pool.map(sweep, unique.keys(), unique.values()))
-    return dict(zip(unique.values(), reports, strict=True))
+def _outcome(survivor: Survivor, alive: bool, stopping: bool) -> str:
+    """What became of one process the scan found (see :func:`survivor_lines`)."""
+    if alive and survivor.stopped is not None:
+        return f"still running after {survivor.stopped}"
+    if alive and stopping:
+        return "still running: it could not be signalled"
+    if alive:
+        return "left running (--no-clean-stale)"
+    if survivor.stopped is None:
+        return "ended by itself before it was signalled"
+    return f"stopped ({survivor.stopped})"
