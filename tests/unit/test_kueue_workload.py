@@ -248,8 +248,7 @@ def test_a_requeued_job_says_why_it_stopped_running_while_it_waits_again():
                            message="insufficient unused quota for nvidia.com/gpu")
     admission._queued(state, "user-queue", pending, 0)
     message = st.get_condition(state.status, st.QUEUED)["message"]
-    assert message.startswith("requeued after attempt 1 was evicted (EvictedPreempted: "
-                              "Preempted to accommodate"), message
+    assert message.startswith("requeued after attempt 1 was preempted by Kueue; "), message
     assert message.endswith("waiting in LocalQueue user-queue for admission: Pending: "
                             "insufficient unused quota for nvidia.com/gpu"), message
     # A job that was never evicted: Kueue's words alone.
