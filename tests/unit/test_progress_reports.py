@@ -244,3 +244,50 @@ def test_a_refusal_from_the_first_write_still_names_what_to_check(capsys):
     writer('{"step": 1}')
     assert ended == []  # never written: the ServiceAccount may be the cause
     assert "serviceAccountName" in capsys.readouterr().err
+
+
+class Reading:
+    """The API server's answer to the launcher's read of its ConfigMap."""
+
+    def __init__(self, status: int | None) -> None:
+        self.status = status
+
+    def read_namespaced_config_map(self, *args, **kwargs):
+        if self.status is not None:
+            error = RuntimeError("refused")
+            error.status, error.reason = self.status, "NotFound"  # type: ignore[attr-defined]
+            raise error
+        return {}
+
+
+@pytest.mark.parametrize(("status", "written", "ends"), [
+    (404, False, True),  # its ConfigMap is gone: the job is being deleted
+    (403, True, True),  # its Role or RoleBinding gone after writes went through
+    (403, False, False),  # never written: the ServiceAccount may be the cause
+    (None, True, False),  # the job is there: a plain stop, the teardown as always
+    (500, True, False),
+])
+def test_a_launcher_stopped_while_its_job_is_deleted_ends_without_waiting_for_workers(
+        status, written, ends):
+    """SIGTERM because the job is being deleted: its workers go with it, so the teardown's
+    mesh shutdowns would only time out (15 s each, past the pod's 30 s grace period). The
+    launcher asks its ConfigMap first and ends at once when the job is going."""
+    ended: list[int] = []
+    writer = progress.ConfigMapWriter(
+        "team-a", "demo-progress", progress.end_with_job("team-a", "demo-progress",
+                                                         exit_now=ended.append))
+    writer._api = Reading(status)
+    writer._written = written
+    writer.end_if_job_gone()
+    assert ended == ([143] if ends else [])
+
+
+def test_the_teardown_asks_first_only_after_a_stop_from_outside():
+    import inspect
+
+    from monarch_operator.launcher.session import lifecycle
+
+    source = inspect.getsource(lifecycle.started_job)
+    finally_block = source[source.index("    finally:"):]
+    assert finally_block.index("progress.end_if_job_gone()") < finally_block.index("teardown(")
+    assert "stopsignal.received() is not None" in finally_block

@@ -36,22 +36,23 @@ class ConfigMapWriter:
         self._said: set[str] = set()
         self._written = False  # a write went through: its ConfigMap and RBAC existed
 
+    def _client(self) -> Any:
+        if self._api is None:
+            import kubernetes  # the launcher image has it (monarch-operator[launcher])
+
+            kubernetes.config.load_incluster_config()
+            self._api = kubernetes.client.CoreV1Api()
+        return self._api
+
     def __call__(self, text: str) -> None:
         try:
-            if self._api is None:
-                import kubernetes  # the launcher image has it (monarch-operator[launcher])
-
-                kubernetes.config.load_incluster_config()
-                self._api = kubernetes.client.CoreV1Api()
-            self._api.patch_namespaced_config_map(
+            self._client().patch_namespaced_config_map(
                 self._name, self._namespace, {"data": {constants.PROGRESS_REPORT_KEY: text}},
                 _request_timeout=10)
             self._written = True
         except Exception as error:  # noqa: BLE001 - progress never fails the run
             status = getattr(error, "status", None)
-            if status in (403, 404) and self._written and self._on_job_gone is not None:
-                gone, self._on_job_gone = self._on_job_gone, None
-                gone(int(status))
+            if self._gone(status):
                 return
             why = (f"HTTP {status}: {getattr(error, 'reason', '')}" if status
                    else f"{type(error).__name__}: {error}")
@@ -63,6 +64,29 @@ class ConfigMapWriter:
                 self._said.add(why)
                 print(f"monarch-launch: progress not written to ConfigMap {self._namespace}/"
                       f"{self._name}: {why}", file=sys.stderr, flush=True)
+
+
+    def end_if_job_gone(self) -> None:
+        """Call ``on_job_gone`` if the job is being deleted, as its ConfigMap tells: gone
+        (404), or refused after a write went through (403); for a launcher stopped from
+        outside, before it waits for its workers (:func:`.session.lifecycle.started_job`).
+        Any other answer, or none, decides nothing."""
+        try:
+            self._client().read_namespaced_config_map(self._name, self._namespace,
+                                                      _request_timeout=5)
+        except Exception as error:  # noqa: BLE001 - never fails the launcher's end
+            self._gone(getattr(error, "status", None), unwritten_404=True)
+
+    def _gone(self, status: Any, unwritten_404: bool = False) -> bool:
+        """Whether answer ``status`` says the job is being deleted; ``on_job_gone`` is called
+        (once) then. A 404 before any write (``unwritten_404``: a read) counts too: the
+        operator creates the ConfigMap before the launcher pod."""
+        gone = status in (403, 404) and (self._written or (unwritten_404 and status == 404))
+        if not gone or self._on_job_gone is None:
+            return False
+        end, self._on_job_gone = self._on_job_gone, None
+        end(int(status))
+        return True
 
 
 def end_with_job(namespace: str, name: str,

@@ -54,6 +54,7 @@ RATE_WINDOW_SECONDS = 300.0  # the rate of steps is taken over about the last 5 
 
 _lock = threading.Lock()
 _forwarder: Forwarder | None = None
+_writer: ConfigMapWriter | None = None  # the forwarder's, kept for end_if_job_gone
 _closed = False  # close() ran: no new Forwarder at the launcher's end
 _in_launcher = False  # this process starts the workers (mark_launcher): never print reports
 
@@ -327,7 +328,7 @@ def install(environ: Mapping[str, str] | None = None) -> Forwarder | None:
     """In a MonarchJob's launcher (``MONARCH_PROGRESS_CONFIGMAP`` and the job's namespace in
     the environment), start this process's :class:`Forwarder` (once; later calls return it)
     and write its last report at exit. None elsewhere: reports are then printed as lines."""
-    global _forwarder
+    global _forwarder, _writer
     environ = os.environ if environ is None else environ
     name = environ.get(constants.ENV_PROGRESS_CONFIGMAP)
     namespace = environ.get(constants.ENV_NAMESPACE)
@@ -341,8 +342,9 @@ def install(environ: Mapping[str, str] | None = None) -> Forwarder | None:
                 interval = DEFAULT_INTERVAL_SECONDS
             attempt = environ.get(constants.ENV_ATTEMPT, "")
             deadline = environ.get(constants.ENV_PROGRESS_DEADLINE, "")
+            _writer = ConfigMapWriter(namespace, name, end_with_job(namespace, name))
             _forwarder = Forwarder(
-                ConfigMapWriter(namespace, name, end_with_job(namespace, name)), interval,
+                _writer, interval,
                 int(attempt) if attempt.isdigit() else None,
                 deadline=float(deadline) if deadline.isdigit() else None,
                 on_stall=_stop_stalled(float(deadline)) if deadline.isdigit() else None)
@@ -358,3 +360,10 @@ def close() -> None:
         forwarder, _forwarder, _closed = _forwarder, None, True
     if forwarder is not None:
         forwarder.close()
+
+
+def end_if_job_gone() -> None:
+    """End the launcher at once if its MonarchJob is being deleted
+    (:meth:`.ConfigMapWriter.end_if_job_gone`); nothing without a job to report to."""
+    if _writer is not None:
+        _writer.end_if_job_gone()
