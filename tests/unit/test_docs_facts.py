@@ -62,3 +62,18 @@ def test_the_demo_shows_monarchs_log_note_once():
     assert demo.tidy_output(output) == (note.format(0) + "\n[ref/demo-worker-2/0] step 1\n"
                                         "trainer rank 0: loss 1.25\n")
     assert demo.tidy_output("no note\n") == "no note\n"
+
+
+def test_the_demo_shows_kubectl_gets_column_header():
+    asked: list[tuple[str, ...]] = []
+
+    def kubectl(*args: str, **kwargs: Any) -> str:
+        asked.append(args)
+        return ("NAME   STATUS      READY   RESTARTS   STEP   PROGRESS   ETA   AGE\n"
+                "demo   Succeeded   0/3     0          3      100%             52s\n")
+
+    shown = demo.jobs_table(kubectl, "team-a")  # type: ignore[arg-type]
+    assert asked == [("get", "monarchjobs", "-n", "team-a", "--no-headers=false")]
+    assert shown.splitlines()[1:3] == ["$ kubectl get monarchjobs -n team-a",
+                                       "NAME   STATUS      READY   RESTARTS   STEP   PROGRESS   "
+                                       "ETA   AGE"]

@@ -180,6 +180,13 @@ def tidy_output(text: str) -> str:
     return "".join(lines)
 
 
+def jobs_table(kubectl: Kubectl, namespace: str) -> str:
+    """``kubectl get monarchjobs`` as the demo shows it: the command, then the table with its
+    column header (``--no-headers=false``: a kuberc default cannot drop it)."""
+    table = kubectl("get", "monarchjobs", "-n", namespace, "--no-headers=false").rstrip()
+    return f"\n$ kubectl get monarchjobs -n {namespace}\n{table}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns 0 when the sample job Succeeded."""
     parser = argparse.ArgumentParser(prog="scripts/demo.sh", description=__doc__.splitlines()[0])
@@ -240,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
                 (kubectl.json("monarchjob", "demo", "-n", args.namespace).get("status") or {})
                 .get("readyWorkers", "")).startswith("0/")):
             time.sleep(1)
-        print("\n$ kubectl get monarchjobs -n", args.namespace)
-        print(kubectl("get", "monarchjobs", "-n", args.namespace))
+        print(jobs_table(kubectl, args.namespace), flush=True)
         print("--- launcher output (trainer / ref meshes) ---")
-        print(tidy_output(launcher_log(kubectl, cluster.state_dir, args.namespace, "demo")))
+        print(tidy_output(launcher_log(kubectl, cluster.state_dir, args.namespace, "demo")),
+              flush=True)
         phase = job["status"]["phase"]
         print(f"[demo] job {phase} in {time.monotonic() - started:.0f}s total", flush=True)
         return 0 if phase == "Succeeded" else 1
