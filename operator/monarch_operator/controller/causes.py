@@ -168,10 +168,17 @@ def of_kueue(reason: str, message: str = "") -> Cause:
     ``message``): what it means, then Kueue's own message without the UIDs it names (an
     unknown reason is named there)."""
     kind = _KUEUE_REASONS.get(reason, EVICTED_BY_KUEUE)
-    detail = _detail(_UIDS.sub("", message or ""))
+    detail = _detail(without_uids(message))
     if kind == EVICTED_BY_KUEUE and reason:
         detail = f"{reason}: {detail}" if detail else reason
     return Cause(kind, detail=detail)
+
+
+def without_uids(text: str) -> str:
+    """Kueue's ``text`` without the UIDs it names (``(UID: ..., JobUID: ...)``): nobody reads
+    them, and they fill the 200 characters of MESSAGE. A requeued Workload's pending message
+    still names the preemption that evicted it, UIDs included."""
+    return _UIDS.sub("", text or "")
 
 
 def kueue_reason(attempt_reason: str) -> str:

@@ -253,7 +253,8 @@ def _queued(state: Pass, queue: str, verdict: wl.Admission, pods_left: int) -> N
                    f"LocalQueue {queue}" + (f" ({cause.detail})" if cause.detail else ""))
         reason = REASON_EVICTED
     else:
-        detail = f"{verdict.reason}: {verdict.message}" if verdict.message else verdict.reason
+        kueue_words = causes.without_uids(verdict.message)
+        detail = f"{verdict.reason}: {kueue_words}" if kueue_words else verdict.reason
         message = (f"{_requeued_after(state)}waiting in LocalQueue {queue} for admission: "
                    f"{detail}{_hint(verdict.message)}")
         reason = REASON_QUEUED
