@@ -9,6 +9,7 @@ Each test has its own ClusterQueue (``nvidia.com/gpu`` quota) selecting only its
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import time
 from collections.abc import Iterator
@@ -180,7 +181,10 @@ def test_higher_priority_preempts_without_spending_the_budget(kubectl, namespace
         first = evicted["attempts"][0]
         assert first["class"] == "Evicted" and first["reason"] == "EvictedPreempted", first
         assert evicted["restartCount"] == 1 and not evicted.get("failureCounts"), evicted
-        assert "Preempted" in condition(evicted, "Queued")["message"], evicted
+        # The cause in words first (issue 32): whether still stopping or requeued already.
+        assert condition(evicted, "Queued")["message"].startswith(
+            ("preempted by Kueue", "requeued after attempt 1 was preempted by Kueue")), evicted
+        assert "UID:" not in condition(evicted, "Queued")["message"], evicted
         assert not get_json(kubectl, "pods", "-n", namespace, "-l", f"{LABEL_JOB}=low")["items"]
         requeued = wl_condition(job_workload(kubectl, namespace, "low"), "Requeued")
         assert requeued.get("status") == "True", requeued
@@ -256,7 +260,8 @@ def test_wait_for_pods_ready_timeout_evicts_and_requeues(kubectl, namespace, que
     first = evicted["attempts"][0]
     assert first["class"] == "Evicted" and first["reason"] == "EvictedPodsReadyTimeout", first
     assert not evicted.get("failureCounts"), evicted
-    assert "PodsReady timeout" in condition(evicted, "Queued")["message"]
+    assert "its pods were not all ready within waitForPodsReady.timeout" in condition(
+        evicted, "Queued")["message"], evicted
     wait_until(lambda: not get_json(kubectl, "pods", "-n", namespace, "-l",
                                     f"{LABEL_JOB}=stuck")["items"], 30, "stuck's pods gone")
     # Quota given back (Kueue requeues it after its back-off, 60 s at first).
@@ -290,6 +295,17 @@ def test_a_preempted_job_checkpoints_first_and_resumes_from_it(kubectl, namespac
         assert where.startswith("/ckpt/low/step-"), saved["lastCheckpoint"]
         first = saved["attempts"][0]
         assert (first["class"], first["checkpoint"]) == ("Evicted", where), first
+        # The attempt ended when its launcher did, after the stop was asked for (issue 32),
+        # with the launcher's exit code (this program's own: it returns once it saved) and
+        # its output.
+        ended = wait_until(lambda: (s := job_status(kubectl, namespace, "low"))["attempts"][0]
+                           .get("exitCode") is not None and s["attempts"][0], 30,
+                           "the evicted attempt's exit code")
+        assert ended["exitCode"] == 0 and ended.get("outputTail"), ended
+        stop_asked = (dt.datetime.fromisoformat(
+            asked["metadata"]["deletionTimestamp"].replace("Z", "+00:00"))
+            - dt.timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        assert ended["endTime"] >= stop_asked, (ended, stop_asked)
         running_attempt(kubectl, namespace, "high", 1)
         kubectl("delete", "monarchjob", "high", "-n", namespace, "--wait=true")
         done = wait_phase(kubectl, namespace, "low", "Succeeded", timeout=120)

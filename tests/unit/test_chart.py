@@ -171,6 +171,37 @@ def test_every_value_is_documented():
     assert not undocumented, f"values without a '# --' comment: {undocumented}"
 
 
+def _leaf_paths(values: dict, prefix: str = "") -> list[str]:
+    """Dotted paths of every leaf of ``values`` (a map with keys is gone into)."""
+    paths = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        paths.extend(_leaf_paths(value, f"{path}.") if isinstance(value, dict) and value
+                     else [path])
+    return paths
+
+
+def test_every_value_is_in_the_install_docs_table():
+    """docs/install.md's "Chart values" table names every key of values.yaml (a row may name a
+    map whole, e.g. `resources`; `.name` after `serviceAccount.create` is `serviceAccount.name`)."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    table = text[text.index("## Chart values"):].split("\n## ")[0]
+    named: set[str] = set()
+    for row in table.splitlines():
+        if not row.startswith("| `"):
+            continue
+        parent = ""
+        for token in re.findall(r"`([^`]+)`", row.split("|")[1]):
+            if token.startswith("."):
+                token = parent + token
+            parent = token.rsplit(".", 1)[0] if "." in token else ""
+            named.add(token)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    missing = [path for path in _leaf_paths(values)
+               if not any(path == name or path.startswith(f"{name}.") for name in named)]
+    assert not missing, f"values missing from docs/install.md's table: {missing}"
+
+
 def test_schema_is_strict_at_every_level():
     schema = json.loads((CHART / "values.schema.json").read_text())
 

@@ -42,6 +42,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     monkeypatch.setattr(k8s, "delete_if_present", lambda api_version, kind, namespace, name: (
         sent["deleted"].append(kind) or True))
     monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
+    monkeypatch.setattr(k8s, "node_cordoned", lambda node: node == "node-0")  # being drained
     monkeypatch.setattr(k8s, "_post", lambda desired: stored(desired, "x"))  # the hostfile
     monkeypatch.setattr(k8s, "pod_log_tail", lambda *args, **kwargs: "")
     monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: job_body(status))
@@ -209,6 +210,8 @@ def test_a_drained_worker_waits_while_the_launcher_saves_then_the_attempt_ends(a
                        workers, now + dt.timedelta(seconds=20))
     ended = done.status["attempts"][0]
     assert (ended["class"], ended["reason"]) == ("Infrastructure", st.REASON_WORKER_EVICTED)
+    # Worded as what happened: its node (cordoned) was drained, not "deleted" (issue 32).
+    assert "demo-worker-0 (evicted by a drain of node node-0)" in ended["message"], ended
     assert ended["checkpoint"] == "/ckpt/demo/step-7"
     assert done.status["attempt"] == 2
     assert done.status["lastCheckpoint"]["location"] == "/ckpt/demo/step-7"

@@ -101,3 +101,30 @@ def test_status_shows_the_programs_last_report():
             "2.5 steps/s; ETA 5m00s; loss=0.31") in lines, lines
     assert "run https://wandb.ai/r/1" in lines
     assert views.attempts_table(body["status"])[1][7] == "120"
+
+
+@pytest.mark.parametrize(("status", "said"), [
+    ({"phase": "Queued", "attempt": 1, "message": "waiting in LocalQueue user-queue",
+      "attempts": [{"number": 1, "startTime": "t0"}]},
+     "kubectl monarch logs: job demo has no launcher pod yet: phase Queued (waiting in "
+     "LocalQueue user-queue), see kubectl monarch status demo"),
+    ({"phase": "Succeeded", "attempt": 1, "attempts": [
+        {"number": 1, "launchTime": "t1", "launcherPod": "demo-launcher", "class": "Succeeded"}]},
+     "kubectl monarch logs: launcher pod demo-launcher of job demo (attempt 1) no longer "
+     "exists: phase Succeeded"),
+])
+def test_logs_of_a_job_without_its_launcher_pod_say_why(monkeypatch, capsys, status, said):
+    """Not kubectl's raw NotFound (issue 32 item 7)."""
+    from monarch_operator.plugin import cli
+
+    def kubectl_get(self, *args):
+        if args[0] == cli.RESOURCE:
+            return {**body(), "status": status}
+        raise cli.KubectlError(f'Error from server (NotFound): pods "{args[1]}" not found', 1)
+
+    monkeypatch.setattr(cli.Kube, "json", kubectl_get)
+    monkeypatch.setattr(cli.Kube, "run", lambda self, *args: pytest.fail(f"kubectl {args}"))
+    assert cli.main(["logs", "demo", "-n", "team-a"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(said), err
+    assert "NotFound" not in err

@@ -248,10 +248,18 @@ def test_a_requeued_job_says_why_it_stopped_running_while_it_waits_again():
                            message="insufficient unused quota for nvidia.com/gpu")
     admission._queued(state, "user-queue", pending, 0)
     message = st.get_condition(state.status, st.QUEUED)["message"]
-    assert message.startswith("requeued after attempt 1 was evicted (EvictedPreempted: "
-                              "Preempted to accommodate"), message
+    assert message.startswith("requeued after attempt 1 was preempted by Kueue; "), message
     assert message.endswith("waiting in LocalQueue user-queue for admission: Pending: "
                             "insufficient unused quota for nvidia.com/gpu"), message
+    # Right after the eviction Kueue's pending message still names it, UIDs and all: left out.
+    admission._queued(state, "user-queue", wl.Admission(
+        wl.STATE_PENDING, reason="Pending", message=(
+            "Preempted to accommodate a workload (UID: 8de81e1b-de68-4c9e-b24b-f5e60ea8aa01, "
+            "JobUID: 1f1c675a-711f-4a13-a3bd-da3d50e6f893) due to prioritization in the "
+            "ClusterQueue")), 0)
+    message = st.get_condition(state.status, st.QUEUED)["message"]
+    assert message.endswith("for admission: Pending: Preempted to accommodate a workload due "
+                            "to prioritization in the ClusterQueue"), message
     # A job that was never evicted: Kueue's words alone.
     fresh = Pass(job=job(), status={**attempts.begin({}, 1, "t0"), "queue": {}}, now=state.now)
     admission._queued(fresh, "user-queue", pending, 0)

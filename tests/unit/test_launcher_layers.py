@@ -20,7 +20,7 @@ API = "monarch_operator.job"
 
 # The layers, lowest first; a module may import its own layer and the ones below, never above.
 #   base:          leaves every layer may use: exit statuses, the stop signal and stop request,
-#                  the termination message, the reporter.
+#                  the termination message, the reporter, progress reports and their writes.
 #   hosts:         hosts/ (host sources, placement): what the job runs on.
 #   session:       session/ (pre-flight, ssh, workers, teardown): one Monarch session.
 #   options:       the job's options as flags (options.py, sshflags.py, flagtypes.py): the
@@ -30,7 +30,8 @@ API = "monarch_operator.job"
 #   command lines: monarch-launch (cli.py, __main__), monarch-torchrun (spmd_cli.py), the
 #                  attach-mode worker (attachworker.py).
 LAYERS: dict[str, list[str]] = {
-    "base": ["exitcodes", "stopguard", "stopsignal", "stoprequest", "termination", "report", "progress"],
+    "base": ["exitcodes", "stopguard", "stopsignal", "stoprequest", "termination", "report",
+             "progress", "configmapwriter"],
     "hosts": ["hosts", "hosts.*"],
     "session": ["session", "session.*"],
     "options": ["options", "sshflags", "flagtypes"],

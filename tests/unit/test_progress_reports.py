@@ -176,3 +176,118 @@ def test_in_the_launchers_process_without_a_job_a_report_goes_nowhere(monkeypatc
     progress.mark_launcher()
     progress.report(1, total_steps=2)
     assert capsys.readouterr().out == ""
+
+
+def test_the_metrics_keep_the_order_the_program_gave_them():
+    """The METRIC column is the first metric the program reported (docs/progress.md), not the
+    first in alphabetical order: the launcher's write keeps the report's order, and so does
+    the operator's reading of it."""
+    from monarch_operator.controller import reported
+
+    texts: list[str] = []
+    forwarder = progress.Forwarder(texts.append, interval=3600, clock=Clock(), now=lambda: WALL)
+    forwarder.offer({"step": 1, "metrics": {"reward": 0.9, "loss": 2.5, "kl": 0.01}})
+    forwarder.close()
+    [text] = texts
+    assert list(json.loads(text)["metrics"]) == ["reward", "loss", "kl"]
+    shown = reported.summarize(reported.parse(text))
+    assert shown["mainMetric"] == "reward=0.9"
+
+
+def test_a_checkpoint_is_reported_with_when_the_program_named_it():
+    clock, sink = Clock(), Sink()
+    forwarder = progress.Forwarder(sink, interval=3600, attempt=1, clock=clock, now=lambda: WALL)
+    forwarder.offer({"checkpoint": "/ckpt/7"})
+    forwarder.close()
+    assert sink.texts[-1]["checkpointTime"] == "2026-12-02T03:00:00Z"
+
+
+class Refusing:
+    """The API server's answer to the launcher's writes: OK until ``after`` writes, then
+    ``status`` (the job's ConfigMap or its RoleBinding gone)."""
+
+    def __init__(self, status: int, after: int) -> None:
+        self.status, self.after, self.calls = status, after, 0
+
+    def patch_namespaced_config_map(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls > self.after:
+            error = RuntimeError("refused")
+            error.status, error.reason = self.status, "Forbidden"  # type: ignore[attr-defined]
+            raise error
+
+
+@pytest.mark.parametrize("status", [403, 404])
+def test_a_refusal_after_writes_went_through_ends_the_launcher_quietly(capsys, status):
+    """The job is being deleted: its ConfigMap, Role and RoleBinding go with it. The launcher
+    ends at once (no teardown towards workers that are going), saying why in one line, not
+    the ServiceAccount hint, which has nothing to do with it."""
+    ended: list[int] = []
+    writer = progress.ConfigMapWriter(
+        "team-a", "demo-progress", progress.end_with_job("team-a", "demo-progress",
+                                                         exit_now=ended.append))
+    writer._api = Refusing(status, after=1)
+    writer('{"step": 1}')
+    writer('{"step": 2}')
+    assert ended == [143]
+    err = capsys.readouterr().err
+    assert "serviceAccountName" not in err
+    assert err.count("\n") == 1 and "the MonarchJob is being deleted" in err, err
+
+
+def test_a_refusal_from_the_first_write_still_names_what_to_check(capsys):
+    ended: list[int] = []
+    writer = progress.ConfigMapWriter(
+        "team-a", "demo-progress", progress.end_with_job("team-a", "demo-progress",
+                                                         exit_now=ended.append))
+    writer._api = Refusing(403, after=0)
+    writer('{"step": 1}')
+    assert ended == []  # never written: the ServiceAccount may be the cause
+    assert "serviceAccountName" in capsys.readouterr().err
+
+
+class Reading:
+    """The API server's answer to the launcher's read of its ConfigMap."""
+
+    def __init__(self, status: int | None) -> None:
+        self.status = status
+
+    def read_namespaced_config_map(self, *args, **kwargs):
+        if self.status is not None:
+            error = RuntimeError("refused")
+            error.status, error.reason = self.status, "NotFound"  # type: ignore[attr-defined]
+            raise error
+        return {}
+
+
+@pytest.mark.parametrize(("status", "written", "ends"), [
+    (404, False, True),  # its ConfigMap is gone: the job is being deleted
+    (403, True, True),  # its Role or RoleBinding gone after writes went through
+    (403, False, False),  # never written: the ServiceAccount may be the cause
+    (None, True, False),  # the job is there: a plain stop, the teardown as always
+    (500, True, False),
+])
+def test_a_launcher_stopped_while_its_job_is_deleted_ends_without_waiting_for_workers(
+        status, written, ends):
+    """SIGTERM because the job is being deleted: its workers go with it, so the teardown's
+    mesh shutdowns would only time out (15 s each, past the pod's 30 s grace period). The
+    launcher asks its ConfigMap first and ends at once when the job is going."""
+    ended: list[int] = []
+    writer = progress.ConfigMapWriter(
+        "team-a", "demo-progress", progress.end_with_job("team-a", "demo-progress",
+                                                         exit_now=ended.append))
+    writer._api = Reading(status)
+    writer._written = written
+    writer.end_if_job_gone()
+    assert ended == ([143] if ends else [])
+
+
+def test_the_teardown_asks_first_only_after_a_stop_from_outside():
+    import inspect
+
+    from monarch_operator.launcher.session import lifecycle
+
+    source = inspect.getsource(lifecycle.started_job)
+    finally_block = source[source.index("    finally:"):]
+    assert finally_block.index("progress.end_if_job_gone()") < finally_block.index("teardown(")
+    assert "stopsignal.received() is not None" in finally_block

@@ -119,7 +119,8 @@ def test_the_crd_shows_step_progress_and_eta_and_the_metric_wide():
     fields = schema["status"]["properties"]["progress"]["properties"]
     summary = reported.summarize(reported.parse(report_text(
         step=1, totalSteps=2, stepsPerSecond=1.0, metrics={"a": 1}, checkpoint="c",
-        runURL="https://x")))
+        checkpointTime="2026-12-02T03:00:00Z", runURL="https://x")))
+    assert "checkpointTime" in summary
     assert set(summary) <= set(fields), "every field the operator writes is in the schema"
     interval = schema["spec"]["properties"]["progress"]["properties"]["reportIntervalSeconds"]
     assert (interval["default"], interval["minimum"]) == (10, 1)

@@ -81,7 +81,7 @@ def test_lost_workers_named_with_their_cause():
     lost = {worker.name: worker.cause for worker in attempts.lost_workers(snapshot, now)}
     assert lost == {"j-worker-0": "container restarted", "j-worker-1": "deleted",
                     "j-worker-2": "deleted and recreated",
-                    "j-worker-3": "evicted: node low on memory"}
+                    "j-worker-3": "evicted by the kubelet: node low on memory"}
     # Only briefly not Ready (a slow probe) is not a loss.
     not_ready = pod("j-worker-0", "a", conditions=[{"type": "Ready", "status": "False"}])
     assert attempts.lost_workers(snapshot[:1], [not_ready]) == []

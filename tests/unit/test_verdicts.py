@@ -109,11 +109,12 @@ def test_a_finished_launcher_waits_for_late_reports_then_is_judged_by_its_exit_c
     ({"metadata": {"deletionTimestamp": at(35), "deletionGracePeriodSeconds": 30}}, "deleted"),
     ({"conditions": [{"type": "DisruptionTarget", "status": "True", "lastTransitionTime": at(5),
                       "reason": "EvictionByEvictionAPI"}]},
-     "disrupted: EvictionByEvictionAPI"),
+     "evicted through the Eviction API"),
     ({"reason": "Evicted", "message": "The node was low on resource: memory."},
-     "evicted: The node was low on resource: memory."),
+     "evicted by the kubelet of node node-9: The node was low on resource: memory."),
     ({"conditions": [{"type": "DisruptionTarget", "status": "True", "lastTransitionTime": at(4),
-                      "reason": "PreemptionByScheduler"}]}, "disrupted: PreemptionByScheduler"),
+                      "reason": "PreemptionByScheduler"}]},
+     "preempted by the scheduler for a pod of higher priority"),
 ])
 def test_an_exit_code_is_a_claim_a_launcher_stopped_from_outside_is_never_succeeded(extra,
                                                                                   stopped):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monarch_operator import names
+from monarch_operator.controller import causes
 
 # status.attempts keeps the latest records only; `number` says which attempt each one was.
 MAX_ATTEMPTS_KEPT = 10
@@ -48,7 +49,8 @@ _FAILING_RANK = re.compile(
 
 @dataclass(frozen=True)
 class LostWorker:
-    """A worker pod the running attempt lost, and how (``deleted``, ``evicted: ...``).
+    """A worker pod the running attempt lost, and how, in :mod:`.causes`' words (``deleted``,
+    ``evicted by a drain of node n1`` ...).
 
     ``node_lost``: its node is not Ready and it is not either; nobody else deletes such a pod
     soon (taint-based eviction waits 300 s), so the operator does, to have it recreated.
@@ -126,7 +128,8 @@ def restart_count(pod: dict[str, Any]) -> int:
 
 
 def lost_workers(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]],
-                 unready_nodes: frozenset[str] = frozenset()) -> list[LostWorker]:
+                 unready_nodes: frozenset[str] = frozenset(),
+                 cordoned: frozenset[str] = frozenset()) -> list[LostWorker]:
     """Workers of ``snapshot`` that the attempt lost, in snapshot (ordinal) order.
 
     Lost: the pod is gone or replaced (another uid), being deleted, failed or evicted (pod
@@ -135,15 +138,18 @@ def lost_workers(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]],
     long before the node controller evicts it), Ready or not: the node controller marks the
     pods of a lost node not Ready one at a time, and every one of them is named together. A
     pod that is only briefly not Ready (a slow readiness probe) on a healthy node is not lost.
+    Each is worded by :mod:`.causes` (``cordoned``: nodes being drained).
     """
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
     lost = []
     for entry in snapshot:
         pod = by_name.get(entry["name"])
-        cause = _loss_cause(entry, pod)
+        cause = _loss_cause(entry, pod, cordoned)
         node = ((pod or {}).get("spec") or {}).get("nodeName")
         if not cause and node in unready_nodes:
-            lost.append(LostWorker(entry["name"], f"node {node} NotReady", node_lost=True))
+            lost.append(LostWorker(entry["name"],
+                                   causes.Cause(causes.NODE_NOT_READY, str(node)).words(),
+                                   node_lost=True))
         elif cause:
             lost.append(LostWorker(entry["name"], cause))
     return lost
@@ -270,17 +276,18 @@ def _ready(pod: dict[str, Any] | None) -> bool:
                for condition in ((pod or {}).get("status") or {}).get("conditions") or [])
 
 
-def _loss_cause(entry: dict[str, Any], pod: dict[str, Any] | None) -> str:
+def _loss_cause(entry: dict[str, Any], pod: dict[str, Any] | None,
+                cordoned: frozenset[str] = frozenset()) -> str:
     if pod is None or pod["metadata"].get("uid") != entry.get("uid"):
         return "deleted" if pod is None else "deleted and recreated"
+    stopped = causes.of_pod(pod, cordoned)  # deleted, evicted, preempted, drained ...
+    if stopped is not None:
+        return stopped.words()
     status = pod.get("status") or {}
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
-            return _words("disrupted", condition)
-    if pod["metadata"].get("deletionTimestamp"):
-        return "deleted"
-    if status.get("reason"):  # Evicted, Preempting, NodeLost, NodeAgentError ...
-        return _words(str(status["reason"]).lower(), {"message": status.get("message")})
+    if status.get("reason"):  # NodeAgentError and other reasons of a pod that failed
+        reason = str(status["reason"])
+        message = " ".join(str(status.get("message") or "").split())[:200]
+        return f"pod {reason}: {message}" if message else f"pod {reason}"
     if status.get("phase") in ("Failed", "Succeeded", "Unknown"):
         return f"pod {status['phase']}"
     if restart_count(pod) > int(entry.get("restartCount") or 0):
@@ -290,13 +297,6 @@ def _loss_cause(entry: dict[str, Any], pod: dict[str, Any] | None) -> str:
         if terminated:
             return f"container {container.get('name')} exited {terminated.get('exitCode')}"
     return ""
-
-
-def _words(head: str, entry: dict[str, Any]) -> str:
-    reason = entry.get("reason") or ""
-    message = " ".join(str(entry.get("message") or "").split())[:200]
-    detail = ": ".join(part for part in (reason, message) if part)
-    return f"{head}: {detail}" if detail else head
 
 
 def failing_rank(message: str) -> dict[str, Any]:

@@ -5,8 +5,10 @@ stop before a suspend or an eviction, see :func:`.release.stop_launcher_first`);
 ends its termination message with ``[checkpoint: LOCATION]``
 (``launcher/stoprequest.py``; a unit test keeps the two patterns equal). Each pass reads the
 job's ended launcher pods from its view (no request): the newest attempt's location becomes
-``status.lastCheckpoint`` (location, attempt, when its launcher ended) and that attempt's
-``checkpoint``; the next attempt's launcher gets it as ``MONARCH_CHECKPOINT``.
+``status.lastCheckpoint`` (location, attempt, and when: the time the program named it, as
+its launcher reported it in its progress report, else when that launcher ended, never when the
+operator noticed) and that attempt's ``checkpoint``; the next attempt's launcher gets it as
+``MONARCH_CHECKPOINT``.
 
 A launcher deleted for a suspend or an eviction may be gone from the view before a pass saw
 its end: every launcher pod event that names a checkpoint is also remembered here
@@ -88,6 +90,7 @@ def harvest(state: Pass) -> None:
         where, when = named
         if (attempt, where) == (last.get("attempt"), last.get("location")):
             continue
+        when = _saved_time(state.status, attempt, where) or when
         last = {"location": where, "attempt": attempt, **({"time": when} if when else {})}
         state.status["lastCheckpoint"] = last
         state.status["attempts"] = [
@@ -96,3 +99,13 @@ def harvest(state: Pass) -> None:
         state.events.append(Event("Normal", REASON_CHECKPOINT_SAVED,
                                   f"attempt {attempt} saved its state at {where}; the next "
                                   f"attempt gets it as {constants.ENV_CHECKPOINT}"))
+
+
+def _saved_time(status: dict[str, Any], attempt: int, where: str) -> str | None:
+    """When attempt ``attempt``'s program said it saved its state at ``where``, as its
+    launcher reported it (``status.progress.checkpointTime``); None when its last report
+    names another location (or none): then the launcher's end is the best time known."""
+    progress = status.get("progress") or {}
+    if progress.get("attempt") == attempt and progress.get("checkpoint") == where:
+        return progress.get("checkpointTime") or None
+    return None

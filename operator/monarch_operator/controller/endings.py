@@ -6,8 +6,17 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from monarch_operator import names
-from monarch_operator.controller import attempts, k8s, observe, policy, release, stalls
+from monarch_operator import constants, names
+from monarch_operator.controller import (
+    attempts,
+    k8s,
+    lastseen,
+    observe,
+    policy,
+    release,
+    stalls,
+    verdicts,
+)
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
 from monarch_operator.controller.passstate import Event, Pass
@@ -105,15 +114,78 @@ def _record_failure(state: Pass, failure_class: str, reason: str, message: str,
     if outcome is not None and outcome.finished:
         if outcome.exit_code is not None:
             fields["exitCode"] = outcome.exit_code
-            state.status["launcher"] = {"exitCode": outcome.exit_code,
-                                        "reason": observe.launcher_reason(outcome)}
         fields.update(attempts.failing_rank(outcome.message))
         fields["outputTail"] = attempts.output_tail(
             _launcher_output(launcher_pods or []) or outcome.message) or None
+    _show_launcher(state, outcome if outcome is not None and outcome.finished else None)
     if lost:
         fields["lostWorkers"] = [worker.name for worker in lost]
     state.status.pop("attemptWorkers", None)
     state.status = attempts.update_current(state.status, **fields)
+
+
+def _show_launcher(state: Pass, outcome: observe.LauncherOutcome | None) -> None:
+    """``status.launcher`` (the EXIT column) says how the launcher of the attempt that ended
+    last ended: its exit code and reason, or nothing when it reported no exit code (lost with
+    its pod or node, still stopping), never an earlier attempt's. The status is merge-patched:
+    None removes it."""
+    if outcome is not None and outcome.exit_code is not None:
+        state.status["launcher"] = {"exitCode": outcome.exit_code,
+                                    "reason": observe.launcher_reason(outcome)}
+    elif state.status.get("launcher") is not None:
+        state.status["launcher"] = None
+
+
+def record_late_ends(state: Pass) -> None:
+    """What a launcher said once it ended, for an ended attempt whose end was recorded while
+    its launcher still ran (stopped for a suspend or a Kueue eviction, given
+    ``runPolicy.checkpointGracePeriodSeconds`` to save its state; stopped after a lost
+    worker): the record gets its ``exitCode`` and ``outputTail``, an attempt stopped on
+    request (:data:`.policy.STOPPED_ON_REQUEST`) its ``endTime`` from the launcher's end (it
+    ran until then), and ``status.launcher`` follows when it is the last attempt that ended.
+
+    The launcher pods are the pass's view's and the pod watch's last state of the newest
+    (:mod:`.lastseen`: a pod deleted for a stop goes as soon as it ended); no request but a
+    log read, once per such attempt."""
+    records = [record for record in state.status.get("attempts") or []
+               if record.get("class") and record.get("launchTime")
+               and record.get("exitCode") is None]
+    if not records:
+        return
+    job = state.job
+    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
+                                         constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
+    by_attempt = {lastseen.attempt_of(pod): pod for pod in pods}
+    last = lastseen.launcher(job.namespace, job.name, int(records[-1]["number"]))
+    if last is not None and records[-1]["number"] not in by_attempt:
+        by_attempt[records[-1]["number"]] = last
+    last_ended = [record for record in state.status["attempts"] if record.get("class")][-1]
+    for record in records:
+        pod = by_attempt.get(record["number"])
+        outcome = observe.launcher_outcome(pod)
+        if pod is None or outcome.exit_code is None:
+            continue  # running still, or never reported an exit code
+        fields: dict[str, Any] = {"exitCode": outcome.exit_code, "outputTail": (
+            attempts.output_tail(_launcher_output([pod]) or _termination_message(pod))
+            or None)}
+        finished = verdicts.launcher_end(pod)
+        if record["class"] in policy.STOPPED_ON_REQUEST and finished is not None:
+            fields["endTime"] = st.format_time(finished)
+        state.status["attempts"] = [
+            {**entry, **{key: value for key, value in fields.items() if value is not None}}
+            if entry.get("number") == record["number"] else entry
+            for entry in state.status["attempts"]]
+        if record["number"] == last_ended["number"]:
+            _show_launcher(state, outcome)
+
+
+def _termination_message(pod: dict[str, Any]) -> str:
+    """The launcher container's whole termination message ("" when none)."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") == LAUNCHER_CONTAINER:
+            return str(((container.get("state") or {}).get("terminated") or {})
+                       .get("message") or "")
+    return ""
 
 
 def _launcher_output(pods: list[dict[str, Any]]) -> str:

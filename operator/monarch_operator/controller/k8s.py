@@ -662,6 +662,29 @@ def node_readiness() -> dict[str, tuple[bool, dt.datetime | None]] | None:
     return readiness
 
 
+def node_cordoned(name: str) -> bool | None:
+    """Whether node ``name`` is cordoned (``spec.unschedulable``: ``kubectl drain`` does it
+    first), so that a pod evicted from it was drained; None when it cannot be told (the node
+    is gone, or the operator may not read nodes: the chart's namespaced mode).
+
+    Raises:
+        ApiException: any error but 403 and 404.
+    """
+    with _node_memo_lock:
+        if _nodes_forbidden:
+            return None
+    try:
+        node = kubernetes.client.CoreV1Api(_client()).read_node(name)
+    except ApiException as error:
+        if error.status == 403:
+            _forbid_nodes()
+            return None
+        if error.status != 404:
+            raise
+        return None
+    return bool(node.spec and node.spec.unschedulable)
+
+
 def _ready_condition(node: Any) -> Any:
     """The ``Ready`` condition of a ``V1Node`` as read, or None when it has none."""
     conditions = (node.status.conditions if node.status else None) or []

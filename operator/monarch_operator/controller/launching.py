@@ -9,6 +9,7 @@ from typing import Any
 from monarch_operator import constants, names
 from monarch_operator.controller import (
     attempts,
+    causes,
     checkpoints,
     deadlines,
     endings,
@@ -92,6 +93,14 @@ def _lost_nodes(state: Pass, nodes: set[str]) -> frozenset[str]:
     return lost
 
 
+def _cordoned(pods: list[dict[str, Any]]) -> frozenset[str]:
+    """The cordoned nodes among those ``pods`` were evicted from through the Eviction API
+    (:func:`.causes.api_evicted_nodes`; nodes are read only then): such an eviction is a
+    drain of the node, and said so."""
+    return frozenset(node for node in sorted(causes.api_evicted_nodes(pods))
+                     if k8s.node_cordoned(node))
+
+
 def _end_launcher_gone(state: Pass, launcher_name: str,
                        worker_pods: list[dict[str, Any]]) -> str | None:
     """End the attempt whose launcher pod is gone without an ended state seen (deleted while
@@ -102,7 +111,7 @@ def _end_launcher_gone(state: Pass, launcher_name: str,
     Infrastructure. Returns the class when the job restarts, else None."""
     snapshot = state.status.get("attemptWorkers") or []
     unready = _lost_nodes(state, attempts.nodes_to_check(snapshot, worker_pods))
-    lost = attempts.lost_workers(snapshot, worker_pods, unready)
+    lost = attempts.lost_workers(snapshot, worker_pods, unready, _cordoned(worker_pods))
     if lost:
         restarted = all(worker.in_place for worker in lost)
         reason = st.REASON_WORKER_RESTARTED if restarted else st.REASON_WORKER_EVICTED
@@ -110,8 +119,12 @@ def _end_launcher_gone(state: Pass, launcher_name: str,
                                    f"worker {short([worker.describe() for worker in lost])} "
                                    f"lost mid-run (launcher pod {launcher_name} gone too)",
                                    None, list(lost))
+    # How it went, as the watch last delivered it (evicted, drained ...), else "deleted".
+    last = lastseen.launcher(state.job.namespace, state.job.name, int(state.status["attempt"]))
+    stopped = causes.of_pod(last, _cordoned([last])) if last is not None else None
     return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
-                               f"launcher pod {launcher_name} was deleted while it ran")
+                               f"launcher pod {launcher_name} was "
+                               f"{stopped.words() if stopped else 'deleted'} while it ran")
 
 
 def _last_seen_ended(state: Pass, attempt: int) -> dict[str, Any] | None:
@@ -148,9 +161,11 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
     pods = [launcher]
     snapshot = state.status.get("attemptWorkers") or []
     unready_nodes = _lost_nodes(state, attempts.nodes_to_check(snapshot, worker_pods))
-    lost = attempts.lost_workers(snapshot, worker_pods, unready_nodes)
+    cordoned = _cordoned([launcher, *worker_pods])
+    lost = attempts.lost_workers(snapshot, worker_pods, unready_nodes, cordoned)
     verdict = verdicts.judge(launcher, outcome.finished, outcome.succeeded, lost, snapshot,
-                             worker_pods, state.now, verdicts.parse(record.get("launchTime")))
+                             worker_pods, state.now, verdicts.parse(record.get("launchTime")),
+                             cordoned)
     if (verdict.kind == verdicts.WORKER_LOST and not outcome.finished
             and _checkpoint_first(state, launcher, list(verdict.lost), worker_pods)):
         return None
@@ -255,9 +270,9 @@ def _workers_nodes_down(launcher: dict[str, Any], worker_pods: list[dict[str, An
         node = node_of.get(entry["name"])
         if node in down:
             still = not readiness.get(str(node), (False, None))[0]
-            lost.append(attempts.LostWorker(
-                entry["name"], f"node {node} {'NotReady' if still else 'was NotReady'}",
-                node_lost=still))
+            kind = causes.NODE_NOT_READY if still else causes.NODE_WAS_NOT_READY
+            lost.append(attempts.LostWorker(entry["name"], causes.Cause(kind, str(node)).words(),
+                                            node_lost=still))
     return lost
 
 

@@ -29,6 +29,12 @@ STARTUP = "Startup"
 FATAL = "Fatal"
 # Not a failure: the attempt ended because the job was suspended (spends no budget).
 SUSPENDED = "Suspended"
+# Not a failure either: Kueue evicted the job's Workload (kueue/admission.py; no budget spent,
+# but a restart all the same).
+EVICTED = "Evicted"
+# The attempts stopped on request: their launcher is asked to stop once the attempt's end is
+# recorded, and the record gets its end when it ended (endings.record_late_ends).
+STOPPED_ON_REQUEST = frozenset({SUSPENDED, EVICTED})
 
 # podFailurePolicy rule actions, as in the Kubernetes Job.
 ACTION_FAIL_JOB = "FailJob"

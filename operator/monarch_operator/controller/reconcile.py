@@ -100,8 +100,9 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
     retry_after = None
     if not st.is_finished(state.status) and state.status.get("attempt") is None:
         state.status = attempts.begin(state.status, 1, state.now_text)
-    checkpoints.harvest(state)  # before a next attempt's launcher is built with it
     reported.harvest(state)
+    checkpoints.harvest(state)  # before a next attempt's launcher is built with it
+    endings.record_late_ends(state)  # a launcher stopped after its attempt's end ended since
     if not st.is_finished(state.status):
         _check_active_deadline(state)
     if not st.is_finished(state.status):  # noqa: SIM102 (the deadline may have ended it)
@@ -137,6 +138,7 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
         release.clean_up(state)
         release.count_ready_workers(state)
         kueue.finish(state)
+    reported.hide_eta_unless_running(state, previous)
     deferred = _write_status(state, previous, hold_progress)
     return Outcome(state.events, state.status, retry_after, wake_after=state.wake_after,
                    status_written=deferred is None and state.status != previous,

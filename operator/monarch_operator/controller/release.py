@@ -161,5 +161,14 @@ def count_ready_workers(state: Pass) -> None:
     else:
         pods = [pod for pod in pods
                 if k8s.controller_uid(pod) == worker_set["metadata"].get("uid")]
+    show_ready_workers(state, pods)
+
+
+def show_ready_workers(state: Pass, pods: list[dict[str, Any]]) -> None:
+    """READY (``status.readyWorkers``): the job's worker pods among ``pods`` that exist and are
+    Ready now, not being deleted (:func:`.observe.pod_is_ready`), of the workers wanted. A job
+    stopped by a suspend or by Kueue shows its workers as long as they hold their GPUs (while
+    the launcher saves its state, say), not ``0/N`` from the moment the stop was asked for."""
+    job = state.job
     ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)
     state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"

@@ -25,6 +25,7 @@ from typing import Any
 
 from monarch_operator import names
 from monarch_operator.controller import k8s
+from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.progress import REPORT_KEY
 from monarch_operator.controller.passstate import Pass
 
@@ -59,6 +60,24 @@ def harvest(state: Pass) -> None:
             for record in state.status.get("attempts") or []]
 
 
+# What is only true while the program runs: the time left at its recent rate.
+RUNNING_ONLY = ("estimatedRemainingSeconds", "eta")
+
+
+def hide_eta_unless_running(state: Pass, previous: dict[str, Any]) -> None:
+    """A job that is not running (queued after an eviction, suspended, restarting, finished)
+    shows no time left (the ETA column empty): nothing advances it, and the last report's
+    estimate would be stale by the time the job runs again. The status is merge-patched: a
+    key the stored ``previous`` progress has is removed with None."""
+    progress = state.status.get("progress")
+    if not progress or st.is_true(state.status, st.RUNNING):
+        return
+    stored = previous.get("progress") or {}
+    kept = {key: value for key, value in progress.items() if key not in RUNNING_ONLY}
+    kept.update({key: None for key in RUNNING_ONLY if stored.get(key) is not None})
+    state.status["progress"] = kept
+
+
 def parse(text: str) -> dict[str, Any] | None:
     """The report in ``text`` (the ConfigMap's JSON) with only well-typed, bounded fields, or
     None when it is too large or not a JSON object."""
@@ -79,7 +98,7 @@ def parse(text: str) -> dict[str, Any] | None:
     if isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate) \
             and rate > 0:
         report["stepsPerSecond"] = float(rate)
-    for key in ("checkpoint", "runURL", "time"):
+    for key in ("checkpoint", "runURL", "time", "checkpointTime"):
         value = raw.get(key)
         if isinstance(value, str) and value.strip():
             report[key] = value.strip()[:MAX_TEXT]
@@ -128,6 +147,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         progress["mainMetric"] = f"{first['name']}={first['value']}"
     if "time" in report:
         progress["lastUpdatedTime"] = report["time"]
+    if "checkpoint" in report and "checkpointTime" in report:
+        progress["checkpointTime"] = report["checkpointTime"]
     return progress
 
 

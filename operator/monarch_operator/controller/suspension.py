@@ -4,7 +4,7 @@ job; resuming starts the current attempt's gate again."""
 from __future__ import annotations
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attempts, k8s, observe, policy, release
+from monarch_operator.controller import attempts, k8s, policy, release
 from monarch_operator.controller import status as st
 from monarch_operator.controller.passstate import Event, Pass
 
@@ -32,10 +32,7 @@ def suspend(state: Pass) -> None:
         state.status = attempts.begin(state.status, attempt + 1, state.now_text, restart=False)
     pods = release.let_go_of_stuck(state, k8s.list_pods(job.namespace,
                                                         {constants.LABEL_JOB: job.name}))
-    ready = [pod for pod in pods if observe.pod_is_ready(pod)
-             and pod["metadata"].get("labels", {}).get(constants.LABEL_ROLE)
-             == constants.ROLE_WORKER]
-    state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
+    release.show_ready_workers(state, pods)
     # The gate's first step made the Service, which a suspension keeps: without it nothing of
     # the job ever started (created with spec.suspend: true).
     started = k8s.read("v1", "Service", job.namespace, names.worker_service(job.name)) is not None

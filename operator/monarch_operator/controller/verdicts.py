@@ -25,7 +25,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from monarch_operator.controller import attempts
+from monarch_operator.controller import attempts, causes
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
 
 # How long after the launcher's end its verdict waits for reports of what happened before it.
@@ -51,20 +51,15 @@ WORKER_LOST = "WorkerLost"  # Infrastructure: a worker was lost at or before the
 LAUNCHER_STOPPED = "LauncherStopped"  # Infrastructure: the launcher was stopped from outside
 EXIT_CODE = "ExitCode"  # judge the launcher's non-zero exit code (the run policy's rules)
 
-# Pod status reasons of a pod the kubelet or the node stopped (kubelet eviction, graceful node
-# shutdown, preemption of a critical pod), as the kubelet writes them.
-_STOPPED_POD_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "Shutdown",
-                                  "NodeShutdown", "NodeLost", "OutOfcpu", "OutOfmemory"})
-
 
 @dataclass(frozen=True)
 class Verdict:
     """What the attempt's observed pods say.
 
     ``kind`` is one of the verdict kinds above; ``lost``: the workers that make it
-    :data:`WORKER_LOST`; ``stopped``: how the launcher was stopped (``deleted``, ``evicted:
-    ...``) for :data:`LAUNCHER_STOPPED`; ``wait_seconds``: for :data:`SETTLING`, when to look
-    again.
+    :data:`WORKER_LOST`; ``stopped``: how the launcher was stopped, in :mod:`.causes`' words
+    (``deleted``, ``evicted by a drain of node n1`` ...) for :data:`LAUNCHER_STOPPED`;
+    ``wait_seconds``: for :data:`SETTLING`, when to look again.
     """
 
     kind: str
@@ -154,38 +149,29 @@ def launcher_end(pod: dict[str, Any], container: str = LAUNCHER_CONTAINER) -> dt
     return None
 
 
-def launcher_stop(pod: dict[str, Any]) -> tuple[str, dt.datetime | None] | None:
+def launcher_stop(pod: dict[str, Any],
+                  cordoned: frozenset[str] = frozenset()) -> tuple[str, dt.datetime | None] | None:
     """How and when the launcher pod was stopped from outside, or None.
 
-    ``deleted`` (a deletion request: ``kubectl delete``, a drain's eviction, the taint
-    manager), ``disrupted: <reason>`` (a ``DisruptionTarget`` condition: preemption, an
-    eviction through the API, a node being drained or shut down) or ``<reason>: <message>``
-    (the kubelet stopped it: ``Evicted`` under node pressure, a graceful node shutdown); the
-    time is the earliest that tells, None for a kubelet reason without one (it counts as before
-    the launcher's end).
+    How: :mod:`.causes`' words for it (``deleted``, ``evicted through the Eviction API``,
+    ``evicted by a drain of node n1`` with ``cordoned``, ``evicted by the kubelet of node n1:
+    ...``, ``preempted by the scheduler ...``); when: the earliest moment that tells (its
+    deletion request, its ``DisruptionTarget`` condition), None for a kubelet reason without
+    one (it counts as before the launcher's end).
     """
-    found: list[tuple[dt.datetime | None, str]] = []
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
-            found.append((parse(condition.get("lastTransitionTime")),
-                          f"disrupted: {condition.get('reason') or 'DisruptionTarget'}"))
-    requested = deletion_requested(pod)
-    if requested is not None:
-        found.append((requested, "deleted"))
-    status = pod.get("status") or {}
-    if status.get("reason") in _STOPPED_POD_REASONS:
-        message = " ".join(str(status.get("message") or "").split())[:200]
-        found.append((None, f"{str(status['reason']).lower()}: {message}".rstrip(": ")))
-    if not found:
+    cause = causes.of_pod(pod, cordoned)
+    if cause is None:
         return None
-    moment, cause = min(found, key=lambda item: item[0] or dt.datetime.min.replace(tzinfo=dt.UTC))
-    return cause, moment
+    moments = [moment for moment in (deletion_requested(pod),
+                                     _condition_time(pod, "DisruptionTarget")) if moment]
+    return cause.words(), (min(moments) if moments else None)
 
 
 def judge(launcher: dict[str, Any], finished: bool, succeeded: bool,
           lost: list[attempts.LostWorker], snapshot: list[dict[str, Any]],
           worker_pods: list[dict[str, Any]], now: dt.datetime,
-          launched: dt.datetime | None = None) -> Verdict:
+          launched: dt.datetime | None = None,
+          cordoned: frozenset[str] = frozenset()) -> Verdict:
     """The verdict on the attempt whose launcher pod is ``launcher``.
 
     Args:
@@ -196,6 +182,7 @@ def judge(launcher: dict[str, Any], finished: bool, succeeded: bool,
         now: the operator's time.
         launched: the attempt's ``launchTime``: a worker container that ended before it was
             not lost by this attempt.
+        cordoned: nodes known to be cordoned: a launcher evicted from one was drained.
 
     Returns:
         :data:`RUNNING` while the launcher runs and nothing was lost (the caller still checks
@@ -218,7 +205,7 @@ def judge(launcher: dict[str, Any], finished: bool, succeeded: bool,
             before.append(worker)
     if before:
         return Verdict(WORKER_LOST, tuple(before))
-    stop = launcher_stop(launcher)
+    stop = launcher_stop(launcher, cordoned)
     if stop is not None and (stop[1] is None or ended is None or stop[1] <= ended):
         return Verdict(LAUNCHER_STOPPED, stopped=stop[0])
     if ended is not None:

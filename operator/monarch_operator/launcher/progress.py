@@ -45,6 +45,7 @@ from typing import Any
 
 from monarch_operator import constants
 from monarch_operator.launcher import stopsignal, termination
+from monarch_operator.launcher.configmapwriter import ConfigMapWriter, end_with_job
 
 MARKER = constants.PROGRESS_LINE_MARKER
 DEFAULT_INTERVAL_SECONDS = 10.0
@@ -53,6 +54,7 @@ RATE_WINDOW_SECONDS = 300.0  # the rate of steps is taken over about the last 5 
 
 _lock = threading.Lock()
 _forwarder: Forwarder | None = None
+_writer: ConfigMapWriter | None = None  # the forwarder's, kept for end_if_job_gone
 _closed = False  # close() ran: no new Forwarder at the launcher's end
 _in_launcher = False  # this process starts the workers (mark_launcher): never print reports
 
@@ -206,6 +208,8 @@ class Forwarder:
                 else:
                     self._state["stepsPerSecond"] = rate
             self._state["time"] = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
+            if "checkpoint" in fields:  # when the program said it saved its state there
+                self._state["checkpointTime"] = self._state["time"]
             self._last_report = moment
             self._pending = True
             self._condition.notify()
@@ -251,7 +255,7 @@ class Forwarder:
                     if left > 0:
                         self._condition.wait(left)  # a close cuts the wait short
                         continue
-                text = json.dumps(self._state, separators=(",", ":"), sort_keys=True)
+                text = json.dumps(self._state, separators=(",", ":"))  # report order kept
                 self._pending = False
             self._write(text)
             with self._condition:
@@ -268,40 +272,6 @@ class Forwarder:
             self._closed = True
             self._condition.notify_all()
         self._thread.join(timeout)
-
-
-class ConfigMapWriter:
-    """Writes a report to the job's progress ConfigMap with the launcher pod's own
-    ServiceAccount token (in-cluster configuration of the Kubernetes client); a failure is
-    said once per kind on stderr, never raised."""
-
-    def __init__(self, namespace: str, name: str) -> None:
-        self._namespace, self._name = namespace, name
-        self._api: Any = None
-        self._said: set[str] = set()
-
-    def __call__(self, text: str) -> None:
-        try:
-            if self._api is None:
-                import kubernetes  # the launcher image has it (monarch-operator[launcher])
-
-                kubernetes.config.load_incluster_config()
-                self._api = kubernetes.client.CoreV1Api()
-            self._api.patch_namespaced_config_map(
-                self._name, self._namespace, {"data": {constants.PROGRESS_REPORT_KEY: text}},
-                _request_timeout=10)
-        except Exception as error:  # noqa: BLE001 - progress never fails the run
-            status = getattr(error, "status", None)
-            why = (f"HTTP {status}: {getattr(error, 'reason', '')}" if status
-                   else f"{type(error).__name__}: {error}")
-            if status == 403:
-                why += (" (the launcher's ServiceAccount may not write it: does "
-                        "spec.launcher.template set serviceAccountName or "
-                        "automountServiceAccountToken: false?)")
-            if why not in self._said:
-                self._said.add(why)
-                print(f"monarch-launch: progress not written to ConfigMap {self._namespace}/"
-                      f"{self._name}: {why}", file=sys.stderr, flush=True)
 
 
 STALL_REASON = "ProgressStalled"  # the operator judges a launcher that ends with it
@@ -358,7 +328,7 @@ def install(environ: Mapping[str, str] | None = None) -> Forwarder | None:
     """In a MonarchJob's launcher (``MONARCH_PROGRESS_CONFIGMAP`` and the job's namespace in
     the environment), start this process's :class:`Forwarder` (once; later calls return it)
     and write its last report at exit. None elsewhere: reports are then printed as lines."""
-    global _forwarder
+    global _forwarder, _writer
     environ = os.environ if environ is None else environ
     name = environ.get(constants.ENV_PROGRESS_CONFIGMAP)
     namespace = environ.get(constants.ENV_NAMESPACE)
@@ -372,8 +342,9 @@ def install(environ: Mapping[str, str] | None = None) -> Forwarder | None:
                 interval = DEFAULT_INTERVAL_SECONDS
             attempt = environ.get(constants.ENV_ATTEMPT, "")
             deadline = environ.get(constants.ENV_PROGRESS_DEADLINE, "")
+            _writer = ConfigMapWriter(namespace, name, end_with_job(namespace, name))
             _forwarder = Forwarder(
-                ConfigMapWriter(namespace, name), interval,
+                _writer, interval,
                 int(attempt) if attempt.isdigit() else None,
                 deadline=float(deadline) if deadline.isdigit() else None,
                 on_stall=_stop_stalled(float(deadline)) if deadline.isdigit() else None)
@@ -389,3 +360,10 @@ def close() -> None:
         forwarder, _forwarder, _closed = _forwarder, None, True
     if forwarder is not None:
         forwarder.close()
+
+
+def end_if_job_gone() -> None:
+    """End the launcher at once if its MonarchJob is being deleted
+    (:meth:`.ConfigMapWriter.end_if_job_gone`); nothing without a job to report to."""
+    if _writer is not None:
+        _writer.end_if_job_gone()

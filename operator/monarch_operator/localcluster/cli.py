@@ -44,6 +44,8 @@ def default_state_dir() -> Path:
 
 
 DEFAULT_STATE_DIR = default_state_dir()
+# Fake GPUs per node when `up` is not told (docs/local-cluster.md says so; a unit test checks).
+DEFAULT_GPUS_PER_NODE = 8
 
 
 def pod_log_path(state_dir: Path, namespace: str, pod: str, container: str | None = None,
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--real-nodes", type=int, default=0, metavar="N",
                     help="real nodes instead (kubelet, containerd, kube-proxy, CoreDNS; images "
                          "built from images/): node-0 ... node-<N-1>")
-    up.add_argument("--gpus-per-node", type=int, default=8)
+    up.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS_PER_NODE,
+                    help="fake nvidia.com/gpu devices per node (default %(default)s)")
     up.add_argument("--images", default="worker", metavar="NAMES",
                     help="with real nodes: images imported into every node, comma separated "
                          "(worker, operator, examples; default %(default)s)")
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                            "Ready=True without taints (up)")
     args = parser.parse_args(argv)
     cluster = LocalCluster(args.dir, nodes=getattr(args, "nodes", 3),
-                           gpus_per_node=getattr(args, "gpus_per_node", 8),
+                           gpus_per_node=getattr(args, "gpus_per_node", DEFAULT_GPUS_PER_NODE),
                            real_nodes=getattr(args, "real_nodes", 0),
                            images=tuple(filter(None, getattr(args, "images", "").split(","))))
     if args.command == "up":

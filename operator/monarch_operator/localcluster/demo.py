@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -153,6 +154,39 @@ def launcher_log(kubectl: Kubectl, state_dir: Path, namespace: str, job_name: st
     return ""
 
 
+# The line each Monarch process prints as it starts (the launcher and every worker's): said
+# once, not once per process, interleaved with the output of the others.
+_MONARCH_LOG_NOTE = re.compile(r"Monarch internal logs are being written to \S+")
+# What is left of a line once that note is taken out of it: a rank prefix or nothing.
+_PREFIX_ONLY = re.compile(r"\s*(?:\[[^\]]*\]\s*)*")
+
+
+def tidy_output(text: str) -> str:
+    """The launcher's output as the demo shows it: Monarch's "internal logs are being written
+    to ..." note once (the first), wherever the processes' writes put the others, and every
+    other line as it was."""
+    lines, said = [], False
+    for line in text.splitlines(keepends=True):
+        found = _MONARCH_LOG_NOTE.search(line)
+        if found is None:
+            lines.append(line)
+            continue
+        if not said:
+            lines.append(found.group(0) + "\n")
+            said = True
+        rest = _MONARCH_LOG_NOTE.sub("", line).rstrip()
+        if not _PREFIX_ONLY.fullmatch(rest):
+            lines.append(rest + "\n")
+    return "".join(lines)
+
+
+def jobs_table(kubectl: Kubectl, namespace: str) -> str:
+    """``kubectl get monarchjobs`` as the demo shows it: the command, then the table with its
+    column header (``--no-headers=false``: a kuberc default cannot drop it)."""
+    table = kubectl("get", "monarchjobs", "-n", namespace, "--no-headers=false").rstrip()
+    return f"\n$ kubectl get monarchjobs -n {namespace}\n{table}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns 0 when the sample job Succeeded."""
     parser = argparse.ArgumentParser(prog="scripts/demo.sh", description=__doc__.splitlines()[0])
@@ -213,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
                 (kubectl.json("monarchjob", "demo", "-n", args.namespace).get("status") or {})
                 .get("readyWorkers", "")).startswith("0/")):
             time.sleep(1)
-        print("\n$ kubectl get monarchjobs -n", args.namespace)
-        print(kubectl("get", "monarchjobs", "-n", args.namespace))
+        print(jobs_table(kubectl, args.namespace), flush=True)
         print("--- launcher output (trainer / ref meshes) ---")
-        print(launcher_log(kubectl, cluster.state_dir, args.namespace, "demo"))
+        print(tidy_output(launcher_log(kubectl, cluster.state_dir, args.namespace, "demo")),
+              flush=True)
         phase = job["status"]["phase"]
         print(f"[demo] job {phase} in {time.monotonic() - started:.0f}s total", flush=True)
         return 0 if phase == "Succeeded" else 1

@@ -129,6 +129,14 @@ def status(kube: Kube, body: dict[str, Any], args: argparse.Namespace) -> int:
 
 def logs(kube: Kube, body: dict[str, Any], args: argparse.Namespace) -> int:
     pod = views.launcher_pod_name(body, args.attempt)
+    try:
+        kube.json("pod", pod)
+    except KubectlError as error:  # say why there is none, not kubectl's NotFound
+        if "NotFound" not in str(error) and "not found" not in str(error):
+            raise
+        print(f"kubectl monarch logs: {views.no_launcher_message(body, args.attempt, pod)}",
+              file=sys.stderr)
+        return 1
     if args.role is None and args.rank is None:
         return kube.run("logs", pod, *(["-f"] if args.follow else []))
     command = [kube.binary, *kube.namespace_args, "logs", pod, *(["-f"] if args.follow else [])]

@@ -186,6 +186,26 @@ def launcher_pod_name(body: dict[str, Any], attempt: int | None) -> str:
     return names.launcher_pod(body["metadata"]["name"], number)
 
 
+def no_launcher_message(body: dict[str, Any], attempt: int | None, pod: str) -> str:
+    """Why ``kubectl monarch logs`` has nothing to show when launcher pod ``pod`` does not
+    exist: the job has not started one yet (its phase and message say why), or the attempt's
+    launcher pod is gone (the status keeps its last lines); instead of kubectl's NotFound."""
+    status = body.get("status") or {}
+    name = body["metadata"]["name"]
+    number = attempt or int(status.get("attempt") or 1)
+    record = next((entry for entry in status.get("attempts") or []
+                   if entry.get("number") == number), {})
+    phase = str(status.get("phase") or "Pending")
+    because = f" ({status['message']})" if status.get("message") else ""
+    if record.get("launchTime"):
+        return (f"launcher pod {pod} of job {name} (attempt {number}) no longer exists: phase "
+                f"{phase}{because}; its last lines are in the attempt's record "
+                f"(kubectl get monarchjob {name} -o jsonpath='{{.status.attempts}}'), see "
+                f"kubectl monarch status {name}")
+    return (f"job {name} has no launcher pod yet: phase {phase}{because}, see kubectl monarch "
+            f"status {name}")
+
+
 def filter_lines(lines: Iterable[str], role: str | None, rank: int | None) -> Iterable[str]:
     """The lines of the launcher's output that belong to ``role`` and/or ``rank`` (both None:
     every line). A rank's line is ``[role/host/rank] ...`` (SPMD) or names ``<role> rank N``."""

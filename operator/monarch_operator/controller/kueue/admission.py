@@ -25,7 +25,7 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import Histogram
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attempts, deadlines, k8s, release
+from monarch_operator.controller import attempts, causes, deadlines, k8s, policy, release
 from monarch_operator.controller import status as st
 from monarch_operator.controller.kueue import client, topology
 from monarch_operator.controller.kueue import workload as wl
@@ -35,7 +35,7 @@ from monarch_operator.controller.spec import JobSpec
 
 # Attempt class of an attempt stopped by Kueue (status.attempts[].class): not a failure of
 # the job, no budget spent, but a restart (RESTARTS) all the same.
-EVICTED = "Evicted"
+EVICTED = policy.EVICTED
 # Reasons of the Queued condition (and Events).
 REASON_QUEUED = "Queued"
 REASON_ADMITTED = "Admitted"
@@ -206,7 +206,7 @@ def _stop(state: Pass, verdict: wl.Admission) -> int:
     # not admitted: no ClusterQueue in the record) is current.
     admitted = bool((state.status.get("queue") or {}).get("clusterQueue"))
     if stopped and admitted and not record.get("endTime"):
-        why = f"evicted by Kueue: {verdict.reason}: {verdict.message}".rstrip(": ")
+        why = causes.of_kueue(verdict.reason, verdict.message).words()
         state.status.pop("attemptWorkers", None)
         state.status = attempts.update_current(
             state.status, endTime=state.now_text, reason=f"Evicted{verdict.reason}",
@@ -215,7 +215,7 @@ def _stop(state: Pass, verdict: wl.Admission) -> int:
         state.events.append(Event("Warning", REASON_EVICTED, why))
     pods = release.let_go_of_stuck(state, k8s.list_pods(job.namespace,
                                                         {constants.LABEL_JOB: job.name}))
-    state.status["readyWorkers"] = f"0/{job.replicas}"
+    release.show_ready_workers(state, pods)  # those still there hold their GPUs
     return len(pods)
 
 
@@ -247,12 +247,14 @@ def _queued(state: Pass, queue: str, verdict: wl.Admission, pods_left: int) -> N
     record.setdefault("queuedSince", state.now_text)
     if record.get("clusterQueue"):
         record["clusterQueue"] = None  # merge patch: None removes it
-    if verdict.state == wl.STATE_EVICTED:
-        message = (f"evicted by Kueue ({verdict.reason}): {verdict.message}; "
-                   f"{pods_left} pod(s) still terminating, then requeued in LocalQueue {queue}")
+    if verdict.state == wl.STATE_EVICTED:  # what happened first, Kueue's words last
+        cause = causes.of_kueue(verdict.reason, verdict.message)
+        message = (f"{cause.headline}; {pods_left} pod(s) still terminating, then requeued in "
+                   f"LocalQueue {queue}" + (f" ({cause.detail})" if cause.detail else ""))
         reason = REASON_EVICTED
     else:
-        detail = f"{verdict.reason}: {verdict.message}" if verdict.message else verdict.reason
+        kueue_words = causes.without_uids(verdict.message)
+        detail = f"{verdict.reason}: {kueue_words}" if kueue_words else verdict.reason
         message = (f"{_requeued_after(state)}waiting in LocalQueue {queue} for admission: "
                    f"{detail}{_hint(verdict.message)}")
         reason = REASON_QUEUED
@@ -282,16 +284,15 @@ def _hint(message: str) -> str:
 
 def _requeued_after(state: Pass) -> str:
     """What ended the job's last attempt, when Kueue evicted it and the job has not been
-    admitted since ("requeued after EvictedPreempted: ...; "), else "": once requeued, Kueue's
-    own message says only what the job waits for, and the user still needs to know why it
-    stopped running."""
+    admitted since (``requeued after attempt 1 was preempted by Kueue; ``), else "": once
+    requeued, Kueue's own message says only what the job waits for, and the user still needs
+    to know why it stopped running (the attempt's record and Event keep Kueue's words)."""
     ended = [record for record in state.status.get("attempts") or [] if record.get("class")]
     if not ended or ended[-1].get("class") != EVICTED:
         return ""
     last = ended[-1]
-    cause = f"{last.get('reason')}: {last['message']}" if last.get("message") else \
-        str(last.get("reason"))
-    return f"requeued after attempt {last.get('number')} was evicted ({cause}); "
+    cause = causes.of_kueue(causes.kueue_reason(str(last.get("reason") or "")))
+    return f"requeued after attempt {last.get('number')} was {cause.words()}; "
 
 
 def report(state: Pass, queue: Queue) -> None:

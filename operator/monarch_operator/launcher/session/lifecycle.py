@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from monarch_operator.launcher import exitcodes, stopsignal, stoprequest
+from monarch_operator.launcher import exitcodes, progress, stopsignal, stoprequest
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.diagnose import SSH_SESSION_FAILED
 from monarch_operator.launcher.session.dnswait import DEFAULT_STABLE_S, wait_for_addresses
@@ -378,6 +378,11 @@ def started_job(
         yield host_meshes
     finally:
         watch.stop()
+        if stopsignal.received() is not None:
+            # Stopped from outside because the MonarchJob is being deleted? Its workers go
+            # with it: shutting their meshes down would only wait out SHUTDOWN_TIMEOUT_S each,
+            # past the pod's grace period (issue 32). Then the launcher ends here.
+            progress.end_if_job_gone()
         # Workers lost mid-run or dead before they attached: their meshes cannot shut down.
         lost = set(job.exited_ssh())
         reachable = {
