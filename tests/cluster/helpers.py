@@ -196,6 +196,7 @@ CHECKPOINTING_PROGRAM = textwrap.dedent("""
     import sys, time
     from monarch_operator.job import checkpoint_saved, on_stop, resume_checkpoint, stop_requested
     on_stop()
+    print("ready for a stop", flush=True)  # before this line a SIGTERM stops it at once
     if resume_checkpoint():
         print("resumed from", resume_checkpoint(), flush=True)
         sys.exit(0)
@@ -207,6 +208,16 @@ CHECKPOINTING_PROGRAM = textwrap.dedent("""
     checkpoint_saved(f"/ckpt/ckpt-demo/step-{step}")
     print("saved", flush=True)
 """)
+
+
+def wait_ready_for_a_stop(kubectl: Callable[..., str], namespace: str, pod: str,
+                          timeout: float = 60) -> None:
+    """Wait until :data:`CHECKPOINTING_PROGRAM` in ``pod`` has opted in (``on_stop()``): a
+    pod is Running while its Python still imports, and a SIGTERM then stops it at once,
+    with no checkpoint (the cause of this test's failures under load, 2026-12-04)."""
+    wait_until(lambda: "ready for a stop" in kubectl("logs", pod, "-n", namespace,
+                                                      check=False),
+               timeout, f"{pod} ready for a stop")
 
 
 def table_row(table: str) -> dict[str, str]:

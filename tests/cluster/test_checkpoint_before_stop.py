@@ -16,6 +16,7 @@ from tests.cluster.helpers import (
     job_status,
     running_attempt,
     wait_phase,
+    wait_ready_for_a_stop,
     wait_until,
 )
 
@@ -28,6 +29,7 @@ def test_suspend_lets_the_program_checkpoint_and_the_next_attempt_resumes(kubect
         "ckpt", runPolicy={"checkpointGracePeriodSeconds": 30},
         launcher={"command": ["python3", "-c", CHECKPOINTING_PROGRAM]}))
     running_attempt(kubectl, namespace, "ckpt", 1)
+    wait_ready_for_a_stop(kubectl, namespace, "ckpt-launcher")
     kubectl("patch", "monarchjob", "ckpt", "-n", namespace, "--type=merge",
             "-p", '{"spec": {"suspend": true}}')
 

@@ -28,6 +28,7 @@ from tests.cluster.helpers import (
     job_status,
     running_attempt,
     wait_phase,
+    wait_ready_for_a_stop,
     wait_until,
 )
 from tests.cluster.helpers import apply_manifest as apply
@@ -173,6 +174,7 @@ def test_higher_priority_preempts_without_spending_the_budget(kubectl, namespace
                                   'if [ "$MONARCH_ATTEMPT" = 1 ]; then exec sleep 300; fi; '
                                   "exec sleep 3"]}))
         running_attempt(kubectl, namespace, "low", 1)
+        wait_ready_for_a_stop(kubectl, namespace, "low-launcher")
         apply(kubectl, namespace, queued_job(
             "high", labels={"kueue.x-k8s.io/priority-class": f"high-{namespace}"}))
         evicted = wait_until(lambda: (s := job_status(kubectl, namespace, "low")).get(
@@ -280,6 +282,7 @@ def test_a_preempted_job_checkpoints_first_and_resumes_from_it(kubectl, namespac
             launcher={"command": ["python3", "-c",
                                   CHECKPOINTING_PROGRAM.replace("ckpt-demo", "low")]}))
         running_attempt(kubectl, namespace, "low", 1)
+        wait_ready_for_a_stop(kubectl, namespace, "low-launcher")
         apply(kubectl, namespace, queued_job(
             "high", labels={"kueue.x-k8s.io/priority-class": f"high-{namespace}"}))
         asked = wait_until(lambda: (pod := get_json(kubectl, "pod", "low-launcher", "-n",
