@@ -61,15 +61,6 @@ ALONE_UNITS: dict[str, str] = {
     "tests/launcher/test_straggler_scan.py":
         "it plants processes of ended standalone runs and of live ones; another worker's "
         "pre-flight stops the first kind, and its scans would stop other workers' leftovers",
-    # Load, not visibility: a preempted or suspended job's launcher has its 30 s grace to save
-    # a checkpoint; beside the real-node unit it missed the 60 s wait for it (2026-12-04, 2
-    # workers, and in the 4-worker runs). To do: find what the launcher waits on there.
-    "tests/cluster/test_kueue.py":
-        "its preemption test gives the launcher 30 s to save a checkpoint; under the real "
-        "nodes' load the checkpoint was not recorded within 60 s",
-    "tests/cluster/test_checkpoint_before_stop.py":
-        "a suspended job's launcher saves its checkpoint within its grace; under the real "
-        "nodes' load it missed it in the 4-worker runs",
 }
 
 

@@ -174,7 +174,6 @@ def test_higher_priority_preempts_without_spending_the_budget(kubectl, namespace
                                   'if [ "$MONARCH_ATTEMPT" = 1 ]; then exec sleep 300; fi; '
                                   "exec sleep 3"]}))
         running_attempt(kubectl, namespace, "low", 1)
-        wait_ready_for_a_stop(kubectl, namespace, "low-launcher")
         apply(kubectl, namespace, queued_job(
             "high", labels={"kueue.x-k8s.io/priority-class": f"high-{namespace}"}))
         evicted = wait_until(lambda: (s := job_status(kubectl, namespace, "low")).get(
