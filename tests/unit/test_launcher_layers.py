@@ -30,7 +30,8 @@ API = "monarch_operator.job"
 #   command lines: monarch-launch (cli.py, __main__), monarch-torchrun (spmd_cli.py), the
 #                  attach-mode worker (attachworker.py).
 LAYERS: dict[str, list[str]] = {
-    "base": ["exitcodes", "stopsignal", "stoprequest", "termination", "report", "progress"],
+    "base": ["exitcodes", "stopsignal", "stoprequest", "termination", "report", "progress",
+             "userentry"],
     "hosts": ["hosts", "hosts.*"],
     "session": ["session", "session.*"],
     "options": ["options", "sshflags", "flagtypes"],
