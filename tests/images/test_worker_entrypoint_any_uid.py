@@ -26,7 +26,8 @@ import pytest
 from monarch_operator import constants, names
 from monarch_operator.launcher import userentry
 from monarch_operator.testing.loopback_sshd import free_port
-from tests.images.test_worker_entrypoint_sshd import (  # noqa: F401 (world_dir: a fixture)
+from tests.images import test_worker_entrypoint_sshd
+from tests.images.test_worker_entrypoint_sshd import (
     ADDRESS,
     ENTRYPOINT,
     SETTINGS,
@@ -36,10 +37,10 @@ from tests.images.test_worker_entrypoint_sshd import (  # noqa: F401 (world_dir:
     runtime_dir,
     secret_files,
     wait_listening,
-    world_dir,
 )
 
 UNKNOWN_UID = 1000680000
+world_dir = test_worker_entrypoint_sshd.world_dir  # the fixture: a folder any uid can traverse
 OPERATOR_DIR = Path(__file__).resolve().parents[2] / "operator"
 # What a rank (or the launcher's own program) asks (C36), printed as JSON.
 WHO_AM_I = textwrap.dedent("""

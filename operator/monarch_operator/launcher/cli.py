@@ -33,6 +33,7 @@ from monarch_operator.launcher.options import (  # noqa: F401 - re-exported: cli
 from monarch_operator.launcher.programs.roles import ROLE_MODULES, LaunchConfig, launch
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.lifecycle import install_termination_handlers
+from monarch_operator.launcher.userentry import reexec_with_entry
 
 _EXAMPLES = """\
 examples:
@@ -144,7 +145,13 @@ def install_sigterm_handler() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``monarch-launch``; returns the exit status (see ``--help``)."""
+    """Entry point of ``monarch-launch``; returns the exit status (see ``--help``).
+
+    Run as a command (``argv`` None) by a uid without a passwd entry, it first runs itself
+    again with one (:func:`launcher.userentry.reexec_with_entry`, field case C38).
+    """
+    if argv is None:
+        reexec_with_entry()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["spmd"]:
         from monarch_operator.launcher.spmd_cli import main as spmd_main
