@@ -156,3 +156,19 @@ def test_without_nss_wrapper_it_says_why_and_goes_on(unknown, capsys):
     err = capsys.readouterr().err
     assert "has no passwd entry, and none could be given: no libnss_wrapper.so" in err
     assert "ssh and getpass.getuser() will fail" in err
+
+
+def test_the_module_runs_a_command_with_the_entry(unknown, monkeypatch):
+    calls = []
+    monkeypatch.setattr(userentry.os, "execvpe",
+                        lambda file, args, env: calls.append((file, args, env)))
+    monkeypatch.setattr(userentry.os, "environ", dict(unknown))
+    assert userentry.main(["python", "my_launcher.py", "--x"]) == 127  # the fake exec returned
+    ((file, args, env),) = calls
+    assert (file, args) == ("python", ["python", "my_launcher.py", "--x"])
+    assert env["HOME"] == "/h" and env["NSS_WRAPPER_PASSWD"] == "/p"
+
+
+def test_the_module_without_a_command_is_a_usage_error(capsys):
+    assert userentry.main([]) == 2
+    assert "usage: python -m monarch_operator.launcher.userentry COMMAND" in capsys.readouterr().err

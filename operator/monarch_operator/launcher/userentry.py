@@ -136,29 +136,60 @@ def prepare(environ: MutableMapping[str, str], uid: int, gid: int, library: str,
             "USER": environ.get("USER") or name, "LOGNAME": environ.get("LOGNAME") or name}
 
 
-def reexec_with_entry(argv: Sequence[str] | None = None,
-                      environ: MutableMapping[str, str] | None = None) -> None:
-    """Run this Python program again under nss_wrapper when its uid has no passwd entry.
+def entry_environment(environ: MutableMapping[str, str]) -> dict[str, str] | None:
+    """The variables a new process needs to know this uid, or ``None`` when it needs none
+    (the uid is known, or nss_wrapper is already active: a second pass never loops).
 
-    Returns when there is nothing to do (the uid is known, or nss_wrapper is already active:
-    a second pass never loops). Without nss_wrapper or a writable runtime directory it says
-    why on stderr and returns: what needs no user name still works.
+    Without nss_wrapper or a writable runtime directory it says why on stderr and returns
+    ``None``: what needs no user name still works.
     """
-    environ = os.environ if environ is None else environ
     uid = os.getuid()
     if has_entry(uid) or environ.get(ENV_PASSWD):
-        return
+        return None
     library = find_library(environ)
     try:
         if library is None:
             raise UserEntryError("no libnss_wrapper.so (install libnss-wrapper)")
-        updates = prepare(environ, uid, os.getgid(), library)
+        return prepare(environ, uid, os.getgid(), library)
     except (UserEntryError, OSError) as error:
         print(f"{NOTE} uid {uid} has no passwd entry, and none could be given: {error}; "
               "ssh and getpass.getuser() will fail", file=sys.stderr, flush=True)
+        return None
+
+
+def reexec_with_entry(argv: Sequence[str] | None = None,
+                      environ: MutableMapping[str, str] | None = None) -> None:
+    """Run this Python program (``argv``, default ``sys.orig_argv``) again under nss_wrapper
+    when its uid has no passwd entry; return when there is nothing to do
+    (:func:`entry_environment`)."""
+    environ = os.environ if environ is None else environ
+    updates = entry_environment(environ)
+    if updates is None:
         return
     environ.update(updates)
     args = list(sys.orig_argv if argv is None else argv)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *args[1:]], dict(environ))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m monarch_operator.launcher.userentry COMMAND [ARGS...]``: run COMMAND with a
+    passwd entry for this uid (for a ``launcher.command`` of your own); 2 without COMMAND, 127
+    when it cannot be run."""
+    command = list(sys.argv[1:] if argv is None else argv)
+    if not command:
+        print("usage: python -m monarch_operator.launcher.userentry COMMAND [ARGS...]",
+              file=sys.stderr)
+        return 2
+    environ = dict(os.environ)
+    environ.update(entry_environment(environ) or {})
+    try:
+        os.execvpe(command[0], command, environ)
+    except OSError as error:
+        print(f"{NOTE} cannot run {command[0]}: {error}", file=sys.stderr)
+    return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())
