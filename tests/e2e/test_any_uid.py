@@ -3,7 +3,8 @@
 the worker image's ``/etc/passwd`` does not know (runc gives it ``HOME=/``). The sample job
 (trainer and ref meshes over ssh) Succeeds, and so does a torchrun-style job whose ranks ask
 who they are: ``getpass.getuser()``, ``pwd.getpwuid(os.getuid())`` and a file written under
-``os.path.expanduser('~')``. Both run at once (6 + 2 GPUs of the nodes' 8).
+``os.path.expanduser('~')``. Both run at once: 3 + 1 workers of 2 GPUs each fill the two
+nodes' 4 + 4 whatever the scheduler's placement.
 
 Before this worked, admission took such a job, the workers crash-looped on
 ``mkdir: cannot create directory '//.sshd'`` and the job failed only at its 300 s startup
@@ -50,12 +51,12 @@ def as_arbitrary_uid(body: dict) -> dict:
 
 
 def whoami_job() -> dict:
-    """2 workers, 1 rank each, running WHOAMI (a ConfigMap mounted in the worker template)."""
+    """1 worker, 2 ranks, running WHOAMI (a ConfigMap mounted in the worker template)."""
     body = as_arbitrary_uid({
         "apiVersion": "monarch-operator.dev/v1alpha1", "kind": "MonarchJob",
         "metadata": {"name": "whoami"},
-        "spec": {"image": WORKER_IMAGE, "workers": {"replicas": 2, "gpusPerWorker": 1},
-                 "spmd": {"script": "/etc/whoami/whoami.py", "nprocPerNode": 1},
+        "spec": {"image": WORKER_IMAGE, "workers": {"replicas": 1, "gpusPerWorker": 2},
+                 "spmd": {"script": "/etc/whoami/whoami.py", "nprocPerNode": 2},
                  "startupTimeoutSeconds": 300}})
     body["spec"]["workers"]["template"]["spec"].update(
         containers=[{"name": "worker",
@@ -90,14 +91,15 @@ def test_jobs_succeed_as_a_uid_the_image_does_not_know(kubectl, namespace, local
 
     # The pods really ran as that uid, which the image does not know (kubectl exec gets no
     # nss_wrapper): sshd, the main process, is that uid's, and nothing was written under "/".
-    for pod in ("demo-worker-0", "whoami-worker-1"):
+    for pod in ("demo-worker-0", "whoami-worker-0"):
         inside = kubectl(
             "exec", "-n", namespace, pod, "-c", "worker", "--", "sh", "-c",
-            'echo "uid=$(id -u) gid=$(id -g) name=$(id -un 2>/dev/null || echo none)"; '
+            'entry=$(getent passwd "$(id -u)" || echo none); '
+            'echo "uid=$(id -u) gid=$(id -g) entry=$entry"; '
             f'grep ^Uid: "/proc/$(cat {constants.SSHD_STATE_DIR}/sshd.pid)/status"; '
             'ls -a / | grep -c "^.sshd$" || true')
         lines = inside.splitlines()
-        assert lines[0] == f"uid={ARBITRARY_UID} gid=0 name=none", inside
+        assert lines[0] == f"uid={ARBITRARY_UID} gid=0 entry=none", inside
         assert lines[1].split()[1:3] == [str(ARBITRARY_UID)] * 2, inside
         assert lines[2] == "0", inside
     launcher = kubectl.json("pods", "-n", namespace, "-l",
