@@ -43,7 +43,7 @@ private_dir() {
     fail "$1 is not a directory uid $UID_NOW can write (MONARCH_RUNTIME_DIR, SSHD_STATE_DIR)"
   fi
   if [ "$2" = 1 ]; then
-    [ -O "$1" ] || fail "$1 belongs to another uid than $UID_NOW"
+    [ "$(stat -c %u "$1")" = "$UID_NOW" ] || fail "$1 belongs to another uid than $UID_NOW"
     chmod 700 "$1"
   fi
 }

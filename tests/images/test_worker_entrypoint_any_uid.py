@@ -203,3 +203,21 @@ def test_without_nss_wrapper_the_worker_stops_and_says_why(unknown_uid, world_di
     assert "sshd cannot log in a user without a name" in text, text
     assert sorted(path.name for path in (world_dir / "runtime").iterdir()) == []
     assert not Path("/.sshd").exists()
+
+
+def test_a_tmp_folder_another_uid_made_first_is_refused(unknown_uid, world_dir):
+    """Run by hand (no MONARCH_RUNTIME_DIR) the entrypoint uses $TMPDIR/monarch-<uid>, and
+    refuses one that another uid made there first (it could read or replace sshd's files)."""
+    tmp = world_dir / "tmp"
+    tmp.mkdir(mode=0o777)
+    tmp.chmod(0o1777)
+    planted = tmp / f"monarch-{unknown_uid}"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)
+    result = subprocess.run(
+        [*as_unknown_uid(0), "sh", str(world_dir / ENTRYPOINT.name)],
+        env={"PATH": os.environ["PATH"], "HOME": "/", "TMPDIR": str(tmp), "SSHD": "/bin/false"},
+        capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 1
+    assert f"{planted} belongs to another uid than {unknown_uid}" in result.stderr, result.stderr
+    assert list(planted.iterdir()) == []
