@@ -111,7 +111,11 @@ def start_worker(world_dir: Path, gid: int, listening: bool = True, **extra_env:
                                    env=env, stdin=subprocess.DEVNULL, stdout=log_file,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     if listening:
-        wait_listening(port, process, log)
+        try:
+            wait_listening(port, process, log)
+        except BaseException:
+            stop(process)  # never leave an sshd behind
+            raise
     return process, port, log
 
 
