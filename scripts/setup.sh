@@ -26,6 +26,10 @@ need_apt=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 command -v ssh >/dev/null 2>&1 || need_apt+=(openssh-client)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
+# nss_wrapper: the worker entrypoint and the launcher give a uid without a passwd entry a name
+# with it (field case C38), on the simulated nodes (this machine plays the image) and in
+# tests/images/test_worker_entrypoint_any_uid.py.
+dpkg -s libnss-wrapper >/dev/null 2>&1 || need_apt+=(libnss-wrapper)
 # Real nodes (localcluster/node) and the images they run (localcluster/images.py).
 [ -x /usr/sbin/runc ] || need_apt+=(runc)
 [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)

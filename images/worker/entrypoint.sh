@@ -7,20 +7,99 @@
 # and the launcher pins that key in its known_hosts); otherwise one is generated here.
 # sshd logs to the container's stderr without the two lines each readiness probe causes
 # (SSHD_LOG_PROBES=1 keeps them).
+# Any uid works (field cases C36, C38: OpenShift's restricted-v2 runs the container as an
+# arbitrary uid such as 1000680000, with no passwd entry and HOME=/): nothing here comes from
+# HOME. sshd's files live in $MONARCH_RUNTIME_DIR/sshd (the operator mounts an emptyDir at
+# /run/monarch); a uid the image does not know is given an entry named "monarch"
+# ($MONARCH_USER_NAME) with a writable home through nss_wrapper, for sshd, which logs in only
+# its own user and needs its name, and for the sessions (ranks calling getpass.getuser(),
+# pwd.getpwuid() or writing under ~). launcher/userentry.py does the same for the launcher.
 set -eu
 
 SSH_PORT="${SSH_PORT:-2222}"
 SSH_LISTEN_ADDRESS="${SSH_LISTEN_ADDRESS:-0.0.0.0}"
 SSH_AUTHORIZED_KEYS="${SSH_AUTHORIZED_KEYS:-/etc/monarch/ssh/authorized_keys}"
-SSHD_STATE_DIR="${SSHD_STATE_DIR:-${HOME:-/tmp}/.sshd}"
 SSHD="${SSHD:-/usr/sbin/sshd}"
 SSH_HOST_KEY="${SSH_HOST_KEY:-}"
+UID_NOW="$(id -u)"
+if [ -n "${MONARCH_RUNTIME_DIR:-}" ]; then
+  RUNTIME_DIR="$MONARCH_RUNTIME_DIR" RUNTIME_DIR_OURS=0
+else  # the image run by hand: a folder of this uid's own under /tmp
+  RUNTIME_DIR="${TMPDIR:-/tmp}/monarch-$UID_NOW" RUNTIME_DIR_OURS=1
+fi
+SSHD_STATE_DIR="${SSHD_STATE_DIR:-$RUNTIME_DIR/sshd}"
+
+fail() {
+  echo "monarch-worker: $*" >&2
+  exit 1
+}
+
+# private_dir DIR OURS: DIR, made if missing, must be a directory this uid can write (never a
+# symlink); with OURS=1 it must also be this uid's own (not made first by another uid under a
+# shared /tmp), mode 0700. The operator's emptyDir is root's, mode 0777: OURS=0.
+private_dir() {
+  mkdir -p "$1"
+  if [ -L "$1" ] || [ ! -d "$1" ] || [ ! -w "$1" ] || [ ! -x "$1" ]; then
+    fail "$1 is not a directory uid $UID_NOW can write (MONARCH_RUNTIME_DIR, SSHD_STATE_DIR)"
+  fi
+  if [ "$2" = 1 ]; then
+    [ "$(stat -c %u "$1")" = "$UID_NOW" ] || fail "$1 belongs to another uid than $UID_NOW"
+    chmod 700 "$1"
+  fi
+}
+
+# Field case C38: sshd, ssh-keygen and the sessions' programs need this uid to have a name.
+give_this_uid_a_name() {
+  name="${MONARCH_USER_NAME:-monarch}"
+  gid="$(id -g)"
+  lib="${NSS_WRAPPER_LIB:-}"
+  if [ -z "$lib" ]; then
+    for candidate in /usr/lib/*/libnss_wrapper.so /usr/lib64/libnss_wrapper.so \
+        /usr/lib/libnss_wrapper.so; do
+      if [ -f "$candidate" ]; then lib="$candidate"; break; fi
+    done
+  fi
+  if [ -z "$lib" ] || [ ! -f "$lib" ]; then
+    fail "uid $UID_NOW has no passwd entry and there is no libnss_wrapper.so to give it one" \
+      "(install libnss-wrapper in the image, or run as a uid the image knows): sshd cannot" \
+      "log in a user without a name"
+  fi
+  home="${HOME:-}"
+  if [ -z "$home" ] || [ "$home" = / ] || [ ! -d "$home" ] || [ ! -w "$home" ]; then
+    home="$RUNTIME_DIR/home"
+    private_dir "$home" 1
+  fi
+  shell=/bin/sh
+  if [ -x /bin/bash ]; then shell=/bin/bash; fi
+  # The image's entries, less any other user of that name, then this uid's.
+  awk -F: -v name="$name" '$1 != name' /etc/passwd >"$RUNTIME_DIR/passwd.partial"
+  echo "$name:x:$UID_NOW:$gid:$name:$home:$shell" >>"$RUNTIME_DIR/passwd.partial"
+  mv -f "$RUNTIME_DIR/passwd.partial" "$RUNTIME_DIR/passwd"
+  cp /etc/group "$RUNTIME_DIR/group.partial"
+  if ! awk -F: -v gid="$gid" '$3 == gid { found = 1 } END { exit !found }' /etc/group; then
+    group_name="$name"
+    if awk -F: -v name="$name" '$1 == name { found = 1 } END { exit !found }' /etc/group; then
+      group_name="$name-$gid"
+    fi
+    echo "$group_name:x:$gid:" >>"$RUNTIME_DIR/group.partial"
+  fi
+  mv -f "$RUNTIME_DIR/group.partial" "$RUNTIME_DIR/group"
+  # Colon-separated, so that a user's own LD_PRELOAD stays and no value holds a blank.
+  export LD_PRELOAD="$lib${LD_PRELOAD:+:$LD_PRELOAD}"
+  export NSS_WRAPPER_PASSWD="$RUNTIME_DIR/passwd" NSS_WRAPPER_GROUP="$RUNTIME_DIR/group"
+  export HOME="$home"
+  echo "monarch-worker: uid $UID_NOW has no passwd entry: named $(id -un), home $home" \
+    "(nss_wrapper)" >&2
+}
 
 # Files made here are this user's alone; the sessions sshd starts get the umask back.
 CONTAINER_UMASK="$(umask)"
 umask 077
-mkdir -p "$SSHD_STATE_DIR"
-chmod 700 "$SSHD_STATE_DIR"
+private_dir "$RUNTIME_DIR" "$RUNTIME_DIR_OURS"
+if ! id -un >/dev/null 2>&1; then
+  give_this_uid_a_name
+fi
+private_dir "$SSHD_STATE_DIR" 1
 HOST_KEY_FILE="$SSHD_STATE_DIR/ssh_host_ed25519_key"
 if [ -n "$SSH_HOST_KEY" ]; then
   if [ ! -r "$SSH_HOST_KEY" ] || [ ! -s "$SSH_HOST_KEY" ]; then
@@ -79,6 +158,11 @@ os.chmod(partial, 0o600)
 os.replace(partial, path)
 ' "$POD_ENV_FILE"
 
+SESSION_NSS_ENV=""
+if [ -n "${NSS_WRAPPER_PASSWD:-}" ] && [ -n "${NSS_WRAPPER_GROUP:-}" ]; then
+  SESSION_NSS_ENV=" \"LD_PRELOAD=${LD_PRELOAD:-}\" \"NSS_WRAPPER_PASSWD=$NSS_WRAPPER_PASSWD\""
+  SESSION_NSS_ENV="$SESSION_NSS_ENV \"NSS_WRAPPER_GROUP=$NSS_WRAPPER_GROUP\""
+fi
 cat > "$SSHD_STATE_DIR/sshd_config" <<CONFIG
 ListenAddress $SSH_LISTEN_ADDRESS:$SSH_PORT
 HostKey $HOST_KEY_FILE
@@ -97,8 +181,9 @@ PrintMotd no
 # Monarch workers need the environment the image sets (PATH, LD_LIBRARY_PATH, CUDA/NCCL).
 PermitUserEnvironment no
 AcceptEnv LANG LC_* MONARCH_* NCCL_* CUDA_* HF_* PYTHONPATH
-# The pod's own environment, saved above (field case C16).
-SetEnv MONARCH_POD_ENV_FILE=$POD_ENV_FILE
+# The pod's own environment, saved above (field case C16); nss_wrapper, when this uid needed
+# it, so that the sessions know their user too (sshd uses only the first SetEnv line).
+SetEnv MONARCH_POD_ENV_FILE=$POD_ENV_FILE$SESSION_NSS_ENV
 # Keepalives (issue 20): a launcher gone silent (its node lost, a NAT that forgot the flow) is
 # dropped after 15 s x 4 = 60 s, which closes the session and so ends its Monarch worker; an
 # idle session sends something every 15 s. The launcher's ssh uses the same values.

@@ -47,6 +47,14 @@ SSH_AUTHORIZED_KEYS = "authorized_keys"
 SSH_HOST_KEY = "ssh_host_ed25519_key"
 SSH_HOST_PUBLIC_KEY = "ssh_host_ed25519_key.pub"
 SSH_KNOWN_HOSTS = "known_hosts"
+# A per-pod emptyDir in every worker and launcher container, writable whatever uid the pod runs
+# as (field case C38): the worker entrypoint keeps sshd's files under its "sshd" folder, and a
+# uid the image's passwd does not know gets its passwd entry and its home ("home") there
+# (launcher/userentry.py). Never derived from HOME, which is "/" for such a uid.
+RUNTIME_DIR = "/run/monarch"
+ENV_RUNTIME_DIR = "MONARCH_RUNTIME_DIR"
+# The entrypoint's sshd state directory (host key copy, sshd_config, pid file, pod-env.json).
+SSHD_STATE_DIR = f"{RUNTIME_DIR}/sshd"
 
 # spec.mode: how the launcher reaches the workers. "ssh" (the default): each worker runs sshd and
 # the launcher starts Monarch workers over ssh (Monarch's SSHJob). "attach": each worker runs

@@ -16,6 +16,7 @@ import json
 
 import pytest
 
+from monarch_operator import constants
 from monarch_operator.localcluster import nodestate
 from tests.cluster.helpers import (
     PodWatch,
@@ -79,11 +80,9 @@ def test_a_worker_container_restarted_in_place_is_an_infrastructure_failure(kube
         apply_manifest(kubectl, namespace, job_manifest(
             "inplace", launcher={"command": ["sh", "-c", HANG_FIRST]}))
         running_attempt(kubectl, namespace, "inplace", 1)
-        # sshd's pid file is in the container user's home ($HOME is not in sshd's environ,
-        # which is what kubectl exec starts with).
+        # sshd's pid file is in the entrypoint's state directory (the pod's runtime emptyDir).
         kubectl("exec", "inplace-worker-1", "-n", namespace, "--", "sh", "-c",
-                'home="$(getent passwd "$(id -u)" | cut -d: -f6)"; '
-                'kill "$(cat "$home/.sshd/sshd.pid")"')
+                f'kill "$(cat {constants.SSHD_STATE_DIR}/sshd.pid)"')
         status = wait_phase(kubectl, namespace, "inplace", "Succeeded", timeout=LOSS_TIMEOUT)
 
     first, second = status["attempts"]

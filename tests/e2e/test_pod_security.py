@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from monarch_operator import constants
 from monarch_operator.localcluster.demo import SAMPLE, launcher_log, wait_for_phase
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
@@ -84,13 +85,11 @@ def test_sample_job_succeeds_in_a_restricted_namespace(kubectl, namespace, local
         assert f"{PSA}/audit-violations" not in admission, admission
 
     # Inside a worker: sshd (the main process; its pid file is in the entrypoint's state
-    # directory) runs as uid 1000 with no_new_privs, no capabilities and a seccomp filter, as
-    # runc applied them from the pod's securityContext.
-    # (The entrypoint's state directory is in the user's passwd home.)
+    # directory, in the pod's runtime emptyDir) runs as uid 1000 with no_new_privs, no
+    # capabilities and a seccomp filter, as runc applied them from the pod's securityContext.
     sshd_status = kubectl(
         "exec", "-n", namespace, "demo-worker-0", "-c", "worker", "--", "sh", "-c",
-        'home="$(getent passwd "$(id -u)" | cut -d: -f6)"; '
-        'cat "/proc/$(cat "$home/.sshd/sshd.pid")/status"')
+        f'cat "/proc/$(cat {constants.SSHD_STATE_DIR}/sshd.pid)/status"')
     seen = {key: value.strip() for key, _, value in
             (line.partition(":") for line in sshd_status.splitlines()) if value}
     assert seen["Name"] == "sshd", seen

@@ -45,14 +45,16 @@ def resolve_user(rootfs: Path, user: str) -> tuple[int, int]:
 class Container:
     """One image run by runc; use as a context manager. ``args`` replace the image's command
     (the entrypoint stays); ``env`` adds to the image's; ``binds`` maps host paths to container
-    paths (read-only)."""
+    paths (read-only); ``user`` (uid, gid, additional gids) replaces the image's user, as a
+    pod's ``runAsUser``, ``runAsGroup`` and ``fsGroup`` do."""
 
     def __init__(self, buildah: Buildah, ref: str, args: list[str] | None = None,
                  env: dict[str, str] | None = None, binds: dict[str, str] | None = None,
-                 entrypoint: list[str] | None = None) -> None:
+                 entrypoint: list[str] | None = None,
+                 user: tuple[int, int, list[int]] | None = None) -> None:
         self.buildah, self.ref = buildah, ref
         self.args, self.env, self.binds = args, env or {}, binds or {}
-        self.entrypoint = entrypoint
+        self.entrypoint, self.run_as = entrypoint, user
         self.id = f"monarch-images-test-{uuid.uuid4().hex[:8]}"
         self.bundle = Path(tempfile.mkdtemp(prefix="monarch-runc-"))
         self.log_path = self.bundle / "output.log"
@@ -73,10 +75,13 @@ class Container:
             self.image.get("Entrypoint") or [])
         command = self.args if self.args is not None else (self.image.get("Cmd") or [])
         uid, gid = resolve_user(rootfs, self.image.get("User", ""))
+        user: dict[str, Any] = {"uid": uid, "gid": gid}
+        if self.run_as is not None:
+            user = {"uid": self.run_as[0], "gid": self.run_as[1],
+                    "additionalGids": list(self.run_as[2])}
         env = [*(self.image.get("Env") or []), *(f"{k}={v}" for k, v in self.env.items())]
         spec["process"].update(terminal=False, args=[*entrypoint, *command], env=env,
-                               cwd=self.image.get("WorkingDir") or "/",
-                               user={"uid": uid, "gid": gid})
+                               cwd=self.image.get("WorkingDir") or "/", user=user)
         spec["root"] = {"path": str(rootfs), "readonly": False}
         spec["hostname"] = self.id
         spec["linux"]["namespaces"] = [namespace for namespace in spec["linux"]["namespaces"]

@@ -2,7 +2,8 @@
 the docker-archives carry the references the cluster uses; the worker runs as uid 1000 and its
 entrypoint's sshd accepts the job's key; Monarch, torch and the operator import in the worker
 and the examples image (and the example programs there); the operator image serves /healthz
-against the local control plane; pause reaps orphans and exits 0 on SIGTERM/SIGINT; CoreDNS
+against the local control plane; the worker run as a uid it does not know (1000680000) names
+it and serves ssh; pause reaps orphans and exits 0 on SIGTERM/SIGINT; CoreDNS
 answers as non-root. A second ensure is only a hash check.
 
 Needs root, buildah, runc, debootstrap and gcc (scripts/setup.sh installs them): without them
@@ -167,6 +168,56 @@ def test_worker_sshd_runs_as_uid_1000_and_accepts_the_jobs_key(built_images, wor
         assert result.stdout.split()[:2] == ["1000", "imported"], result.stdout
         container.stop()
         assert "Accepted publickey for monarch" in container.output(), container.output()
+
+
+WHO_AM_I = ("import getpass, os, pwd; home = os.path.expanduser('~'); "
+            "open(os.path.join(home, 'probe'), 'w').write('ok'); "
+            "print(getpass.getuser(), pwd.getpwuid(os.getuid()).pw_name, home, os.getuid())")
+
+
+def test_worker_image_run_as_a_uid_it_does_not_know_serves_ssh(built_images, world_dir):
+    """Field cases C36, C38: the image as OpenShift's restricted-v2 runs it, uid 1000680000
+    (no passwd entry in the image; runc gives it HOME=/), gid 0, fsGroup 1000680000; no
+    MONARCH_RUNTIME_DIR (the image run by hand: the entrypoint's own folder under /tmp). The
+    entrypoint names the uid through the image's nss_wrapper; sshd logs the job's key in; the
+    session's Python gets a name and a writable home; nothing is written under "/"."""
+    uid = 1000680000
+    files = _secret_files("demo")
+    secret_dir = world_dir / "ssh"
+    secret_dir.mkdir()
+    for key in (constants.SSH_AUTHORIZED_KEYS, constants.SSH_HOST_KEY):
+        (secret_dir / key).write_bytes(files[key])
+        os.chown(secret_dir / key, 0, uid)  # a kubelet's Secret under fsGroup 1000680000
+        (secret_dir / key).chmod(0o440)
+    client_key = world_dir / "id_ed25519"
+    client_key.write_bytes(files[constants.SSH_PRIVATE_KEY])
+    client_key.chmod(0o600)
+    known_hosts = world_dir / "known_hosts"
+    known_hosts.write_bytes(files[constants.SSH_KNOWN_HOSTS])
+    port = free_port((SSH_ADDRESS,))
+    env = {"SSH_PORT": str(port), "SSH_LISTEN_ADDRESS": SSH_ADDRESS,
+           "SSH_HOST_KEY": f"{constants.SSH_DIR}/{constants.SSH_HOST_KEY}"}
+    with Container(images.storage(), images.IMAGES["worker"].ref, env=env,
+                   binds={str(secret_dir): constants.SSH_DIR},
+                   user=(uid, 0, [uid])) as container:
+        container.start()
+        _wait_port(SSH_ADDRESS, port, container)
+        alias = f"[{names.worker_fqdn('demo', 'team-a', 0, Settings().cluster_domain)}]:2222"
+        result = subprocess.run(
+            ["ssh", "-p", str(port), "-i", str(client_key), "-l", "monarch",
+             "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+             "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+             "-o", f"HostKeyAlias={alias}", "-o", "CheckHostIP=no", "-o", "ConnectTimeout=10",
+             SSH_ADDRESS, f'python -c "{WHO_AM_I}"; ls -a / | grep -c "^.sshd$" || true'],
+            capture_output=True, text=True, timeout=120, check=False)
+        home = f"/tmp/monarch-{uid}/home"
+        assert result.returncode == 0, result.stderr + container.output()
+        assert result.stdout.split() == ["monarch", "monarch", home, str(uid), "0"], (
+            result.stdout + result.stderr + container.output())
+        container.stop()
+        output = container.output()
+    assert f"uid {uid} has no passwd entry: named monarch, home {home}" in output, output
+    assert "Accepted publickey for monarch" in output, output
 
 
 @pytest.mark.parametrize("name", ["worker", "examples"])

@@ -41,6 +41,7 @@ def run_entrypoint(
         "LANG": "C.UTF-8",
         "TERM": "xterm",
         "HOSTNAME": "demo-worker-0",
+        "MONARCH_RUNTIME_DIR": str(tmp_path / "runtime"),
         "SSHD_STATE_DIR": str(state_dir),
         "SSHD": str(fake_sshd),
         "SSH_PORT": "2299",
@@ -84,6 +85,7 @@ def test_a_restarted_container_rewrites_the_file(tmp_path):
     pod_env_file = state_dir / constants.POD_ENV_FILE_NAME
     pod_env_file.chmod(0o644)
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"),
+           "MONARCH_RUNTIME_DIR": str(tmp_path / "runtime"),
            "SSHD_STATE_DIR": str(state_dir), "SSHD": str(tmp_path / "fake-sshd"),
            "SSH_AUTHORIZED_KEYS": str(tmp_path / "authorized_keys"), "FOO": "new"}
     again = subprocess.run(["sh", str(ENTRYPOINT)], env=env, capture_output=True, text=True,

@@ -99,6 +99,14 @@ def mount_like_a_kubelet(directory: Path, files: dict[str, bytes], keys: tuple[s
     directory.chmod(0o750)
 
 
+def runtime_dir(world_dir: Path) -> Path:
+    """The pod's runtime emptyDir as a kubelet makes one: root's, mode 0777."""
+    path = world_dir / "runtime"
+    path.mkdir(exist_ok=True)
+    path.chmod(0o777)
+    return path
+
+
 def wait_listening(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -131,14 +139,13 @@ def ssh(client_key: Path, known_hosts: Path, port: int, command: str,
 def test_non_root_sshd_presents_the_jobs_pinned_host_key(login_user, world_dir, mode):
     files = secret_files(make_job("demo"))
     uid = login_user.pw_uid
-    home = world_dir / "home"
     other_job_known_hosts = world_dir / "other_known_hosts"
     other_job_known_hosts.write_bytes(
         secret_files(make_job("demo"))[constants.SSH_KNOWN_HOSTS])  # same names, new key
     process, port, client_key, known_hosts, log = start_worker(
         login_user, world_dir, files=files, mode=mode, POD_MARKER="from-the-pod")
     try:
-        installed = home / ".sshd" / constants.SSH_HOST_KEY
+        installed = world_dir / "runtime" / "sshd" / constants.SSH_HOST_KEY
         info = installed.stat()
         assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (uid, 0o600)
         assert installed.read_bytes() == files[constants.SSH_HOST_KEY]
@@ -195,6 +202,7 @@ def test_a_missing_host_key_stops_the_worker_with_the_path(login_user, world_dir
         ["setpriv", f"--reuid={login_user.pw_uid}", f"--regid={login_user.pw_gid}",
          "--clear-groups", "--", "sh", str(world_dir / ENTRYPOINT.name)],
         env={"PATH": os.environ["PATH"], "HOME": str(home), "SSHD": "/bin/false",
+             constants.ENV_RUNTIME_DIR: str(runtime_dir(world_dir)),
              "SSH_AUTHORIZED_KEYS": str(authorized_keys), "SSH_HOST_KEY": str(missing)},
         capture_output=True, text=True, timeout=30, check=False,
     )
@@ -224,6 +232,7 @@ def start_worker(login_user: pwd.struct_passwd, world_dir: Path,
     port = free_port((ADDRESS,))
     log = world_dir / "entrypoint.log"
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
+           constants.ENV_RUNTIME_DIR: str(runtime_dir(world_dir)),
            "SSH_PORT": str(port), "SSH_LISTEN_ADDRESS": ADDRESS,
            "SSH_AUTHORIZED_KEYS": str(worker_mount / constants.SSH_AUTHORIZED_KEYS),
            "SSH_HOST_KEY": str(worker_mount / constants.SSH_HOST_KEY), **extra_env}

@@ -152,7 +152,7 @@ def test_attach_worker_runs_the_worker_loop_ready_on_its_port():
 
 def test_attach_workers_mount_no_ssh_keys():
     spec = build_worker_statefulset(make_job(), SETTINGS)["spec"]["template"]["spec"]
-    assert [volume["name"] for volume in spec["volumes"]] == ["dshm"]
+    assert [volume["name"] for volume in spec["volumes"]] == ["dshm", "monarch-runtime"]
     assert all(mount["mountPath"] != constants.SSH_DIR
                for mount in spec["containers"][0]["volumeMounts"])
 

@@ -133,16 +133,27 @@ def test_root_needs_no_setup(tmp_path):
     assert setup.user is None and not setup.mounts and setup.home is None
 
 
+def test_unknown_uid_gets_no_passwd_entry_and_home_slash_as_runc_gives_it(tmp_path):
+    """Field case C38: the simulated node no longer papers over a uid the image does not know
+    (it once mounted an /etc/passwd with an entry and a home for it): as with runc, no name
+    and HOME=/, so what breaks on a real node breaks here too."""
+    setup = identity.prepare_user(identity.Identity(1000680000, 0, (1000680000,), None),
+                                  tmp_path, [])
+    assert setup.user == (1000680000, 0, (1000680000,))
+    assert setup.home == "/"
+    assert setup.mounts == {}
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
-def test_unknown_uid_gets_a_passwd_entry_and_its_own_home(tmp_path):
-    setup = identity.prepare_user(identity.Identity(4242, 7, (2000,), None), tmp_path, [])
+def test_a_known_uid_gets_its_own_home_for_the_pod_at_its_passwd_home(tmp_path):
+    setup = identity.prepare_user(identity.Identity(4242, 7, (2000,), ("u", 7, "/home/u")),
+                                  tmp_path, [])
     assert setup.user == (4242, 7, (2000,))
-    assert setup.home == "/home/uid4242"
-    home_dir, read_only = setup.mounts["/home/uid4242"]
+    assert setup.home == "/home/u"
+    home_dir, read_only = setup.mounts["/home/u"]
     assert not read_only and home_dir.stat().st_uid == 4242
-    passwd, read_only = setup.mounts["/etc/passwd"]
-    assert read_only
-    assert passwd.read_text().endswith("uid4242:x:4242:7:container user:/home/uid4242:/bin/sh\n")
+    assert "/etc/passwd" not in setup.mounts
 
 
 RESTRICTED_CAPS = ["--inh-caps=-all", "--ambient-caps=-all"]

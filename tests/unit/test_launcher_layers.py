@@ -31,7 +31,7 @@ API = "monarch_operator.job"
 #                  attach-mode worker (attachworker.py).
 LAYERS: dict[str, list[str]] = {
     "base": ["exitcodes", "stopguard", "stopsignal", "stoprequest", "termination", "report",
-             "progress", "configmapwriter"],
+             "progress", "configmapwriter", "userentry"],
     "hosts": ["hosts", "hosts.*"],
     "session": ["session", "session.*"],
     "options": ["options", "sshflags", "flagtypes"],

@@ -25,7 +25,7 @@ OPERATOR_ENV = [
     "MONARCH_SSH_KEY", "MONARCH_SSH_PORT", "MONARCH_KNOWN_HOSTS", "MONARCH_TRAINER_HOSTS",
     "MONARCH_REF_HOSTS",
     "MONARCH_COLOCATE", "MONARCH_PROGRESS_CONFIGMAP", "MONARCH_PROGRESS_INTERVAL_SECONDS",
-    "MONARCH_CLIENT_ADDRESS",
+    "MONARCH_CLIENT_ADDRESS", "MONARCH_RUNTIME_DIR",
 ]
 
 
@@ -194,8 +194,8 @@ def test_template_merges_over_the_launcher_pod_containers_by_name():
     assert launcher["resources"] == {"limits": {"cpu": "2"}}
     assert [item["name"] for item in launcher["env"]] == [*OPERATOR_ENV, "EXTRA"]
     assert [m["mountPath"] for m in launcher["volumeMounts"]] == [
-        "/etc/monarch/hostfile", "/etc/monarch/ssh", "/data"]
-    assert [v["name"] for v in spec["volumes"]] == ["hostfile", "ssh", "data"]
+        "/etc/monarch/hostfile", "/etc/monarch/ssh", "/run/monarch", "/data"]
+    assert [v["name"] for v in spec["volumes"]] == ["hostfile", "ssh", "monarch-runtime", "data"]
 
 
 def test_building_does_not_modify_the_spec():

@@ -121,3 +121,25 @@ def test_the_worker_uid_setting(monkeypatch, value, expected):
 
 def worker_pod_for(job, settings):
     return build_worker_statefulset(job, settings)["spec"]["template"]["spec"]
+
+
+ARBITRARY_UID = {"runAsUser": 1000680000, "runAsGroup": 0, "fsGroup": 1000680000}
+
+
+@pytest.mark.parametrize(("pod_of", "container_name", "_"), POD_KINDS)
+def test_an_arbitrary_uid_keeps_the_runtime_emptydir_named_by_monarch_runtime_dir(
+        pod_of, container_name, _):
+    """Field case C38: whatever uid a template (or OpenShift's restricted-v2) gives, each
+    container has the pod's writable runtime folder, where the worker keeps sshd's files and a
+    uid without a passwd entry gets one and its home; nothing depends on HOME."""
+    template = {"spec": {"securityContext": dict(ARBITRARY_UID)}}
+    job = make_job(worker_template=template, launcher_template=template)
+    pod = pod_of(job)
+    assert {key: pod["securityContext"][key] for key in ARBITRARY_UID} == ARBITRARY_UID
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    assert volumes["monarch-runtime"] == {"name": "monarch-runtime", "emptyDir": {}}
+    (container,) = pod["containers"]
+    assert {"name": "monarch-runtime", "mountPath": "/run/monarch"} in container["volumeMounts"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["MONARCH_RUNTIME_DIR"] == "/run/monarch"
+    assert "HOME" not in env

@@ -21,6 +21,8 @@ import socket
 import sys
 from collections.abc import Mapping
 
+from monarch_operator.launcher.userentry import reexec_with_entry
+
 # Monarch KubernetesJob's default port, used when MONARCH_PORT is unset (as upstream does).
 DEFAULT_PORT = 26600
 PORT_ENV = "MONARCH_PORT"
@@ -68,7 +70,9 @@ def worker_address(name: str, port: int, listen: str = "0.0.0.0") -> str:
 
 
 def main() -> int:
-    """Run the worker loop until the process is stopped; 2 on a bad ``MONARCH_PORT``."""
+    """Run the worker loop until the process is stopped; 2 on a bad ``MONARCH_PORT``.
+    A uid without a passwd entry first runs itself again with one (launcher/userentry.py)."""
+    reexec_with_entry()
     try:
         port = worker_port(os.environ)
     except ValueError as error:

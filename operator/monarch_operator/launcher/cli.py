@@ -34,6 +34,7 @@ from monarch_operator.launcher.options import (  # noqa: F401 - re-exported: cli
 from monarch_operator.launcher.programs.roles import ROLE_MODULES, LaunchConfig, launch
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.lifecycle import install_termination_handlers
+from monarch_operator.launcher.userentry import reexec_with_entry
 
 _EXAMPLES = """\
 examples:
@@ -147,10 +148,12 @@ def install_sigterm_handler() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``monarch-launch``; returns the exit status (see ``--help``).
 
-    Run as the program (``argv`` None), the launcher runs under a stop guard
-    (:mod:`.stopguard`): a stop signal decides the exit status whatever the user's program
-    does with it."""
+    Run as the program (``argv`` None) by a uid without a passwd entry, it first runs itself
+    again with one (:func:`launcher.userentry.reexec_with_entry`, field case C38); then the
+    launcher runs under a stop guard (:mod:`.stopguard`): a stop signal decides the exit status
+    whatever the user's program does with it."""
     if argv is None:
+        reexec_with_entry()
         stopguard.guard("monarch-launch", json_mode="--json" in sys.argv[1:])
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["spmd"]:

@@ -51,6 +51,7 @@ from monarch_operator.launcher.session.lifecycle import (
     install_termination_handlers,
     one_line,
 )
+from monarch_operator.launcher.userentry import reexec_with_entry
 
 _EXAMPLES = """\
 examples:
@@ -233,8 +234,12 @@ def launcher_from_args(args: argparse.Namespace, reporter: Reporter) -> SpmdLaun
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "monarch-torchrun") -> int:
-    """Entry point of ``monarch-torchrun`` and ``monarch-launch spmd``; returns the exit status."""
-    if argv is None:  # run as the program: under a stop guard (launcher/stopguard.py)
+    """Entry point of ``monarch-torchrun`` and ``monarch-launch spmd``; returns the exit status.
+    Run as a command by a uid without a passwd entry, it first runs itself again with one
+    (:func:`launcher.userentry.reexec_with_entry`); then under a stop guard
+    (launcher/stopguard.py)."""
+    if argv is None:
+        reexec_with_entry()
         stopguard.guard(prog, json_mode="--json" in sys.argv[1:])
     args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
     reporter = Reporter(json_mode=args.json, quiet=args.quiet, prefix=f"{prog.split()[0]}:")

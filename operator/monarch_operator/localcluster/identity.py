@@ -211,15 +211,10 @@ def _capability(name: str) -> str:
     return lowered.removeprefix("cap_")
 
 
-def passwd_line(uid: int, gid: int) -> str:
-    """An ``/etc/passwd`` entry for a uid the machine does not know, as an image that runs as
-    that uid would have one (ssh and sshd need the running user to have an entry)."""
-    return f"uid{uid}:x:{uid}:{gid}:container user:{home_for_unknown(uid)}:/bin/sh\n"
-
-
-def home_for_unknown(uid: int) -> str:
-    """The home directory given to a uid without a passwd entry on the machine."""
-    return f"/home/uid{uid}"
+# HOME of a uid without a passwd entry: what runc sets when the image has none (libcontainer
+# falls back to "/"), so that such a container fails here as on a real node unless it gives
+# itself a name and a home (field case C38, images/worker/entrypoint.sh).
+UNKNOWN_UID_HOME = "/"
 
 
 @dataclass(frozen=True)
@@ -238,32 +233,28 @@ def prepare_user(ident: Identity, pod_dir: Path, image_paths: list[Path]) -> Use
     """Make the machine usable as ``ident`` inside the container's mount namespace.
 
     For a process that is not the agent's own root: a home directory of its own for the pod
-    (``pod_dir/home-<uid>``, owned by it) mounted at the user's passwd home; an
-    ``/etc/passwd`` with an entry for a uid the machine does not know (ssh and sshd need one,
-    as an image that runs as that uid would have it); and ``image_paths`` (the Python
-    environment and this repository: "the image") made reachable through directories the user
-    could not enter, such as a ``/root`` of mode 0700, without showing the rest of them.
+    (``pod_dir/home-<uid>``, owned by it) mounted at the user's passwd home; and
+    ``image_paths`` (the Python environment and this repository: "the image") made reachable
+    through directories the user could not enter, such as a ``/root`` of mode 0700, without
+    showing the rest of them. A uid the machine does not know gets no passwd entry and
+    ``HOME=/``, as runc gives a uid the image does not know (OpenShift's arbitrary uids): ssh,
+    sshd and ``getpass.getuser()`` fail for it here as on a real node, unless the container
+    gives itself an entry (the worker entrypoint and the launcher do, with nss_wrapper).
     """
     if ident.uid == ROOT_UID and ident.gid == 0 and not ident.groups:
         return UserSetup(user=None, mounts={}, expose={}, home=None)
     user = (ident.uid, ident.gid, ident.groups)
     if ident.uid == ROOT_UID:
         return UserSetup(user=user, mounts={}, expose={}, home=None)
-    mounts: dict[str, tuple[Path, bool]] = {}
-    home = ident.user[2] if ident.user and ident.user[2] not in ("", "/") \
-        else home_for_unknown(ident.uid)
+    expose = closed_directories(ident, image_paths)
+    if ident.user is None or ident.user[2] in ("", "/"):
+        return UserSetup(user=user, mounts={}, expose=expose, home=UNKNOWN_UID_HOME)
+    home = ident.user[2]
     home_dir = pod_dir / f"home-{ident.uid}"
     home_dir.mkdir(exist_ok=True)
     os.chown(home_dir, ident.uid, ident.gid)
     home_dir.chmod(0o755)
-    mounts[home] = (home_dir, False)
-    if ident.user is None:
-        passwd = pod_dir / f"passwd-{ident.uid}"
-        passwd.write_text(Path("/etc/passwd").read_text() + passwd_line(ident.uid, ident.gid))
-        passwd.chmod(0o644)
-        mounts["/etc/passwd"] = (passwd, True)
-    return UserSetup(user=user, mounts=mounts, expose=closed_directories(ident, image_paths),
-                     home=home)
+    return UserSetup(user=user, mounts={home: (home_dir, False)}, expose=expose, home=home)
 
 
 def closed_directories(ident: Identity, paths: list[Path]) -> dict[str, list[str]]:

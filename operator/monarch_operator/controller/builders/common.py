@@ -59,6 +59,30 @@ def container_security_context() -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
+# The volume holding constants.RUNTIME_DIR in worker and launcher pods.
+RUNTIME_VOLUME = "monarch-runtime"
+
+
+def runtime_volume() -> dict[str, Any]:
+    """The per-pod emptyDir mounted at ``/run/monarch`` (``constants.RUNTIME_DIR``).
+
+    On the node's disk, not in memory: a uid the image does not know gets its home there, and
+    homes hold caches. A kubelet makes an emptyDir mode 0777, so any uid can write in it
+    (field case C38: sshd's files and such a uid's passwd entry must not depend on HOME).
+    """
+    return {"name": RUNTIME_VOLUME, "emptyDir": {}}
+
+
+def runtime_mount() -> dict[str, Any]:
+    """The container's mount of :func:`runtime_volume`."""
+    return {"name": RUNTIME_VOLUME, "mountPath": constants.RUNTIME_DIR}
+
+
+def runtime_env() -> dict[str, Any]:
+    """``MONARCH_RUNTIME_DIR``, which tells the worker entrypoint and the launcher where it is."""
+    return {"name": constants.ENV_RUNTIME_DIR, "value": constants.RUNTIME_DIR}
+
+
 def owner_reference(job: JobSpec) -> dict[str, Any]:
     """Controller owner reference to the job, so deleting the job deletes the child (GC)."""
     return {

@@ -20,6 +20,9 @@ from monarch_operator.controller.builders.common import (
     pod_metadata,
     pod_security_context,
     quantities_as_strings,
+    runtime_env,
+    runtime_mount,
+    runtime_volume,
     ssh_secret_volume,
 )
 from monarch_operator.controller.builders.statefulset import merge_pod_template
@@ -74,6 +77,7 @@ def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
     ``status.lastCheckpoint.location``), when there is one (launcher/stoprequest.py).
     In attach mode, ``MONARCH_OPERATOR_NAMESPACE`` and ``MONARCH_OPERATOR_MESHES`` (JSON, as
     ``status.meshes``) say what to give Monarch's ``KubernetesJob`` (docs/attach.md).
+    ``MONARCH_RUNTIME_DIR`` names the pod's writable runtime folder (launcher/userentry.py).
     The mesh layout (``MONARCH_TRAINER_*``, ``MONARCH_REF_*``, ``MONARCH_COLOCATE``) is left out
     for ``spec.spmd`` jobs, which ignore the meshes; the GPU split only when the job gives it.
     """
@@ -128,6 +132,7 @@ def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
         env.append({"name": constants.ENV_PROGRESS_DEADLINE,
                     "value": str(job.run_policy.progress_deadline_seconds)})
     env.append({"name": constants.ENV_CLIENT_ADDRESS, "value": "tcp://$(POD_IP):0"})
+    env.append(runtime_env())
     if job.attach:
         env += [{"name": constants.ENV_OPERATOR_NAMESPACE, "value": job.namespace},
                 {"name": constants.ENV_OPERATOR_MESHES,
@@ -168,6 +173,8 @@ def build_launcher_pod(job: JobSpec, settings: Settings, attempt: int = 1,
         "volumeMounts": [
             {"name": "hostfile", "mountPath": constants.HOSTFILE_DIR, "readOnly": True},
             {"name": "ssh", "mountPath": constants.SSH_DIR, "readOnly": True},
+            # The passwd entry and home of a uid the image does not know (userentry.py).
+            runtime_mount(),
         ],
         # The launcher writes its final failure line to /dev/termination-log; a crash before
         # it could (a traceback) still reaches status through the log tail.
@@ -187,6 +194,7 @@ def build_launcher_pod(job: JobSpec, settings: Settings, attempt: int = 1,
         "volumes": [
             {"name": "hostfile", "configMap": {"name": names.hostfile_configmap(job.name)}},
             ssh_secret_volume(job, "ssh", (constants.SSH_PRIVATE_KEY, constants.SSH_KNOWN_HOSTS)),
+            runtime_volume(),
         ],
     }
     template = merge_pod_template(

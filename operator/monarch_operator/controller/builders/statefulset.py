@@ -19,6 +19,9 @@ from monarch_operator.controller.builders.common import (
     pod_metadata,
     pod_security_context,
     quantities_as_strings,
+    runtime_env,
+    runtime_mount,
+    runtime_volume,
     ssh_secret_volume,
 )
 from monarch_operator.controller.settings import Settings
@@ -90,7 +93,7 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
         "dnsConfig": {"searches": [service_domain]},
         "containers": [_attach_container(job, service_domain) if job.attach
                        else _ssh_container(job)],
-        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}, runtime_volume()],
     }
     if not job.attach:  # attach mode runs no sshd: no keys on the workers
         spec["volumes"].append(ssh_secret_volume(
@@ -127,6 +130,8 @@ def _ssh_container(job: JobSpec) -> dict[str, Any]:
                 "name": "SSH_HOST_KEY",
                 "value": f"{constants.SSH_DIR}/{constants.SSH_HOST_KEY}",
             },
+            # sshd's files, and the passwd entry and home of a uid the image does not know.
+            runtime_env(),
         ],
         "ports": [
             {"name": "ssh", "containerPort": constants.SSH_PORT},
@@ -141,6 +146,7 @@ def _ssh_container(job: JobSpec) -> dict[str, Any]:
         "volumeMounts": [
             {"name": SSH_VOLUME, "mountPath": constants.SSH_DIR, "readOnly": True},
             {"name": SHM_VOLUME, "mountPath": SHM_PATH},
+            runtime_mount(),
         ],
     }
 
@@ -161,6 +167,7 @@ def _attach_container(job: JobSpec, service_domain: str) -> dict[str, Any]:
         "env": [
             {"name": constants.ENV_MONARCH_PORT, "value": str(constants.MONARCH_ATTACH_PORT)},
             {"name": constants.ENV_WORKER_DOMAIN, "value": service_domain},
+            runtime_env(),
         ],
         "ports": [{"name": "monarch", "containerPort": constants.MONARCH_ATTACH_PORT}],
         "readinessProbe": {
@@ -169,7 +176,7 @@ def _attach_container(job: JobSpec, service_domain: str) -> dict[str, Any]:
             "failureThreshold": 1,
         },
         "resources": {"limits": {constants.GPU_RESOURCE: str(job.gpus_per_worker)}},
-        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": SHM_PATH}],
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": SHM_PATH}, runtime_mount()],
     }
 
 

@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from monarch_operator import constants
 from monarch_operator.localcluster import nodestate
 from monarch_operator.localcluster.cluster import LocalCluster
 from monarch_operator.localcluster.demo import start_operator
@@ -78,9 +79,8 @@ def pause_apiserver(cluster: LocalCluster, seconds: float) -> None:
 
 
 # Kills the worker container's main process (its sshd) from inside, as a crash would; the
-# pid file is in the container user's home (kubectl exec starts without $HOME).
-KILL_SSHD = ('home="$(getent passwd "$(id -u)" | cut -d: -f6)"; '
-             'kill -9 "$(cat "$home/.sshd/sshd.pid")"')
+# pid file is in the entrypoint's sshd state directory, in the pod's runtime emptyDir.
+KILL_SSHD = f'kill -9 "$(cat {constants.SSHD_STATE_DIR}/sshd.pid)"'
 
 
 def kill_worker_container(env: dict[str, str], namespace: str, pod: str) -> str:
