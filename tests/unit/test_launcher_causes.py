@@ -33,8 +33,8 @@ UNRESPONSIVE = (
     "unresponsive and is assumed dead, check the log on the host for details"
 )
 STALLED = (
-    "delivery progress to monitored actor tcp:10.0.0.7:26600,trainer[1] from "
-    "tcp:10.0.0.2:40111,client[0] stalled for 30s"
+    "delivery progress to monitored actor tcp:192.0.2.7:26600,trainer[1] from "
+    "tcp:192.0.2.2:40111,client[0] stalled for 30s"
 )
 UNDELIVERED = "failed to deliver message within timeout 60s"
 EXITED_3 = "the process this actor was running on exited with non-zero code 3"
@@ -50,8 +50,8 @@ EXITED_3 = "the process this actor was running on exited with non-zero code 3"
          "host)"),
         (CommandResult(255, "", "Exceeded MaxStartups\r\n"), "refused at login (Exceeded "
                                                             "MaxStartups)"),
-        (CommandResult(255, "", "ssh: connect to host 10.0.0.7 port 22: No route to host\n"),
-         "ssh: connect to host 10.0.0.7 port 22: No route to host"),
+        (CommandResult(255, "", "ssh: connect to host 192.0.2.7 port 22: No route to host\n"),
+         "ssh: connect to host 192.0.2.7 port 22: No route to host"),
         (CommandResult(255, "", ""), "ssh failed (exit status 255) and said nothing"),
         (CommandResult(127, "", "sh: 1: /opt/venv/bin/python3: not found\n"),
          "command not found, exit status 127 (sh: 1: /opt/venv/bin/python3: not found)"),

@@ -82,7 +82,8 @@ def test_64_hosts_are_swept_at_most_concurrency_at_once_and_refusals_retried() -
 def test_a_host_refused_past_the_retries_is_named_once_in_one_summary_line() -> None:
     ssh = FakeSsh(refusals={"h3": 99}, failures={
         "h5": CommandResult(None, "", ""),
-        "h6": CommandResult(255, "", "ssh: connect to host 10.0.0.6 port 22: Connection refused\n"),
+        "h6": CommandResult(
+            255, "", "ssh: connect to host 192.0.2.6 port 22: Connection refused\n"),
     })
 
     result = sweep_run(_addresses(8), SshSettings(22, "root", concurrency=2, retries=2),
@@ -93,7 +94,7 @@ def test_a_host_refused_past_the_retries_is_named_once_in_one_summary_line() -> 
     assert lines == [
         "sweep of this run's leftover processes: 3 of 8 hosts not reached: h3 (refused at login "
         "3 times (kex_exchange_identification: read: Connection reset by peer)), h5 (no answer "
-        "within 15s), h6 (ssh: connect to host 10.0.0.6 port 22: Connection refused); the next "
+        "within 15s), h6 (ssh: connect to host 192.0.2.6 port 22: Connection refused); the next "
         "run's pre-flight on those hosts stops whatever this run left there"
     ]
     assert "None" not in lines[0] and "-c" not in lines[0]
@@ -102,7 +103,7 @@ def test_a_host_refused_past_the_retries_is_named_once_in_one_summary_line() -> 
 def test_hosts_sharing_an_address_are_swept_once() -> None:
     ssh = FakeSsh()
 
-    result = sweep_run({"a": "10.0.0.1", "b": "10.0.0.1", "c": "10.0.0.2"},
+    result = sweep_run({"a": "192.0.2.1", "b": "192.0.2.1", "c": "192.0.2.2"},
                        SshSettings(22, "root"), "python3", MARK, run_once=ssh)
 
     assert sorted(result.reports) == ["a", "c"] and result.total == 2
@@ -133,6 +134,6 @@ def test_processes_found_come_first_then_the_summary() -> None:
 
 def test_run_on_hosts_refuses_no_concurrency_and_handles_no_hosts() -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        run_on_hosts({"10.0.0.1": "a"}, FakeSsh(), concurrency=0)
+        run_on_hosts({"192.0.2.1": "a"}, FakeSsh(), concurrency=0)
     assert run_on_hosts({}, FakeSsh()) == {}
     assert sweep_lines(SweepResult()) == []

@@ -608,18 +608,13 @@ def node_not_ready_since(name: str) -> dt.datetime | None:
         memo = _node_memo.get(name)
     if memo is not None and now - memo < NODE_READY_MEMO_SECONDS:
         return None
-    since: dt.datetime | None = NEVER_READY
-    try:
-        ready = _ready_condition(kubernetes.client.CoreV1Api(_client()).read_node(name))
-        if ready is not None:
-            since = (None if ready.status == "True"
-                     else ready.last_transition_time or NEVER_READY)
-    except ApiException as error:
-        if error.status == 403:
-            _forbid_nodes()
-            return None
-        if error.status != 404:
-            raise
+    allowed, node = _read_node(name)
+    if not allowed:
+        return None
+    since: dt.datetime | None = NEVER_READY  # also a node that is gone
+    ready = None if node is None else _ready_condition(node)
+    if ready is not None:
+        since = None if ready.status == "True" else ready.last_transition_time or NEVER_READY
     with _node_memo_lock:
         if since is None:
             _node_memo[name] = now
@@ -670,19 +665,29 @@ def node_cordoned(name: str) -> bool | None:
     Raises:
         ApiException: any error but 403 and 404.
     """
+    _, node = _read_node(name)
+    return None if node is None else bool(node.spec and node.spec.unschedulable)
+
+
+def _read_node(name: str) -> tuple[bool, Any]:
+    """``(allowed, V1Node or None)``: ``(False, None)`` when the operator may not read nodes
+    (after the first 403 it never asks again), ``(True, None)`` when the node is gone.
+
+    Raises:
+        ApiException: any error but 403 and 404.
+    """
     with _node_memo_lock:
         if _nodes_forbidden:
-            return None
+            return False, None
     try:
-        node = kubernetes.client.CoreV1Api(_client()).read_node(name)
+        return True, kubernetes.client.CoreV1Api(_client()).read_node(name)
     except ApiException as error:
         if error.status == 403:
             _forbid_nodes()
-            return None
+            return False, None
         if error.status != 404:
             raise
-        return None
-    return bool(node.spec and node.spec.unschedulable)
+        return True, None
 
 
 def _ready_condition(node: Any) -> Any:

@@ -29,7 +29,6 @@ itself, the child gets SIGTERM (``PR_SET_PDEATHSIG``). ``MONARCH_STOPGUARD=0`` t
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import signal
 import sys
@@ -143,10 +142,6 @@ def _reap(child: int) -> int | None:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return ended
-        except OSError as error:
-            if error.errno == errno.EINTR:
-                continue
-            raise
         if pid == 0:
             return ended
         if pid == child:
@@ -266,8 +261,3 @@ def _note(line: str) -> None:
         os.write(_to_guard, (line + "\n").encode("utf-8", "replace"))
     except OSError:
         pass
-
-
-def active() -> bool:
-    """Whether this process is a launcher under a guard (whose record then decides)."""
-    return _to_guard is not None

@@ -34,7 +34,7 @@ QUOTE_CHARS = 200
 NOT_FOUND = 127
 
 # ssh's words when ServerAliveCountMax keepalives went unanswered (OpenSSH 7-9,
-# ssh_config(5) "ServerAliveCountMax"): "Timeout, server 10.0.0.7 not responding."
+# ssh_config(5) "ServerAliveCountMax"): "Timeout, server 192.0.2.7 not responding."
 _KEEPALIVE_TIMEOUT = re.compile(r"Timeout, server \S+ not responding")
 # ssh's words for a connection cut under it: sshd dropped it, a reset, a broken pipe.
 _CONNECTION_CUT = re.compile(
@@ -80,7 +80,7 @@ def command_failure(result: CommandResult, limit_s: float) -> str:
 
     Returns:
         E.g. ``no answer within 15s``, ``refused at login 7 times (ssh: kex_exchange_
-        identification: read: Connection reset by peer)``, ``ssh: connect to host 10.0.0.7 port
+        identification: read: Connection reset by peer)``, ``ssh: connect to host 192.0.2.7 port
         22: Connection refused``, ``exit status 127 (sh: 1: python3: not found)`` or ``exit
         status 0 but no report``.
     """
