@@ -220,3 +220,18 @@ def test_stale_and_half_written_archives_are_dropped_and_the_current_one_kept(
         "worker-aaaa.tar", "worker-bbbb.tar.partial", "worker-cccc.tar.partial"]
     assert sorted(path.name for path in folder.iterdir()) == [
         "examples-aaaa.tar", "worker-aaaa.log", "worker-bbbb.tar"]
+
+
+def test_the_archive_a_build_replaces_counts_as_free_space(tmp_path):
+    # Stop 39's CI: 8.8 GiB free and a 6 GB worker archive about to be replaced was refused.
+    old = tmp_path / "worker-aaaa.tar"
+    with old.open("wb") as handle:
+        handle.truncate(2 * 2**30)  # sparse: the size counts, not the blocks
+    images.check_free_space(tmp_path, 10, usage=lambda _: _Usage(8.8), replaced=[old])
+    with pytest.raises(RuntimeError) as refused:
+        images.check_free_space(tmp_path, 11, usage=lambda _: _Usage(8.8), replaced=[old])
+    assert "only 8.8 GiB free" in str(refused.value)
+    assert "and 2.0 GiB in archives it replaces" in str(refused.value)
+    with pytest.raises(RuntimeError):
+        images.check_free_space(tmp_path, 10, usage=lambda _: _Usage(8.8),
+                                replaced=[tmp_path / "gone.tar"])

@@ -161,21 +161,29 @@ def _archive(name: str, content: str) -> Path:
 
 
 def check_free_space(folder: Path, need_gib: float = MIN_FREE_GIB,
-                     usage: Callable[[Path], Any] = shutil.disk_usage) -> None:
+                     usage: Callable[[Path], Any] = shutil.disk_usage,
+                     replaced: list[Path] | None = None) -> None:
     """Refuse to start a build that the disk holding ``folder`` cannot take.
 
     Args:
         folder: where the build writes (the image cache); ``usage(folder).free`` is in bytes.
         need_gib: the free space a build needs, in GiB (:data:`MIN_FREE_GIB`).
+        replaced: the image's older archives, which the build deletes before it writes the new
+            one (:func:`_export`): their bytes count as free. A changed worker image on a disk
+            with 9 GiB free and its 6 GB archive to replace is a build that fits (stop 39's CI
+            refused it).
 
     Raises:
-        RuntimeError: less than ``need_gib`` free; the message says how much there is and what
-            may be deleted.
+        RuntimeError: less than ``need_gib`` free, counting ``replaced``; the message says how
+            much there is and what may be deleted.
     """
     free_gib = usage(folder).free / 2**30
-    if free_gib < need_gib:
+    reclaimable = sum(path.stat().st_size for path in replaced or [] if path.exists()) / 2**30
+    if free_gib + reclaimable < need_gib:
+        also = f" (and {reclaimable:.1f} GiB in archives it replaces)" if reclaimable else ""
         raise RuntimeError(disk_advice(folder, f"only {free_gib:.1f} GiB free on the disk of "
-                                               f"{folder}, a build needs about {need_gib:.0f}"))
+                                               f"{folder}{also}, a build needs about "
+                                               f"{need_gib:.0f}"))
 
 
 def disk_advice(folder: Path, what: str) -> str:
@@ -188,11 +196,16 @@ def disk_advice(folder: Path, what: str) -> str:
             f"~/.cache/go-build (Go's build cache).")
 
 
+def _stale(name: str, keep: Path) -> list[Path]:
+    """Image ``name``'s archives other than ``keep``, half-written ones (a failed export's
+    ``.tar.partial``) included."""
+    return [path for path in images_dir().glob(f"{name}-*.tar*")
+            if path != keep and path.name.endswith((".tar", ".tar.partial"))]
+
+
 def _drop_stale(name: str, keep: Path) -> list[Path]:
-    """Delete image ``name``'s archives other than ``keep`` and any half-written one (a failed
-    export's ``.tar.partial``); returns what was deleted."""
-    stale = [path for path in images_dir().glob(f"{name}-*.tar*")
-             if path != keep and path.name.endswith((".tar", ".tar.partial"))]
+    """Delete :func:`_stale` archives of image ``name``; returns what was deleted."""
+    stale = _stale(name, keep)
     for path in stale:
         path.unlink(missing_ok=True)
     return stale
@@ -305,7 +318,7 @@ def _ensure(name: str, plans: dict[str, _Plan], buildah: Buildah, need_local: bo
     if archive.exists() and (local or not need_local):
         return archive
     if not local:
-        check_free_space(images_dir())
+        check_free_space(images_dir(), replaced=_stale(name, archive))
         started = time.monotonic()
         if plan.spec.base == DEBIAN_BASE:
             ensure_base(buildah, progress)
