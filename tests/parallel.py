@@ -61,14 +61,6 @@ ALONE_UNITS: dict[str, str] = {
     "tests/launcher/test_straggler_scan.py":
         "it plants processes of ended standalone runs and of live ones; another worker's "
         "pre-flight stops the first kind, and its scans would stop other workers' leftovers",
-    # Visibility, found 2026-12-04 once it ran mid-run: Kueue's CRDs stay in its worker's
-    # cluster, and then the operator makes a Workload for any job with a queue-name label;
-    # tests/cluster/test_generated_specs.py's derandomized specs include the label value "ZB",
-    # which Kueue refuses as a queue name, so a spec the generator calls valid ends Failed.
-    # To do: refuse such a label naming it, and teach the generator that it is a flaw.
-    "tests/cluster/test_kueue.py":
-        "it leaves Kueue's CRDs in its worker's cluster; a later generated spec with an invalid "
-        "queue-name label then gets a Workload the API server refuses",
 }
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
 from monarch_operator.controller import deadlines
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.kueue import workload as wl
 from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec import InvalidSpecError, JobSpec
 
 NOW = "2026-12-01T12:00:00Z"
 
@@ -30,6 +32,22 @@ def test_kueue_labels_stay_on_the_job_not_its_pods():
     labels = build_worker_statefulset(spec, Settings())["spec"]["template"]["metadata"]["labels"]
     assert labels["team"] == "a"
     assert not [key for key in labels if key.startswith("kueue.x-k8s.io/")]
+
+
+@pytest.mark.parametrize("key", ["kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class"])
+@pytest.mark.parametrize("value", ["ZB", "-q", "q_1", "a..b", "q" * 254])
+def test_a_kueue_label_that_cannot_name_a_kueue_object_is_refused_naming_it(key, value):
+    # A generated spec labelled queue-name 'ZB' was admitted, then its Workload was refused by
+    # the API server (Kueue's queueName pattern): refuse before any child, naming the label.
+    with pytest.raises(InvalidSpecError) as refused:
+        job(**{key: value})
+    assert f"metadata.labels[{key!r}]" in str(refused.value)
+    assert "DNS-1123 subdomain" in str(refused.value)
+
+
+@pytest.mark.parametrize("value", ["q", "user-queue", "team.a-1", "0q"])
+def test_a_kueue_label_that_names_an_object_is_taken(value):
+    assert job(**{"kueue.x-k8s.io/queue-name": value}).queue_name == value
 
 
 def test_one_workload_with_a_pod_set_for_the_workers_and_one_for_the_launcher():

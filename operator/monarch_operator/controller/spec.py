@@ -179,8 +179,8 @@ class JobSpec:
             cleanup_policy=_cleanup_policy(spec.get("cleanupPolicy")),
             progress_interval_seconds=max(1, int((spec.get("progress") or {}).get(
                 "reportIntervalSeconds", DEFAULT_PROGRESS_INTERVAL_SECONDS))),
-            queue_name=(metadata.get("labels") or {}).get(KUEUE_QUEUE_LABEL) or None,
-            priority_class=(metadata.get("labels") or {}).get(KUEUE_PRIORITY_LABEL) or None,
+            queue_name=kueue_object_label(metadata, KUEUE_QUEUE_LABEL),
+            priority_class=kueue_object_label(metadata, KUEUE_PRIORITY_LABEL),
             mode=str(spec.get("mode") or constants.MODE_SSH),
         )
 
@@ -340,6 +340,33 @@ _NOT_PASSED_ON = ("kubectl.kubernetes.io/", f"{constants.GROUP}/", "kopf.zalando
                   "kueue.x-k8s.io/")
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+
+
+# An object name (DNS-1123 subdomain): what a LocalQueue or WorkloadPriorityClass may be called.
+_OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def kueue_object_label(metadata: dict[str, Any], key: str) -> str | None:
+    """The value of Kueue label ``key`` (queue name, priority class) of the job, or None.
+
+    Both name a Kueue object, so the value must be a DNS-1123 subdomain, as Kueue's webhook
+    requires of the jobs it integrates (``jobframework.ValidateQueueName``, kueue v0.19.2) and
+    the Workload's ``spec.queueName`` pattern does. A CRD's CEL rules cannot read labels, so
+    this is checked here, before any child or Workload exists: an invalid name otherwise
+    surfaced only as an API error on the Workload, or never where Kueue is not installed.
+
+    Raises:
+        InvalidSpecError: naming ``metadata.labels[<key>]`` and the rule.
+    """
+    value = (metadata.get("labels") or {}).get(key)
+    if not value:
+        return None
+    if len(value) > 253 or not _OBJECT_NAME.match(value):
+        raise InvalidSpecError(
+            f"metadata.labels[{key!r}] {value!r} must name a Kueue object: a DNS-1123 "
+            "subdomain (lowercase letters, digits, '-' and '.', starting and ending with a "
+            "letter or digit)")
+    return str(value)
 
 
 def _passed_on(entries: dict[str, Any] | None) -> dict[str, str]:

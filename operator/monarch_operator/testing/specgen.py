@@ -140,7 +140,10 @@ def _resources(draw: st.DrawFn, cpu: st.SearchStrategy[Any] = _cpu) -> dict[str,
 
 
 def _labels(draw: st.DrawFn) -> dict[str, str]:
-    return draw(st.dictionaries(_label_keys, _label_values, max_size=3))
+    labels = draw(st.dictionaries(_label_keys, _label_values, max_size=3))
+    if "kueue.x-k8s.io/queue-name" in labels:  # names a LocalQueue: an object name
+        labels["kueue.x-k8s.io/queue-name"] = draw(_dns_tail)
+    return labels
 
 
 @st.composite
@@ -327,6 +330,13 @@ def _set(path: str, value: Any) -> Flaw:
     return apply
 
 
+def _queue_name(value: str) -> Flaw:
+    """A flaw that labels the job with queue name ``value`` (its other labels stay)."""
+    def apply(_: int, body: dict[str, Any]) -> None:
+        _dict_at(body, "metadata.labels")["kueue.x-k8s.io/queue-name"] = value
+    return apply
+
+
 def _name(template: str) -> Flaw:
     def apply(_: int, body: dict[str, Any]) -> None:
         body["metadata"]["name"] = template
@@ -459,6 +469,8 @@ FLAWS: list[tuple[str, Expect, Flaw]] = [
     ("label-value-invalid", R, _set("metadata.labels.team", "bad value!")),
     ("label-key-invalid", R, _set("metadata.labels", {"-bad/key/": "x"})),
     ("annotations-too-large", R, _set("metadata.annotations", {"big": "a" * 300_000})),
+    # A valid label value but no LocalQueue name; CEL cannot read labels, the operator refuses.
+    ("queue-name-invalid", F, _queue_name("ZB")),
     # image
     ("image-missing", R, _drop_image),
     ("image-empty", R, _set("spec.image", "")),
