@@ -36,17 +36,30 @@ def test_generated_specs_are_refused_naming_the_field_or_get_a_truthful_status(
     assert (report.tracebacks, report.without_status, report.orphans) == (0, 0, 0)
 
 
-def refused_job(kubectl, namespace: str, manifest: str) -> dict:
-    """Apply ``manifest`` (one MonarchJob), wait until it is Failed with reason
-    ``TemplateRefused``; returns its Failed condition."""
+def refused_job(kubectl, namespace: str, manifest: str, reason: str = "TemplateRefused") -> dict:
+    """Apply ``manifest`` (one MonarchJob), wait until it is Failed with ``reason``; returns
+    its Failed condition."""
     name = yaml.safe_load(manifest)["metadata"]["name"]
     kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest)
     job = wait_until(lambda: (found := get_json(kubectl, "monarchjob", name, "-n", namespace))
                      and (found.get("status") or {}).get("phase") == "Failed" and found,
                      60, f"{name} Failed")
     (failed,) = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
-    assert failed["reason"] == "TemplateRefused", failed
+    assert failed["reason"] == reason, failed
     return failed
+
+
+def test_a_queue_name_label_kueue_cannot_take_fails_the_job_naming_it(kubectl, namespace,
+                                                                       operator):
+    """``ZB`` is a valid label value but no LocalQueue name: the job fails at once naming the
+    label (a generated flaw, pinned here by name), with no child and no Workload made."""
+    body = yaml.safe_load(job_manifest("badqueue"))
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "ZB", "team": "a"}
+    failed = refused_job(kubectl, namespace, yaml.safe_dump(body), reason="InvalidSpec")
+    assert failed["message"].startswith(
+        "metadata.labels['kueue.x-k8s.io/queue-name'] 'ZB' must name a Kueue object"), failed
+    assert get_json(kubectl, "statefulset", "badqueue-worker", "-n", namespace) is None
+    assert get_json(kubectl, "secret", "badqueue-ssh", "-n", namespace) is None
 
 
 def test_unknown_field_in_a_template_fails_the_job_naming_it(kubectl, namespace, operator):
