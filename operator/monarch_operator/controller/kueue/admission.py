@@ -25,7 +25,15 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import Histogram
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attempts, causes, deadlines, k8s, policy, release
+from monarch_operator.controller import (
+    attempts,
+    causes,
+    deadlines,
+    endings,
+    k8s,
+    policy,
+    release,
+)
 from monarch_operator.controller import status as st
 from monarch_operator.controller.kueue import client, topology
 from monarch_operator.controller.kueue import workload as wl
@@ -106,17 +114,50 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
         _admitted(state, verdict)
         updates = wl.pod_set_updates(workload, client.flavor_specs(
             {flavor for flavors in verdict.flavors.values() for flavor in flavors.values()}))
-        admitted_job = dataclasses.replace(
-            job, worker_template=wl.with_updates(job.worker_template,
-                                                 updates.get(wl.PODSET_WORKERS)),
-            launcher_template=wl.with_updates(job.launcher_template,
-                                              updates.get(wl.PODSET_LAUNCHER)))
-        return Queue(workload, True, admitted_job)
+        conflict = _flavor_conflict(job, updates)
+        if conflict:  # never resolved by whichever label is written last (C31)
+            endings.fail(state, st.REASON_TEMPLATE_REFUSED, conflict)
+            return Queue(workload, False, job)
+        return Queue(workload, True, _with_admission(job, updates))
     left = _stop(state, verdict)
     if verdict.state == wl.STATE_EVICTED and not left:
         client.write_workload_status(workload, wl.released_status(workload, state.now_text))
     _queued(state, queue, verdict, left)
     return Queue(workload, False, job)
+
+
+def _with_admission(job: JobSpec, updates: dict[str, wl.PodSetUpdate]) -> JobSpec:
+    """``job`` with what admission put into each pod set applied to that pod set's template
+    only: the launcher's, and each worker group's own (``spec.workers.template`` for a job
+    without groups), so each group keeps its own flavor (C31)."""
+    launcher_template = wl.with_updates(job.launcher_template, updates.get(wl.PODSET_LAUNCHER))
+    if not job.worker_groups:
+        return dataclasses.replace(
+            job, worker_template=wl.with_updates(job.worker_template,
+                                                 updates.get(wl.PODSET_WORKERS)),
+            launcher_template=launcher_template)
+    groups = tuple(dataclasses.replace(group, template=wl.with_updates(
+                       group.template, updates.get(wl.pod_set_name(group))))
+                   for group in job.worker_groups)
+    return dataclasses.replace(job, worker_groups=groups, launcher_template=launcher_template)
+
+
+def _flavor_conflict(job: JobSpec, updates: dict[str, wl.PodSetUpdate]) -> str | None:
+    """Why a worker group cannot run where Kueue admitted it: its own node selector
+    (``spec.workers.template``'s, then its template's) gives a key another value than its
+    flavor's node labels; None when none does. Only for jobs with ``spec.workerGroups``."""
+    for group in job.worker_groups:
+        update = updates.get(wl.pod_set_name(group))
+        if update is None:
+            continue
+        own = {**((job.worker_template.get("spec") or {}).get("nodeSelector") or {}),
+               **((group.template.get("spec") or {}).get("nodeSelector") or {})}
+        for key, value in sorted(update.node_selector.items()):
+            if key in own and own[key] != value:
+                return (f"spec.workerGroups {group.name!r}: its nodeSelector {key}={own[key]} "
+                        f"contradicts {key}={value} of the flavor Kueue admitted it to; "
+                        "remove the key or point the group at a queue with that flavor")
+    return None
 
 
 REASON_WORKLOAD_REPLACED = "WorkloadReplaced"
@@ -197,8 +238,7 @@ def _stop(state: Pass, verdict: wl.Admission) -> int:
     launcher = release.running_launcher(job.namespace, job.name, attempt)
     stopped, workers_may_go = release.stop_launcher_first(state, launcher)
     if workers_may_go:
-        stopped |= k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace,
-                                         names.worker_set(job.name))
+        stopped |= release.delete_worker_sets(job)
         k8s.delete_if_present("v1", "ConfigMap", job.namespace,
                               names.hostfile_configmap(job.name))
     # Only an attempt admitted and not yet stopped ends here: with a checkpoint grace period
