@@ -28,8 +28,8 @@ from monarch_operator.controller.builders.progress import (
     build_progress_role,
 )
 from monarch_operator.controller.builders.secret import build_ssh_secret
-from monarch_operator.controller.builders.service import build_worker_services
-from monarch_operator.controller.builders.statefulset import build_worker_statefulsets
+from monarch_operator.controller.builders.service import build_worker_service
+from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.passstate import Pass, short
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
@@ -67,8 +67,8 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
         k8s.ensure(build_ssh_secret(job, settings, keys), job.uid)
     else:  # exists: keep its key bytes (retries must not rotate keys), but check the owner
         k8s.check_owner(secret, job.uid)
-    for service in build_worker_services(job):
-        k8s.ensure(service, job.uid)
+    for group in job.groups:
+        k8s.ensure(build_worker_service(job, group), job.uid)
     if settings.network_policy:  # before any pod exists, so no pod is ever open to others
         k8s.ensure(build_network_policy(job), job.uid)
     _ensure_progress_access(job)
@@ -77,8 +77,8 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
         # A launcher template Kubernetes refuses fails the job now, before any worker holds a
         # GPU, rather than once every worker is Ready (C12): one dry run per worker set.
         k8s.check_creatable(build_launcher_pod(job, settings, int(state.status["attempt"])))
-    worker_sets = [k8s.ensure(worker_set, job.uid)[0]
-                   for worker_set in build_worker_statefulsets(job, settings)]
+    worker_sets = [k8s.ensure(build_worker_statefulset(job, settings, group), job.uid)[0]
+                   for group in job.groups]
     pods = _worker_pods(state, worker_sets)
     if job.attach:
         _publish_meshes(state, pods)
