@@ -117,6 +117,8 @@ REFUSALS = [
             g.MSG_COLOCATE_HOSTS),
     Refusal("rest-not-last", _add_role(name="critic", group="generator", hosts=1),
             "spec.roles", g.MSG_REST_LAST),
+    Refusal("two-without-hosts", _add_role(name="critic", group="generator"), "spec.roles",
+            g.MSG_REST_LAST),
     Refusal("hosts-over-replicas", _role(0, hosts=3), "spec.roles", g.MSG_HOSTS_FIT),
     Refusal("gpus-on-cpu-group", _role(3, gpus=1), "spec.roles", g.MSG_ROLE_GPUS),
     Refusal("colocated-gpus-over", _role(1, gpus=3), "spec.roles", g.MSG_COLOCATED_GPUS),

@@ -52,7 +52,7 @@ MSG_SET_LENGTH = ("metadata.name plus '-' plus each workerGroups[].name must be 
                   "characters: the StatefulSet <job>-<group> and its revision hash label must "
                   "stay within 63")
 MSG_ROLE_GROUP = "roles[].group must name one of workerGroups"
-MSG_COLOCATE_TARGET = ("roles[].colocateWith must name an earlier role on the same group that "
+MSG_COLOCATE_TARGET = ("roles[].colocateWith must name another role on the same group that "
                        "is not itself colocated")
 MSG_COLOCATE_HOSTS = ("roles[].hosts does not apply with colocateWith: a colocated role runs on "
                       "the hosts of the role it names")
@@ -211,12 +211,11 @@ def _check_roles(groups: tuple[WorkerGroup, ...], roles: tuple[Role, ...]) -> No
     for role in roles:
         if role.group not in by_name:
             raise GroupRuleError(f"{MSG_ROLE_GROUP}: role {role.name!r} names {role.group!r}")
-    order = [role.name for role in roles]
-    for index, role in enumerate(roles):
+    for role in roles:
         target = next((r for r in roles if r.name == role.colocate_with), None)
         if role.colocate_with is not None and (
-                target is None or target.group != role.group or target.colocate_with is not None
-                or order.index(target.name) >= index):
+                target is None or target is role or target.group != role.group
+                or target.colocate_with is not None):
             raise GroupRuleError(f"{MSG_COLOCATE_TARGET}: role {role.name!r} names "
                                  f"{role.colocate_with!r}")
         own = [r for r in roles if r.group == role.group and r.colocate_with is None]
@@ -242,19 +241,21 @@ def _check_roles(groups: tuple[WorkerGroup, ...], roles: tuple[Role, ...]) -> No
 def role_ordinals(groups: tuple[WorkerGroup, ...],
                   roles: tuple[Role, ...]) -> dict[str, list[int]]:
     """Each role's worker ordinals in its group: roles on one group take consecutive slices
-    in role order (one without ``hosts`` the rest); a colocated role the same as its target."""
+    in role order (one without ``hosts`` the rest); a colocated role the same as the role it
+    names, wherever that role comes."""
     replicas = {group.name: group.replicas for group in groups}
     taken = {group.name: 0 for group in groups}
     ordinals: dict[str, list[int]] = {}
     for role in roles:
+        if role.colocate_with is None:
+            start = taken[role.group]
+            end = start + role.hosts if role.hosts is not None else replicas[role.group]
+            ordinals[role.name] = list(range(start, end))
+            taken[role.group] = end
+    for role in roles:  # a colocated role may come before the role it names
         if role.colocate_with is not None:
             ordinals[role.name] = list(ordinals.get(role.colocate_with, []))
-            continue
-        start = taken[role.group]
-        end = start + role.hosts if role.hosts is not None else replicas[role.group]
-        ordinals[role.name] = list(range(start, end))
-        taken[role.group] = end
-    return ordinals
+    return {role.name: ordinals[role.name] for role in roles}
 
 
 def roles_env_value(job_name: str, namespace: str, cluster_domain: str,
