@@ -158,9 +158,9 @@ def _group(item: Any, index: int, image: str, template_of: Any) -> WorkerGroup:
     name = str(item.get("name") or "")
     if not names.valid_group_name(name):
         raise GroupRuleError(f"{MSG_GROUP_NAME}: {path}.name {name!r}")
-    replicas = _integer(item, "replicas", path, 1, 4096)
-    gpus = _integer(item, "gpusPerWorker", path, 0, 64)
-    return WorkerGroup(name=name, replicas=int(replicas), gpus_per_worker=int(gpus),
+    replicas = _integer(item, "replicas", path, 1, 4096) or 0
+    gpus = _integer(item, "gpusPerWorker", path, 0, 64) or 0
+    return WorkerGroup(name=name, replicas=replicas, gpus_per_worker=gpus,
                        image=str(item.get("image") or image),
                        template=template_of(item.get("template"), f"{path}.template"))
 
