@@ -201,3 +201,16 @@ def test_a_group_selector_that_contradicts_its_flavor_is_refused_naming_both():
     message = admission._flavor_conflict(spec, updates)
     assert message is not None
     assert "'reward'" in message and "pool=gpu-b" in message and "pool=cpu" in message
+
+
+def test_kubectl_monarch_places_each_roles_ranks_on_its_workers():
+    from monarch_operator.plugin import views
+
+    body = roles_job("rl")
+    body["metadata"]["namespace"] = "team-a"
+    places = [(p.role, p.rank, p.ordinal, p.gpu) for p in views.rank_places(body)]
+    assert [p for p in places if p[0] == "ref"] == [("ref", 0, 2, 2), ("ref", 1, 2, 3)]
+    assert [p for p in places if p[0] == "reward"] == [("reward", 0, 3, 0)]
+    assert len([p for p in places if p[0] == "generator"]) == 8
+    rows = views.hosts_table(body, [])
+    assert rows[-1][3:5] == [fqdn("reward", 0), "rl-reward-0 (missing)"]
