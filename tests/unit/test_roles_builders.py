@@ -214,3 +214,17 @@ def test_kubectl_monarch_places_each_roles_ranks_on_its_workers():
     assert len([p for p in places if p[0] == "generator"]) == 8
     rows = views.hosts_table(body, [])
     assert rows[-1][3:5] == [fqdn("reward", 0), "rl-reward-0 (missing)"]
+
+
+def test_a_group_kueue_cannot_place_for_its_own_selector_is_explained(monkeypatch):
+    from monarch_operator.controller.kueue import client
+
+    spec, _ = _flavored({"pool": "gpu-b"})
+    monkeypatch.setattr(client, "flavor_specs", lambda names: {
+        "cpu-f": {"nodeLabels": {"pool": "cpu"}}})
+    kueue_words = ("couldn't assign flavors to pod set reward: flavor cpu-f doesn't match "
+                   "node affinity")
+    assert admission._selector_hint(spec, kueue_words) == (
+        "; spec.workerGroups 'reward': its nodeSelector pool=gpu-b contradicts pool=cpu of "
+        "flavor cpu-f")
+    assert admission._selector_hint(spec, "insufficient quota") == ""

@@ -18,6 +18,7 @@ class ``Evicted``: it counts in RESTARTS and ``status.attempts`` and spends no r
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from monarch_operator.controller import (
     release,
 )
 from monarch_operator.controller import status as st
+from monarch_operator.controller.groups import WorkerGroup
 from monarch_operator.controller.kueue import client, topology
 from monarch_operator.controller.kueue import workload as wl
 from monarch_operator.controller.passstate import Event, Pass
@@ -148,16 +150,44 @@ def _flavor_conflict(job: JobSpec, updates: dict[str, wl.PodSetUpdate]) -> str |
     flavor's node labels; None when none does. Only for jobs with ``spec.workerGroups``."""
     for group in job.worker_groups:
         update = updates.get(wl.pod_set_name(group))
-        if update is None:
-            continue
-        own = {**((job.worker_template.get("spec") or {}).get("nodeSelector") or {}),
-               **((group.template.get("spec") or {}).get("nodeSelector") or {})}
-        for key, value in sorted(update.node_selector.items()):
-            if key in own and own[key] != value:
-                return (f"spec.workerGroups {group.name!r}: its nodeSelector {key}={own[key]} "
-                        f"contradicts {key}={value} of the flavor Kueue admitted it to; "
-                        "remove the key or point the group at a queue with that flavor")
+        if update is not None:
+            clash = _contradiction(job, group, update.node_selector, "the flavor Kueue "
+                                   "admitted it to")
+            if clash:
+                return f"{clash}; remove the key or point the group at a queue with that flavor"
     return None
+
+
+def _contradiction(job: JobSpec, group: WorkerGroup, node_labels: dict[str, str],
+                   flavor: str) -> str | None:
+    """``spec.workerGroups 'g': its nodeSelector k=v contradicts k=w of <flavor>`` for the
+    first key where the group's own selector and ``node_labels`` differ, else None."""
+    own = {**((job.worker_template.get("spec") or {}).get("nodeSelector") or {}),
+           **((group.template.get("spec") or {}).get("nodeSelector") or {})}
+    for key, value in sorted(node_labels.items()):
+        if key in own and own[key] != value:
+            return (f"spec.workerGroups {group.name!r}: its nodeSelector {key}={own[key]} "
+                    f"contradicts {key}={value} of {flavor}")
+    return None
+
+
+# Kueue's words when a pod set's node selector rules out a flavor (flavorassigner).
+_NO_MATCH = re.compile(r"couldn't assign flavors to pod set (?P<podset>[a-z0-9-]+): flavor "
+                       r"(?P<flavor>\S+) doesn't match node affinity")
+
+
+def _selector_hint(job: JobSpec, message: str) -> str:
+    """For a worker group that Kueue cannot place because its own node selector rules its
+    flavor out (C31): which key, with both values (one ResourceFlavor read); else ""."""
+    found = _NO_MATCH.search(message)
+    group = next((g for g in job.worker_groups
+                  if found and wl.pod_set_name(g) == found["podset"]), None)
+    if found is None or group is None:
+        return ""
+    labels = (client.flavor_specs({found["flavor"]}).get(found["flavor"]) or {}).get(
+        "nodeLabels") or {}
+    clash = _contradiction(job, group, dict(labels), f"flavor {found['flavor']}")
+    return f"; {clash}" if clash else ""
 
 
 REASON_WORKLOAD_REPLACED = "WorkloadReplaced"
@@ -296,7 +326,8 @@ def _queued(state: Pass, queue: str, verdict: wl.Admission, pods_left: int) -> N
         kueue_words = causes.without_uids(verdict.message)
         detail = f"{verdict.reason}: {kueue_words}" if kueue_words else verdict.reason
         message = (f"{_requeued_after(state)}waiting in LocalQueue {queue} for admission: "
-                   f"{detail}{_hint(verdict.message)}")
+                   f"{detail}{_hint(verdict.message)}"
+                   f"{_selector_hint(state.job, verdict.message)}")
         reason = REASON_QUEUED
     if not st.is_true(state.status, st.QUEUED) and reason == REASON_QUEUED:
         state.events.append(Event("Normal", REASON_QUEUED, message))
