@@ -111,3 +111,12 @@ def test_groups_and_roles_cannot_change_unless_suspended():
     transitions = {r["fieldPath"] for r in spec["x-kubernetes-validations"]
                    if "oldSelf" in r["rule"]}
     assert {".workerGroups", ".roles"} <= transitions
+
+
+def test_the_group_limit_follows_the_pinned_kueue():
+    # Kueue v0.19.2: jobframework.MaxPodSets = 18 (Workload.spec.podSets MaxItems), one of
+    # them the launcher's. A Kueue bump must look at the limit again.
+    from monarch_operator.localcluster.kueue import KUEUE_VERSION
+
+    assert KUEUE_VERSION.startswith("v0.19.")
+    assert groups.MAX_GROUPS + 1 == 18
