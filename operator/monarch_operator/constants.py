@@ -17,6 +17,10 @@ LABEL_JOB = f"{GROUP}/job"
 LABEL_ROLE = f"{GROUP}/role"
 ROLE_WORKER = "worker"
 ROLE_LAUNCHER = "launcher"
+# On the worker pods of a job with spec.workerGroups (and on their StatefulSet and Service): the
+# pod's worker group. A job with spec.workers only has one unnamed group and no such label, so
+# that its StatefulSet's pod template and selector stay as they were (docs/roles.md).
+LABEL_GROUP = f"{GROUP}/group"
 # On the launcher pod: the attempt (1, 2, ...) this launcher runs.
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 # Standard recommended label, value of app.kubernetes.io/managed-by on every child.
@@ -102,6 +106,7 @@ ENV_DNS_STABLE = "MONARCH_DNS_STABLE"
 # Colocated roles only, and only when the job gives them: each role's GPUs per host.
 ENV_TRAINER_GPUS = "MONARCH_TRAINER_GPUS"
 ENV_REF_GPUS = "MONARCH_REF_GPUS"
+ENV_ROLES = "MONARCH_ROLES"
 # The MonarchJob a launcher pod belongs to, for programs that label their own output or metrics.
 ENV_JOB_NAME = "MONARCH_JOB_NAME"
 ENV_NAMESPACE = "MONARCH_JOB_NAMESPACE"
@@ -156,6 +161,7 @@ LAUNCHER_RESERVED_ENV = (
     ENV_COLOCATE,
     ENV_TRAINER_GPUS,
     ENV_REF_GPUS,
+    ENV_ROLES,
     ENV_CLIENT_ADDRESS,
     ENV_OPERATOR_MESHES,
     ENV_OPERATOR_NAMESPACE,

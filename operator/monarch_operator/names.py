@@ -3,6 +3,9 @@
 Children of job ``<job>``:
 - ``<job>-ssh``: Secret with the per-job SSH key pair.
 - ``<job>-worker``: headless Service and StatefulSet; pods ``<job>-worker-<ordinal>``.
+- ``<job>-<group>`` for each of ``spec.workerGroups`` instead (docs/roles.md): headless Service
+  and StatefulSet; pods ``<job>-<group>-<ordinal>``. The single group of a job without
+  ``spec.workerGroups`` is :data:`LEGACY_GROUP`, so ``<job>-worker`` is that case of the rule.
 - ``<job>-hostfile``: ConfigMap with the hostfile.
 - ``<job>-launcher``: batch Job running ``monarch-launch`` (attempt 1), ``<job>-launcher-<n>``
   for attempt ``n`` after restarts.
@@ -41,6 +44,46 @@ MAX_JOB_NAME_LENGTH = DNS_LABEL_MAX - REVISION_HASH_SUFFIX - len(WORKER_SUFFIX)
 # DNS-1035 label: what a Service name (and so every child) accepts.
 JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _JOB_NAME_RE = re.compile(JOB_NAME_PATTERN)
+
+
+# Group names: what Monarch's mesh names allow (lowercase letters and digits, starting with a
+# letter), so no '-' can make ``<job>-<group>`` ambiguous with another child's name.
+GROUP_NAME_PATTERN = r"^[a-z][a-z0-9]*$"
+# The name of the one worker group of a job given by ``spec.workers`` alone.
+LEGACY_GROUP = WORKER_SUFFIX.removeprefix("-")
+# A group may not take the suffix of another child of its job: a group "launcher" would name
+# its pod 2 as the launcher of attempt 2.
+RESERVED_GROUP_NAMES = tuple(suffix.removeprefix("-") for suffix in (
+    SSH_SUFFIX, HOSTFILE_SUFFIX, LAUNCHER_SUFFIX, NETWORK_POLICY_SUFFIX, PROGRESS_SUFFIX))
+# ``<job>-<group>`` is a StatefulSet name inside the revision hash label (see above).
+MAX_GROUP_SET_LENGTH = DNS_LABEL_MAX - REVISION_HASH_SUFFIX
+
+
+_GROUP_NAME_RE = re.compile(GROUP_NAME_PATTERN)
+
+
+def valid_group_name(group: str) -> bool:
+    """Whether ``group`` may name a worker group: :data:`GROUP_NAME_PATTERN`, at most 63
+    characters, none of :data:`RESERVED_GROUP_NAMES`."""
+    return (len(group) <= DNS_LABEL_MAX and bool(_GROUP_NAME_RE.match(group))
+            and group not in RESERVED_GROUP_NAMES)
+
+
+def valid_role_name(role: str) -> bool:
+    """Whether ``role`` may name a role: a Monarch mesh name (``KubernetesJob.add_mesh``),
+    1-63 lowercase letters and digits starting with a letter."""
+    return len(role) <= DNS_LABEL_MAX and bool(_GROUP_NAME_RE.match(role))
+
+
+def group_set_name_problem(job_name: str, group: str) -> str | None:
+    """Why group ``group`` of job ``job_name`` cannot have StatefulSet ``<job>-<group>``, or
+    None: the name would be longer than :data:`MAX_GROUP_SET_LENGTH` (52) characters."""
+    length = len(group_set(job_name, group))
+    if length <= MAX_GROUP_SET_LENGTH:
+        return None
+    return (f"worker group {group!r}: StatefulSet {group_set(job_name, group)!r} has {length} "
+            f"characters; metadata.name plus '-' plus the group name must be at most "
+            f"{MAX_GROUP_SET_LENGTH} (the StatefulSet revision hash label must stay within 63)")
 
 
 def validate_job_name(job_name: str) -> None:
@@ -85,9 +128,28 @@ def ssh_secret(job_name: str) -> str:
     return job_name + SSH_SUFFIX
 
 
+def group_set(job_name: str, group: str) -> str:
+    """Name of worker group ``group``'s StatefulSet and of its headless Service (they share
+    it): ``<job>-<group>``; ``<job>-worker`` for :data:`LEGACY_GROUP`."""
+    return f"{job_name}-{group}"
+
+
+def group_pod(job_name: str, group: str, ordinal: int) -> str:
+    """Name of pod ``ordinal`` (0-based) of worker group ``group``."""
+    return f"{group_set(job_name, group)}-{ordinal}"
+
+
+def group_fqdn(job_name: str, group: str, namespace: str, ordinal: int,
+               cluster_domain: str) -> str:
+    """Fully qualified DNS name of pod ``ordinal`` of worker group ``group`` through its
+    headless Service: ``<pod>.<service>.<namespace>.svc.<cluster_domain>``."""
+    service = group_set(job_name, group)
+    return f"{group_pod(job_name, group, ordinal)}.{service}.{namespace}.svc.{cluster_domain}"
+
+
 def worker_set(job_name: str) -> str:
     """Name of the worker StatefulSet and of its headless Service (they share it)."""
-    return job_name + WORKER_SUFFIX
+    return group_set(job_name, LEGACY_GROUP)
 
 
 def worker_service(job_name: str) -> str:
@@ -97,7 +159,7 @@ def worker_service(job_name: str) -> str:
 
 def worker_pod(job_name: str, ordinal: int) -> str:
     """Name of worker pod ``ordinal`` (0-based) of the StatefulSet."""
-    return f"{worker_set(job_name)}-{ordinal}"
+    return group_pod(job_name, LEGACY_GROUP, ordinal)
 
 
 def worker_fqdn(job_name: str, namespace: str, ordinal: int, cluster_domain: str) -> str:
@@ -106,7 +168,7 @@ def worker_fqdn(job_name: str, namespace: str, ordinal: int, cluster_domain: str
     ``<pod>.<service>.<namespace>.svc.<cluster_domain>``, e.g.
     ``demo-worker-0.demo-worker.team-a.svc.cluster.local``.
     """
-    return f"{worker_pod(job_name, ordinal)}.{worker_service(job_name)}.{namespace}.svc.{cluster_domain}"
+    return group_fqdn(job_name, LEGACY_GROUP, namespace, ordinal, cluster_domain)
 
 
 def hostfile_configmap(job_name: str) -> str:

@@ -401,3 +401,80 @@ def test_topology_aware_scheduling_puts_the_workers_in_the_domain_kueue_chose(
         kubectl("delete", "monarchjobs", "--all", "-n", namespace, "--wait=true",
                 "--timeout=60s", check=False)
         kubectl("delete", "topology", topology, "--wait=false", check=False)
+
+
+def _grouped_job(name: str, reward_selector: dict[str, str]) -> str:
+    """Generator (2 x 2 GPUs) and trainer (1 x 2 GPUs) groups and a CPU-only reward group
+    (1 cpu) with its own node selector; simulated pods (docs/roles.md)."""
+    simulate = {"metadata": {"labels": {"localcluster.monarch-operator.dev/simulate": "ready"}}}
+    body = yaml.safe_load(job_manifest(name, launcher={"command": ["sh", "-c", "exit 7"],
+                                                       "template": simulate}))
+    del body["spec"]["workers"], body["spec"]["meshes"]
+    body["spec"]["workers"] = {"template": simulate}
+    body["spec"]["workerGroups"] = [
+        {"name": "generator", "replicas": 2, "gpusPerWorker": 2},
+        {"name": "trainer", "replicas": 1, "gpusPerWorker": 2},
+        {"name": "reward", "replicas": 1, "gpusPerWorker": 0, "template": {"spec": {
+            "nodeSelector": reward_selector,
+            "containers": [{"name": "worker", "resources": {"requests": {"cpu": "1"}}}]}}}]
+    body["spec"]["roles"] = [{"name": "generator", "group": "generator"},
+                             {"name": "trainer", "group": "trainer"},
+                             {"name": "reward", "group": "reward"}]
+    body["metadata"]["labels"] = {QUEUE_LABEL: "user-queue"}
+    return yaml.safe_dump(body)
+
+
+def test_c31_each_worker_group_keeps_its_own_flavor(kubectl, namespace, queue):
+    pool, zone = "monarch-operator.dev/test-pool", "monarch-operator.dev/test-zone"
+    gpu_node, cpu_node = "kwok-gpu-1", "kwok-gpu-2"
+    cpu_flavor = f"cpu-{namespace}"
+    kubectl("label", "node", gpu_node, f"{pool}=gpu-{namespace}", "--overwrite")
+    kubectl("label", "node", cpu_node, f"{pool}=cpu-{namespace}", f"{zone}=z1", "--overwrite")
+    try:
+        kueue_objects(kubectl, {"apiVersion": KUEUE, "kind": "ResourceFlavor",
+                                "metadata": {"name": queue["flavor"]},
+                                "spec": {"nodeLabels": {pool: f"gpu-{namespace}"}}},
+                      {"apiVersion": KUEUE, "kind": "ResourceFlavor",
+                       "metadata": {"name": cpu_flavor},
+                       "spec": {"nodeLabels": {pool: f"cpu-{namespace}"}}})
+        two_flavors = cluster_queue(queue["cluster_queue"], queue["flavor"], namespace, gpus=8)
+        two_flavors["spec"]["resourceGroups"].append({"coveredResources": ["cpu"], "flavors": [
+            {"name": cpu_flavor, "resources": [{"name": "cpu", "nominalQuota": 4}]}]})
+        kueue_objects(kubectl, two_flavors)
+        apply(kubectl, namespace, _grouped_job("grouped", {zone: "z1"}))
+        wait_until(lambda: job_status(kubectl, namespace, "grouped").get("readyWorkers")
+                   == "4/4", 120, "grouped: 4/4 workers Ready")
+        pod_sets = job_workload(kubectl, namespace, "grouped")["spec"]["podSets"]
+        assert [(p["name"], p["count"]) for p in pod_sets] == [
+            ("generator", 2), ("trainer", 1), ("reward", 1), ("launcher", 1)]
+        workers = get_json(kubectl, "pods", "-n", namespace, "-l",
+                           f"{LABEL_JOB}=grouped,monarch-operator.dev/role=worker")["items"]
+        placed = {pod["metadata"]["name"]: (pod["spec"]["nodeSelector"], pod["spec"]["nodeName"])
+                  for pod in workers}
+        gpu_pool = {pool: f"gpu-{namespace}"}
+        assert placed == {"grouped-generator-0": (gpu_pool, gpu_node),
+                          "grouped-generator-1": (gpu_pool, gpu_node),
+                          "grouped-trainer-0": (gpu_pool, gpu_node),
+                          "grouped-reward-0": ({pool: f"cpu-{namespace}", zone: "z1"},
+                                               cpu_node)}
+        kubectl("delete", "monarchjob", "grouped", "-n", namespace, "--wait=true")
+        # A group whose own selector contradicts its flavor runs nowhere: the job fails.
+        apply(kubectl, namespace, _grouped_job("contradicts", {pool: "gpu-b"}))
+        def settled() -> dict[str, Any] | None:
+            status = job_status(kubectl, namespace, "contradicts")
+            if status.get("phase") == "Failed" or (
+                    status.get("phase") == "Queued" and "reward" in status.get("message", "")):
+                return status
+            return None
+        status = wait_until(settled, 90, "contradicts: Failed, or Queued naming group reward")
+        # Kueue finds no flavor for it and keeps it queued (had it admitted it, the operator
+        # would fail the job with the same words); the message names group, key and values.
+        message = condition(status, status["phase"])["message"]
+        assert "'reward'" in message and f"{pool}=gpu-b" in message, message
+        assert f"{pool}=cpu-{namespace}" in message, message
+        assert not get_json(kubectl, "pods", "-n", namespace, "-l",
+                            f"{LABEL_JOB}=contradicts")["items"]
+    finally:
+        kubectl("label", "node", gpu_node, f"{pool}-")
+        kubectl("label", "node", cpu_node, f"{pool}-", f"{zone}-")
+        kubectl("delete", "resourceflavor", cpu_flavor, "--wait=false", check=False)

@@ -72,28 +72,35 @@ class LostWorker:
 
 def worker_snapshot(job_name: str, replicas: int,
                     pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``[{name, uid, restartCount}]`` of the worker pods ``0..replicas-1`` in ordinal order
-    (those that exist), taken when an attempt's launcher starts."""
+    """:func:`snapshot_of` the worker pods ``0..replicas-1`` of a job without worker groups."""
+    return snapshot_of([names.worker_pod(job_name, ordinal) for ordinal in range(replicas)],
+                       pods)
+
+
+def snapshot_of(pod_names: list[str], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``[{name, uid, restartCount}]`` of the worker pods named ``pod_names`` (hostfile order,
+    ``JobSpec.worker_pod_names``), those that exist, taken when an attempt's launcher
+    starts."""
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
     snapshot = []
-    for ordinal in range(replicas):
-        pod = by_name.get(names.worker_pod(job_name, ordinal))
+    for name in pod_names:
+        pod = by_name.get(name)
         if pod is not None:
             snapshot.append({"name": pod["metadata"]["name"], "uid": pod["metadata"].get("uid"),
                              "restartCount": restart_count(pod)})
     return snapshot
 
 
-def snapshot_as_of(job_name: str, replicas: int, pods: list[dict[str, Any]],
+def snapshot_as_of(pod_names: list[str], pods: list[dict[str, Any]],
                    moment: str) -> list[dict[str, Any]]:
-    """The :func:`worker_snapshot` that would have been taken at ``moment`` (an RFC 3339 time:
+    """The :func:`snapshot_of` that would have been taken at ``moment`` (an RFC 3339 time:
     a launcher pod's ``creationTimestamp``), as well as the pods now tell it: a pod created
     after it stands for one that was lost since (its uid is not the one recorded, so
     :func:`lost_workers` finds it ``deleted and recreated``), and a container started after
     it with restarts counts one restart fewer (it restarted since). For an attempt whose
     launch was never recorded: the operator stopped between creating the launcher pod and
     writing the attempt's status (chaos soak, seed 1)."""
-    snapshot = worker_snapshot(job_name, replicas, pods)
+    snapshot = snapshot_of(pod_names, pods)
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
     for entry in snapshot:
         pod = by_name[entry["name"]]

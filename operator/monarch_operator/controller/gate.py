@@ -55,9 +55,10 @@ def _ensure_progress_access(job: JobSpec) -> None:
 
 
 def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
-    """Secret, Service, StatefulSet; the gate (every worker Ready) or the startup timeout.
+    """Secret, a Service and a StatefulSet per worker group; the gate (every worker of every
+    group Ready) or the startup timeout.
 
-    Returns the worker pods of the current StatefulSet (pods of a deleted one are left out).
+    Returns the worker pods of the current StatefulSets (pods of a deleted one are left out).
     """
     job = state.job
     secret = k8s.read("v1", "Secret", job.namespace, names.ssh_secret(job.name))
@@ -66,27 +67,31 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
         k8s.ensure(build_ssh_secret(job, settings, keys), job.uid)
     else:  # exists: keep its key bytes (retries must not rotate keys), but check the owner
         k8s.check_owner(secret, job.uid)
-    k8s.ensure(build_worker_service(job), job.uid)
+    for group in job.groups:
+        k8s.ensure(build_worker_service(job, group), job.uid)
     if settings.network_policy:  # before any pod exists, so no pod is ever open to others
         k8s.ensure(build_network_policy(job), job.uid)
     _ensure_progress_access(job)
     if job.launcher_template and k8s.read("apps/v1", "StatefulSet", job.namespace,
-                                          names.worker_set(job.name)) is None:
+                                          names.group_set(job.name, job.groups[0].name)) is None:
         # A launcher template Kubernetes refuses fails the job now, before any worker holds a
         # GPU, rather than once every worker is Ready (C12): one dry run per worker set.
         k8s.check_creatable(build_launcher_pod(job, settings, int(state.status["attempt"])))
-    worker_set, _ = k8s.ensure(build_worker_statefulset(job, settings), job.uid)
-    pods = _worker_pods(state, worker_set)
+    worker_sets = [k8s.ensure(build_worker_statefulset(job, settings, group), job.uid)[0]
+                   for group in job.groups]
+    pods = _worker_pods(state, worker_sets)
     if job.attach:
         _publish_meshes(state, pods)
-    ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)
-    state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
-    if len(ready) == job.replicas:
+    wanted = job.worker_pod_names()
+    ready = observe.ready_worker_names(wanted, pods)
+    total = job.worker_count
+    state.status["readyWorkers"] = f"{len(ready)}/{total}"
+    if len(ready) == total:
         state.condition(st.WORKERS_READY, True, st.REASON_ALL_WORKERS_READY,
-                        f"{job.replicas} of {job.replicas} workers "
+                        f"{total} of {total} workers "
                         f"{'run the Monarch worker loop' if job.attach else 'accept SSH'}")
         return pods
-    not_ready = [names.worker_pod(job.name, i) for i in range(job.replicas) if i not in ready]
+    not_ready = [name for name in wanted if name not in ready]
     if st.is_true(state.status, st.RUNNING):
         return pods  # launched: a lost worker is judged with the attempt (lost_workers)
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
@@ -96,17 +101,22 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
         if node:  # Kubernetes would wait 300 s to evict it; the gate would wait with it
             k8s.delete_pod(job.namespace, name)
             reasons[name] = f"its node {node} is NotReady: deleted, to be recreated elsewhere"
-    if any(name not in by_name for name in not_ready):
+    for group, worker_set in zip(job.groups, worker_sets, strict=True):
+        missing = [name for name in not_ready if name not in by_name
+                   and name.startswith(names.group_set(job.name, group.name) + "-")]
+        if not missing:
+            continue
         failure = observe.create_failure(k8s.list_events(
             job.namespace, "StatefulSet", worker_set["metadata"]["name"],
             worker_set["metadata"]["uid"]))
         if failure and observe.is_invalid_object_message(failure):
-            endings.fail(state, st.REASON_TEMPLATE_REFUSED, "spec.workers.template: the "
+            field = ("spec.workers.template" if not group.labelled else
+                     f"spec.workerGroups {group.name!r} (template, or spec.workers.template)")
+            endings.fail(state, st.REASON_TEMPLATE_REFUSED, f"{field}: the "
                          f"StatefulSet cannot create worker pods: {failure}")
             return pods
         if failure:
-            reasons.update({name: f"not created: FailedCreate: {failure}"
-                            for name in not_ready if name not in by_name})
+            reasons.update({name: f"not created: FailedCreate: {failure}" for name in missing})
     for name in not_ready:
         problem = observe.unrecoverable_problem(by_name[name]) if name in by_name else None
         if problem:  # waiting out spec.startupTimeoutSeconds would not help
@@ -115,7 +125,7 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
             return pods
     described = [f"{name} ({reasons[name]})" for name in not_ready]
     state.condition(st.WORKERS_READY, False, st.REASON_WAITING_FOR_WORKERS,
-                    f"{len(ready)}/{job.replicas} workers ready; waiting for {short(described)}")
+                    f"{len(ready)}/{total} workers ready; waiting for {short(described)}")
     record = attempts.current(state.status) or {}
     started = deadlines.parse_time(record.get("startTime") or state.status["startTime"])
     if (state.now - started).total_seconds() > job.startup_timeout_seconds:
@@ -169,13 +179,14 @@ def _seconds_since_scheduled(pod: dict[str, Any], now: dt.datetime) -> float | N
         return None
 
 
-def _worker_pods(state: Pass, worker_set: dict[str, Any]) -> list[dict[str, Any]]:
-    """Worker pods controlled by ``worker_set``: after a suspend or a recreated StatefulSet, the
+def _worker_pods(state: Pass, worker_sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Worker pods controlled by one of ``worker_sets``: after a suspend or a recreated
+    StatefulSet, the
     old one's pods may linger until garbage collection and must not pass the gate. Any worker
     pod stuck terminating (its node lost) is force-deleted in time: the StatefulSet recreates a
     pod only once its namesake is gone."""
     job = state.job
     pods = release.let_go_of_stuck(state, k8s.list_pods(job.namespace, {
                constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_WORKER}))
-    set_uid = worker_set.get("metadata", {}).get("uid")
-    return [pod for pod in pods if k8s.controller_uid(pod) in (set_uid, None)]
+    set_uids = {worker_set.get("metadata", {}).get("uid") for worker_set in worker_sets}
+    return [pod for pod in pods if k8s.controller_uid(pod) in set_uids | {None}]

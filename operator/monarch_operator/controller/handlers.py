@@ -84,13 +84,18 @@ def _holds_every_worker(key: wakeups.JobKey) -> bool:
     """Whether every worker of the job is Ready in the cache: it holds all its GPUs (about to
     launch, running or ending), so its pass goes before those of jobs still starting."""
     job = next(iter(CACHE.peek(key, CACHE.job_kind)), None)
-    replicas = ((job or {}).get("spec") or {}).get("workers", {}).get("replicas")
-    if not isinstance(replicas, int) or replicas < 1:
+    spec = (job or {}).get("spec") or {}
+    groups = spec.get("workerGroups") or [
+        {"name": names.LEGACY_GROUP, "replicas": (spec.get("workers") or {}).get("replicas")}]
+    if not all(isinstance(group, dict) and isinstance(group.get("replicas"), int)
+               for group in groups):
         return False
+    wanted = [names.group_pod(key[1], str(group.get("name")), ordinal)
+              for group in groups for ordinal in range(group["replicas"])]
     workers = [pod for pod in CACHE.peek(key, ("v1", "Pod"))
                if pod["metadata"].get("labels", {}).get(constants.LABEL_ROLE)
                == constants.ROLE_WORKER]
-    return len(observe.ready_worker_ordinals(key[1], replicas, workers)) == replicas
+    return bool(wanted) and len(observe.ready_worker_names(wanted, workers)) == len(wanted)
 
 
 # As many passes at once as threads: a pass takes its view when a thread is free to run it, not

@@ -76,7 +76,7 @@ def _adopt(state: Pass, launcher: dict[str, Any],
     is not taken for one lost mid-run. Returns the attempt's record."""
     job = state.job
     created = str(launcher["metadata"].get("creationTimestamp") or state.now_text)
-    state.status["attemptWorkers"] = attempts.snapshot_as_of(job.name, job.replicas,
+    state.status["attemptWorkers"] = attempts.snapshot_as_of(job.worker_pod_names(),
                                                              worker_pods, created)
     state.status = attempts.update_current(state.status, launchTime=created,
                                            launcherPod=launcher["metadata"]["name"])
@@ -407,13 +407,13 @@ def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
         build_launcher_pod(job, settings, attempt, int(state.status.get("restartCount") or 0),
                            checkpoints.location(state.status)),
         owner_uid=job.uid)
-    state.status["attemptWorkers"] = attempts.worker_snapshot(job.name, job.replicas, worker_pods)
+    state.status["attemptWorkers"] = attempts.snapshot_of(job.worker_pod_names(), worker_pods)
     images = attempts.image_ids(worker_pods, WORKER_CONTAINER)
     state.status = attempts.update_current(state.status, launchTime=state.now_text,
                                            launcherPod=launcher_name,
                                            **({"workerImages": images} if images else {}))
     if created:
         state.events.append(Event("Normal", st.REASON_LAUNCHER_STARTED,
-                                  f"all {job.replicas} workers ready; launcher {launcher_name} "
+                                  f"all {job.worker_count} workers ready; launcher {launcher_name} "
                                   f"started (attempt {attempt})"))
     return launcher

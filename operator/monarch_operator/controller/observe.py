@@ -35,6 +35,13 @@ def ready_worker_ordinals(job_name: str, replicas: int, pods: list[dict[str, Any
     }
 
 
+def ready_worker_names(wanted: list[str], pods: list[dict[str, Any]]) -> set[str]:
+    """Those of the worker pod names ``wanted`` whose pod is Ready (other pods are ignored)."""
+    wanted_names = set(wanted)
+    return {pod["metadata"]["name"] for pod in pods
+            if pod["metadata"]["name"] in wanted_names and pod_is_ready(pod)}
+
+
 def why_not_ready(pod: dict[str, Any] | None) -> str:
     """Say in a few words why a worker pod is not Ready, from what Kubernetes reports.
 

@@ -10,7 +10,7 @@ from monarch_operator import constants, names
 from monarch_operator.controller import attempts, k8s, observe, stuckpods, verdicts
 from monarch_operator.controller import status as st
 from monarch_operator.controller.passstate import Event, Pass
-from monarch_operator.controller.spec import CLEANUP_DELETE_ALL
+from monarch_operator.controller.spec import CLEANUP_DELETE_ALL, JobSpec
 
 
 def launcher_pod(namespace: str, job_name: str, attempt: int) -> dict[str, Any] | None:
@@ -117,12 +117,13 @@ def clean_up(state: Pass) -> None:
     launcher_running = launcher is not None and not observe.launcher_outcome(launcher).finished
     if (launcher_running or cleanup == CLEANUP_DELETE_ALL) and k8s.stop_pod(launcher):
         _tell(state, Event("Normal", "LauncherDeleted", "launcher pod deleted"))
-    if job.releases_workers(deadline) and k8s.delete_if_present(
-               "apps/v1", "StatefulSet", namespace, names.worker_set(job.name)):
+    if job.releases_workers(deadline) and delete_worker_sets(job):
         _tell(state, Event("Normal", "WorkersReleased", "worker pods deleted"))
     if cleanup == CLEANUP_DELETE_ALL:  # literal kinds: the chart's RBAC test reads them
         k8s.delete_if_present("v1", "ConfigMap", namespace, names.hostfile_configmap(job.name))
-        k8s.delete_if_present("v1", "Service", namespace, names.worker_service(job.name))
+        for group in job.groups:
+            k8s.delete_if_present("v1", "Service", namespace,
+                                  names.group_set(job.name, group.name))
         k8s.delete_if_present("v1", "Secret", namespace, names.ssh_secret(job.name))
         # The progress ConfigMap (its report is in status.progress by now) and what let the
         # launcher write it; the uncached three only once, with the ConfigMap.
@@ -134,6 +135,14 @@ def clean_up(state: Pass) -> None:
                                   names.progress_configmap(job.name))
             k8s.delete_if_present("v1", "ServiceAccount", namespace,
                                   names.launcher_account(job.name))
+
+
+def delete_worker_sets(job: JobSpec) -> bool:
+    """Delete every worker group's StatefulSet (its pods go with it); whether one was there."""
+    deleted = [k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace,
+                                     names.group_set(job.name, group.name))
+               for group in job.groups]
+    return any(deleted)
 
 
 def _tell(state: Pass, event: Event) -> None:
@@ -155,13 +164,13 @@ def count_ready_workers(state: Pass) -> None:
     job = state.job
     pods = let_go_of_stuck(state, k8s.list_pods(job.namespace, {
        constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_WORKER}))
-    worker_set = k8s.read("apps/v1", "StatefulSet", job.namespace, names.worker_set(job.name))
-    if worker_set is None or worker_set["metadata"].get("deletionTimestamp"):
-        pods = []
-    else:
-        pods = [pod for pod in pods
-                if k8s.controller_uid(pod) == worker_set["metadata"].get("uid")]
-    show_ready_workers(state, pods)
+    live_uids = set()
+    for group in job.groups:
+        worker_set = k8s.read("apps/v1", "StatefulSet", job.namespace,
+                              names.group_set(job.name, group.name))
+        if worker_set is not None and not worker_set["metadata"].get("deletionTimestamp"):
+            live_uids.add(worker_set["metadata"].get("uid"))
+    show_ready_workers(state, [pod for pod in pods if k8s.controller_uid(pod) in live_uids])
 
 
 def show_ready_workers(state: Pass, pods: list[dict[str, Any]]) -> None:
@@ -170,5 +179,5 @@ def show_ready_workers(state: Pass, pods: list[dict[str, Any]]) -> None:
     stopped by a suspend or by Kueue shows its workers as long as they hold their GPUs (while
     the launcher saves its state, say), not ``0/N`` from the moment the stop was asked for."""
     job = state.job
-    ready = observe.ready_worker_ordinals(job.name, job.replicas, pods)
-    state.status["readyWorkers"] = f"{len(ready)}/{job.replicas}"
+    ready = observe.ready_worker_names(job.worker_pod_names(), pods)
+    state.status["readyWorkers"] = f"{len(ready)}/{job.worker_count}"

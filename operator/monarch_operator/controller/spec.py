@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monarch_operator import constants, names
+from monarch_operator.controller.groups import GroupRuleError, Role, WorkerGroup, parse_groups
 from monarch_operator.controller.policy import RunPolicy
 
 # Defaults mirror crds/monarchjobs.monarch-operator.dev.yaml (a unit test compares them).
@@ -109,6 +110,29 @@ class JobSpec:
     # spec.mode: "ssh" (workers run sshd, the launcher starts Monarch over ssh) or "attach"
     # (workers run Monarch's worker loop; a KubernetesJob program attaches, docs/attach.md).
     mode: str = constants.MODE_SSH
+    # spec.workerGroups and spec.roles (controller/groups.py, docs/roles.md); empty for a job
+    # given by spec.workers and spec.meshes alone.
+    worker_groups: tuple[WorkerGroup, ...] = ()
+    roles: tuple[Role, ...] = ()
+
+    @property
+    def groups(self) -> tuple[WorkerGroup, ...]:
+        """The job's worker groups in hostfile order: ``spec.workerGroups``, or the one
+        unnamed group of ``spec.workers`` (StatefulSet ``<job>-worker``)."""
+        if self.worker_groups:
+            return self.worker_groups
+        return (WorkerGroup(names.LEGACY_GROUP, self.replicas, self.gpus_per_worker,
+                            self.image, labelled=False),)
+
+    @property
+    def worker_count(self) -> int:
+        """Workers of every group together (READY's denominator)."""
+        return sum(group.replicas for group in self.groups)
+
+    def worker_pod_names(self) -> list[str]:
+        """Every worker pod's name in hostfile order: group by group, ordinal order."""
+        return [names.group_pod(self.name, group.name, ordinal)
+                for group in self.groups for ordinal in range(group.replicas)]
 
     @property
     def attach(self) -> bool:
@@ -142,6 +166,10 @@ class JobSpec:
             raise InvalidSpecError(str(error)) from error
         check_launcher_rules(spec)
         check_mode_rules(spec)
+        try:
+            worker_groups, roles = parse_groups(spec, metadata["name"], image, pod_template)
+        except GroupRuleError as error:
+            raise InvalidSpecError(str(error)) from error
         trainer = meshes.get("trainer") or {}
         ref = meshes.get("ref") or {}
         return cls(
@@ -182,6 +210,8 @@ class JobSpec:
             queue_name=kueue_object_label(metadata, KUEUE_QUEUE_LABEL),
             priority_class=kueue_object_label(metadata, KUEUE_PRIORITY_LABEL),
             mode=str(spec.get("mode") or constants.MODE_SSH),
+            worker_groups=worker_groups,
+            roles=roles,
         )
 
 

@@ -20,8 +20,7 @@ def suspend(state: Pass) -> None:
     launcher = release.running_launcher(job.namespace, job.name, attempt)
     _, workers_may_go = release.stop_launcher_first(state, launcher)
     if workers_may_go:
-        k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace,
-                              names.worker_set(job.name))
+        release.delete_worker_sets(job)
         k8s.delete_if_present("v1", "ConfigMap", job.namespace,
                               names.hostfile_configmap(job.name))
     if record.get("launchTime") and not record.get("endTime"):
@@ -35,7 +34,8 @@ def suspend(state: Pass) -> None:
     release.show_ready_workers(state, pods)
     # The gate's first step made the Service, which a suspension keeps: without it nothing of
     # the job ever started (created with spec.suspend: true).
-    started = k8s.read("v1", "Service", job.namespace, names.worker_service(job.name)) is not None
+    started = k8s.read("v1", "Service", job.namespace,
+                       names.group_set(job.name, job.groups[0].name)) is not None
     if not workers_may_go:
         message = (f"spec.suspend is true: launcher {launcher['metadata']['name']} saving its "
                    f"state (up to {job.run_policy.checkpoint_grace_seconds}s), then the workers "

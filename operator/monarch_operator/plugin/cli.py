@@ -24,7 +24,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from monarch_operator import constants, names
+from monarch_operator import constants
+from monarch_operator.controller.spec import JobSpec
 from monarch_operator.plugin import views
 
 RESOURCE = "monarchjobs.monarch-operator.dev"
@@ -158,7 +159,7 @@ def exec_rank(kube: Kube, body: dict[str, Any], args: argparse.Namespace) -> int
         print("kubectl monarch exec: give the command after --", file=sys.stderr)
         return 2
     place = views.find_rank(views.rank_places(body), args.rank, args.role)
-    pod = names.worker_pod(body["metadata"]["name"], place.ordinal)
+    pod = JobSpec.from_body(body).worker_pod_names()[place.ordinal]
     if views.finished(body) and not _exists(kube, "pod", pod):  # kept with KeepAll
         phase = body["status"]["phase"]
         print(f"kubectl monarch exec: {body['metadata']['name']} is {phase}: its workers were "

@@ -15,6 +15,7 @@ from typing import Any
 from monarch_operator import names
 from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import hostfile_hosts
+from monarch_operator.controller.groups import role_ordinals
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
 from monarch_operator.launcher.hosts.placement import plan_placement
@@ -48,6 +49,8 @@ def rank_places(body: dict[str, Any], settings: Settings | None = None) -> list[
     settings = settings or Settings()
     hosts = hostfile_hosts(job, settings)
     ordinal_of = {host.name: index for index, host in enumerate(hosts)}
+    if job.roles:
+        return _role_places(job)
     if job.spmd is not None:
         per_node = job.spmd.nproc_per_node or job.gpus_per_worker
         return [RankPlace("spmd", ordinal * per_node + local, ordinal, local, local)
@@ -62,6 +65,31 @@ def rank_places(body: dict[str, Any], settings: Settings | None = None) -> list[
             for local in range(role.procs_per_host):
                 places.append(RankPlace(role.role, host_index * role.procs_per_host + local,
                                         ordinal_of[host], local, gpus[local]))
+    return places
+
+
+def _role_places(job: JobSpec) -> list[RankPlace]:
+    """Ranks of a job with ``spec.roles`` (docs/roles.md): each role's workers from
+    :func:`.groups.role_ordinals`, ``procs`` (else ``gpus``, else the group's slots) ranks per
+    host; a role colocated with another counts its GPUs after those of the roles before it in
+    that set (a display: the launcher places them). ``ordinal`` is the worker's index in the
+    hostfile (every group's workers, group by group)."""
+    first, count = {}, 0  # group -> hostfile index of its worker 0
+    for group in job.groups:
+        first[group.name], count = count, count + group.replicas
+    by_group = {group.name: group for group in job.groups}
+    gpu_offset: dict[str, int] = {}
+    places = []
+    for role, ordinals in zip(job.roles, role_ordinals(job.worker_groups, job.roles).values(),
+                              strict=True):
+        base = role.colocate_with or role.name
+        offset = gpu_offset.get(base, 0)
+        gpu_offset[base] = offset + (role.gpus or 0)
+        per_host = role.procs or role.gpus or by_group[role.group].slots
+        for host_index, ordinal in enumerate(ordinals):
+            index = first[role.group] + ordinal
+            places += [RankPlace(role.name, host_index * per_host + local, index, local,
+                                 offset + local) for local in range(per_host)]
     return places
 
 
@@ -108,12 +136,13 @@ def hosts_table(body: dict[str, Any], pods: list[dict[str, Any]],
     gone = "released" if finished(body) else "missing"
     releasing = releases_workers(body)
     rows = [["ROLE", "RANK", "LOCAL", "HOST", "POD", "NODE", "GPU"]]
+    pod_names = job.worker_pod_names()
+    hosts = hostfile_hosts(job, settings)
     for place in rank_places(body, settings):
-        pod_name = names.worker_pod(job.name, place.ordinal)
+        pod_name = pod_names[place.ordinal]
         pod = by_name.get(pod_name) or {}
         rows.append([place.role, str(place.rank), str(place.local_rank),
-                     names.worker_fqdn(job.name, job.namespace, place.ordinal,
-                                       settings.cluster_domain),
+                     hosts[place.ordinal].name,
                      f"{pod_name} ({gone})" if not pod else
                      f"{pod_name} (releasing)" if releasing else
                      f"{pod_name} (terminating)" if pod["metadata"].get("deletionTimestamp")

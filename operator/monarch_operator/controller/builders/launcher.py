@@ -26,6 +26,7 @@ from monarch_operator.controller.builders.common import (
     ssh_secret_volume,
 )
 from monarch_operator.controller.builders.statefulset import merge_pod_template
+from monarch_operator.controller.groups import roles_env_value
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec, SpmdSpec
 
@@ -63,7 +64,8 @@ def launcher_command(job: JobSpec) -> list[str]:
 
 
 def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
-                 checkpoint: str | None = None) -> list[dict[str, Any]]:
+                 checkpoint: str | None = None,
+                 cluster_domain: str = "cluster.local") -> list[dict[str, Any]]:
     """The launcher container's env: the operator's ``MONARCH_*`` contract, then the user's.
 
     ``MONARCH_ATTEMPT`` is ``attempt`` (1 for the first run, 2 after one restart, ...);
@@ -80,6 +82,8 @@ def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
     ``MONARCH_RUNTIME_DIR`` names the pod's writable runtime folder (launcher/userentry.py).
     The mesh layout (``MONARCH_TRAINER_*``, ``MONARCH_REF_*``, ``MONARCH_COLOCATE``) is left out
     for ``spec.spmd`` jobs, which ignore the meshes; the GPU split only when the job gives it.
+    A job with ``spec.roles`` gets ``MONARCH_ROLES`` instead (JSON, each role's hosts as the
+    hostfile names them; docs/roles.md), the workers' names under ``cluster_domain``.
     """
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -108,7 +112,10 @@ def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
             "value": f"{constants.SSH_DIR}/{constants.SSH_KNOWN_HOSTS}",
         },
     ]
-    if job.spmd is None:
+    if job.roles:
+        env.append({"name": constants.ENV_ROLES, "value": roles_env_value(
+            job.name, job.namespace, cluster_domain, job.worker_groups, job.roles)})
+    elif job.spmd is None:
         env += [
             {"name": constants.ENV_TRAINER_HOSTS, "value": str(job.trainer_hosts)},
             {"name": constants.ENV_REF_HOSTS, "value": str(job.ref_hosts)},
@@ -169,7 +176,7 @@ def build_launcher_pod(job: JobSpec, settings: Settings, attempt: int = 1,
         "image": job.launcher_image,
         "command": launcher_command(job),
         "securityContext": container_security_context(),
-        "env": launcher_env(job, attempt, restart_count, checkpoint),
+        "env": launcher_env(job, attempt, restart_count, checkpoint, settings.cluster_domain),
         "volumeMounts": [
             {"name": "hostfile", "mountPath": constants.HOSTFILE_DIR, "readOnly": True},
             {"name": "ssh", "mountPath": constants.SSH_DIR, "readOnly": True},

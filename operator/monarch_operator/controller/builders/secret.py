@@ -18,17 +18,17 @@ from monarch_operator.controller.sshkeys import JobKeys
 
 
 def worker_host_pattern(job: JobSpec, settings: Settings) -> str:
-    """The known_hosts host pattern that matches every worker of ``job`` on the sshd port.
+    """The known_hosts host pattern that matches every worker of ``job`` on the sshd port
+    (one per worker group, comma-separated, as known_hosts lists several patterns).
 
     ``[*.<job>-worker.<namespace>.svc.<cluster domain>]:2222``: ssh looks a host on a port
     other than 22 up as ``[name]:port`` (sshd(8), SSH_KNOWN_HOSTS FILE FORMAT), and the hostfile
     names each worker by its FQDN under the job's headless Service, so the one pattern covers
     every ordinal, including ones added by a later scale-up.
     """
-    service_domain = (
-        f"{names.worker_service(job.name)}.{job.namespace}.svc.{settings.cluster_domain}"
-    )
-    return f"[*.{service_domain}]:{constants.SSH_PORT}"
+    return ",".join(
+        f"[*.{names.group_set(job.name, group.name)}.{job.namespace}.svc."
+        f"{settings.cluster_domain}]:{constants.SSH_PORT}" for group in job.groups)
 
 
 def known_hosts_text(job: JobSpec, settings: Settings, host_public_key_line: bytes) -> bytes:

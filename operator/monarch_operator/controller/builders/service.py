@@ -5,26 +5,38 @@ from __future__ import annotations
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller.builders.common import child_metadata, job_labels
+from monarch_operator.controller.builders.common import child_metadata
+from monarch_operator.controller.builders.statefulset import group_labels
+from monarch_operator.controller.groups import WorkerGroup
 from monarch_operator.controller.spec import JobSpec
 
 
-def build_worker_service(job: JobSpec) -> dict[str, Any]:
-    """Headless Service ``<job>-worker`` over the worker pods.
+def build_worker_services(job: JobSpec) -> list[dict[str, Any]]:
+    """One headless Service per worker group, in hostfile order (:func:`build_worker_service`)."""
+    return [build_worker_service(job, group) for group in job.groups]
+
+
+def build_worker_service(job: JobSpec, group: WorkerGroup | None = None) -> dict[str, Any]:
+    """Headless Service ``<job>-<group>`` (``<job>-worker`` for a job without worker groups)
+    over the group's worker pods; ``group`` None: the job's first.
 
     ``publishNotReadyAddresses`` lets names resolve before readiness, so the launcher never races
     DNS once pods are Ready (mpi-operator #470, kubernetes #92559). In attach mode the workers
     advertise these names to Monarch (launcher/attachworker.py), so each must resolve before
     its pod is Ready: Monarch's ``KubernetesJob`` attaches as soon as all are Ready.
     """
+    group = group or job.groups[0]
+    metadata = child_metadata(job, names.group_set(job.name, group.name))
+    if group.labelled:
+        metadata["labels"][constants.LABEL_GROUP] = group.name
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": child_metadata(job, names.worker_service(job.name)),
+        "metadata": metadata,
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": job_labels(job, constants.ROLE_WORKER),
+            "selector": group_labels(job, group),
             "ports": _ports(job),
         },
     }

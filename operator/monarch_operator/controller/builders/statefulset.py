@@ -24,6 +24,7 @@ from monarch_operator.controller.builders.common import (
     runtime_volume,
     ssh_secret_volume,
 )
+from monarch_operator.controller.groups import WorkerGroup
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
 
@@ -46,34 +47,58 @@ ATTACH_WORKER_COMMAND = ("python", "-u", "-m", "monarch_operator.launcher.attach
 WORKER_STOP_MARGIN_SECONDS = 15
 
 
-def build_worker_statefulset(job: JobSpec, settings: Settings) -> dict[str, Any]:
-    """StatefulSet ``<job>-worker`` with ``replicas`` pods, Parallel pod management.
-
-    Each pod requests ``gpusPerWorker`` GPUs, mounts only ``authorized_keys`` and the host key
-    of the job's Secret (never the client's private key), is Ready once sshd accepts TCP on
-    port 2222, and searches the job's Service domain. In attach mode (``spec.mode: attach``)
-    each pod runs Monarch's worker loop instead, mounts no keys and is Ready once the loop
-    accepts TCP on ``MONARCH_PORT`` (26600).
-    ``spec.workers.template`` is merged over the generated pod template (containers by name).
-    """
+def group_labels(job: JobSpec, group: WorkerGroup) -> dict[str, str]:
+    """The labels that select worker group ``group``'s pods (its StatefulSet's and Service's
+    selector): the job's worker labels, and for a named group its name
+    (``monarch-operator.dev/group``; the unnamed group of ``spec.workers`` has none, so its
+    StatefulSet's selector and template stay as they were)."""
     labels = job_labels(job, constants.ROLE_WORKER)
+    if group.labelled:
+        labels[constants.LABEL_GROUP] = group.name
+    return labels
+
+
+def build_worker_statefulsets(job: JobSpec, settings: Settings) -> list[dict[str, Any]]:
+    """One StatefulSet per worker group, in hostfile order (:func:`build_worker_statefulset`)."""
+    return [build_worker_statefulset(job, settings, group) for group in job.groups]
+
+
+def build_worker_statefulset(job: JobSpec, settings: Settings,
+                             group: WorkerGroup | None = None) -> dict[str, Any]:
+    """StatefulSet ``<job>-<group>`` (``<job>-worker`` for a job without worker groups) with
+    the group's ``replicas`` pods, Parallel pod management; ``group`` None: the job's first.
+
+    Each pod requests the group's ``gpusPerWorker`` GPUs (none at 0), mounts only
+    ``authorized_keys`` and the host key of the job's Secret (never the client's private key),
+    is Ready once sshd accepts TCP on port 2222, and searches its group's Service domain. In
+    attach mode (``spec.mode: attach``) each pod runs Monarch's worker loop instead, mounts no
+    keys and is Ready once the loop accepts TCP on ``MONARCH_PORT`` (26600).
+    ``spec.workers.template`` is merged over the generated pod template (containers by name),
+    then the group's own ``template`` over that.
+    """
+    group = group or job.groups[0]
+    labels = group_labels(job, group)
     template = {
         "metadata": pod_metadata(job, labels),
-        "spec": _worker_pod_spec(job, settings),
+        "spec": _worker_pod_spec(job, settings, group),
     }
     template = merge_pod_template(template, job.worker_template)
+    template = merge_pod_template(template, group.template)
     _keep_one_shm_mount(template["spec"])
     # `cpu: 2` in the user's template is valid Kubernetes; the client must send it as "2" (C12A).
     template["spec"] = quantities_as_strings(template["spec"])
     # The selector labels win over the user's template: the StatefulSet must find its pods.
     template["metadata"].setdefault("labels", {}).update(labels)
+    metadata = child_metadata(job, names.group_set(job.name, group.name), constants.ROLE_WORKER)
+    if group.labelled:
+        metadata["labels"][constants.LABEL_GROUP] = group.name
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": child_metadata(job, names.worker_set(job.name), constants.ROLE_WORKER),
+        "metadata": metadata,
         "spec": {
-            "serviceName": names.worker_service(job.name),
-            "replicas": job.replicas,
+            "serviceName": names.group_set(job.name, group.name),
+            "replicas": group.replicas,
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": labels},
             "template": template,
@@ -81,9 +106,9 @@ def build_worker_statefulset(job: JobSpec, settings: Settings) -> dict[str, Any]
     }
 
 
-def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
+def _worker_pod_spec(job: JobSpec, settings: Settings, group: WorkerGroup) -> dict[str, Any]:
     service_domain = (
-        f"{names.worker_service(job.name)}.{job.namespace}.svc.{settings.cluster_domain}"
+        f"{names.group_set(job.name, group.name)}.{job.namespace}.svc.{settings.cluster_domain}"
     )
     spec: dict[str, Any] = {
         # No kubelet-style <SERVICE>_HOST variables pointing at ClusterIPs.
@@ -91,8 +116,8 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(settings.worker_user_id),
         "dnsConfig": {"searches": [service_domain]},
-        "containers": [_attach_container(job, service_domain) if job.attach
-                       else _ssh_container(job)],
+        "containers": [_attach_container(job, group, service_domain) if job.attach
+                       else _ssh_container(group)],
         "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}, runtime_volume()],
     }
     if not job.attach:  # attach mode runs no sshd: no keys on the workers
@@ -111,11 +136,18 @@ def _worker_pod_spec(job: JobSpec, settings: Settings) -> dict[str, Any]:
     return spec
 
 
-def _ssh_container(job: JobSpec) -> dict[str, Any]:
+def _gpu_resources(group: WorkerGroup) -> dict[str, Any]:
+    """The worker container's GPU limit; none for a CPU-only group (0 GPUs)."""
+    if group.gpus_per_worker == 0:
+        return {}
+    return {"limits": {constants.GPU_RESOURCE: str(group.gpus_per_worker)}}
+
+
+def _ssh_container(group: WorkerGroup) -> dict[str, Any]:
     """SSH mode's worker container: sshd (the image's entrypoint), Ready once it accepts TCP."""
     return {
         "name": WORKER_CONTAINER,
-        "image": job.image,
+        "image": group.image,
         "command": [WORKER_ENTRYPOINT],
         "securityContext": container_security_context(),
         "env": [
@@ -142,7 +174,7 @@ def _ssh_container(job: JobSpec) -> dict[str, Any]:
             "periodSeconds": 2,
             "failureThreshold": 1,
         },
-        "resources": {"limits": {constants.GPU_RESOURCE: str(job.gpus_per_worker)}},
+        "resources": _gpu_resources(group),
         "volumeMounts": [
             {"name": SSH_VOLUME, "mountPath": constants.SSH_DIR, "readOnly": True},
             {"name": SHM_VOLUME, "mountPath": SHM_PATH},
@@ -151,7 +183,7 @@ def _ssh_container(job: JobSpec) -> dict[str, Any]:
     }
 
 
-def _attach_container(job: JobSpec, service_domain: str) -> dict[str, Any]:
+def _attach_container(job: JobSpec, group: WorkerGroup, service_domain: str) -> dict[str, Any]:
     """Attach mode's worker container: Monarch's worker loop in the GPU container (procs it
     spawns see the GPUs), on ``MONARCH_PORT``, Ready once the loop accepts TCP there, so that
     Ready means what Monarch's ``KubernetesJob`` takes it to mean (it attaches to Ready pods).
@@ -161,7 +193,7 @@ def _attach_container(job: JobSpec, service_domain: str) -> dict[str, Any]:
     """
     return {
         "name": WORKER_CONTAINER,
-        "image": job.image,
+        "image": group.image,
         "command": list(ATTACH_WORKER_COMMAND),
         "securityContext": container_security_context(),
         "env": [
@@ -175,7 +207,7 @@ def _attach_container(job: JobSpec, service_domain: str) -> dict[str, Any]:
             "periodSeconds": 2,
             "failureThreshold": 1,
         },
-        "resources": {"limits": {constants.GPU_RESOURCE: str(job.gpus_per_worker)}},
+        "resources": _gpu_resources(group),
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": SHM_PATH}, runtime_mount()],
     }
 

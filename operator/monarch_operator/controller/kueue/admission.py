@@ -18,6 +18,7 @@ class ``Evicted``: it counts in RESTARTS and ``status.attempts`` and spends no r
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +26,17 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import Histogram
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attempts, causes, deadlines, k8s, policy, release
+from monarch_operator.controller import (
+    attempts,
+    causes,
+    deadlines,
+    endings,
+    k8s,
+    policy,
+    release,
+)
 from monarch_operator.controller import status as st
+from monarch_operator.controller.groups import WorkerGroup
 from monarch_operator.controller.kueue import client, topology
 from monarch_operator.controller.kueue import workload as wl
 from monarch_operator.controller.passstate import Event, Pass
@@ -106,17 +116,78 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
         _admitted(state, verdict)
         updates = wl.pod_set_updates(workload, client.flavor_specs(
             {flavor for flavors in verdict.flavors.values() for flavor in flavors.values()}))
-        admitted_job = dataclasses.replace(
-            job, worker_template=wl.with_updates(job.worker_template,
-                                                 updates.get(wl.PODSET_WORKERS)),
-            launcher_template=wl.with_updates(job.launcher_template,
-                                              updates.get(wl.PODSET_LAUNCHER)))
-        return Queue(workload, True, admitted_job)
+        conflict = _flavor_conflict(job, updates)
+        if conflict:  # never resolved by whichever label is written last (C31)
+            endings.fail(state, st.REASON_TEMPLATE_REFUSED, conflict)
+            return Queue(workload, False, job)
+        return Queue(workload, True, _with_admission(job, updates))
     left = _stop(state, verdict)
     if verdict.state == wl.STATE_EVICTED and not left:
         client.write_workload_status(workload, wl.released_status(workload, state.now_text))
     _queued(state, queue, verdict, left)
     return Queue(workload, False, job)
+
+
+def _with_admission(job: JobSpec, updates: dict[str, wl.PodSetUpdate]) -> JobSpec:
+    """``job`` with what admission put into each pod set applied to that pod set's template
+    only: the launcher's, and each worker group's own (``spec.workers.template`` for a job
+    without groups), so each group keeps its own flavor (C31)."""
+    launcher_template = wl.with_updates(job.launcher_template, updates.get(wl.PODSET_LAUNCHER))
+    if not job.worker_groups:
+        return dataclasses.replace(
+            job, worker_template=wl.with_updates(job.worker_template,
+                                                 updates.get(wl.PODSET_WORKERS)),
+            launcher_template=launcher_template)
+    groups = tuple(dataclasses.replace(group, template=wl.with_updates(
+                       group.template, updates.get(wl.pod_set_name(group))))
+                   for group in job.worker_groups)
+    return dataclasses.replace(job, worker_groups=groups, launcher_template=launcher_template)
+
+
+def _flavor_conflict(job: JobSpec, updates: dict[str, wl.PodSetUpdate]) -> str | None:
+    """Why a worker group cannot run where Kueue admitted it: its own node selector
+    (``spec.workers.template``'s, then its template's) gives a key another value than its
+    flavor's node labels; None when none does. Only for jobs with ``spec.workerGroups``."""
+    for group in job.worker_groups:
+        update = updates.get(wl.pod_set_name(group))
+        if update is not None:
+            clash = _contradiction(job, group, update.node_selector, "the flavor Kueue "
+                                   "admitted it to")
+            if clash:
+                return f"{clash}; remove the key or point the group at a queue with that flavor"
+    return None
+
+
+def _contradiction(job: JobSpec, group: WorkerGroup, node_labels: dict[str, str],
+                   flavor: str) -> str | None:
+    """``spec.workerGroups 'g': its nodeSelector k=v contradicts k=w of <flavor>`` for the
+    first key where the group's own selector and ``node_labels`` differ, else None."""
+    own = {**((job.worker_template.get("spec") or {}).get("nodeSelector") or {}),
+           **((group.template.get("spec") or {}).get("nodeSelector") or {})}
+    for key, value in sorted(node_labels.items()):
+        if key in own and own[key] != value:
+            return (f"spec.workerGroups {group.name!r}: its nodeSelector {key}={own[key]} "
+                    f"contradicts {key}={value} of {flavor}")
+    return None
+
+
+# Kueue's words when a pod set's node selector rules out a flavor (flavorassigner).
+_NO_MATCH = re.compile(r"couldn't assign flavors to pod set (?P<podset>[a-z0-9-]+): flavor "
+                       r"(?P<flavor>\S+) doesn't match node affinity")
+
+
+def _selector_hint(job: JobSpec, message: str) -> str:
+    """For a worker group that Kueue cannot place because its own node selector rules its
+    flavor out (C31): which key, with both values (one ResourceFlavor read); else ""."""
+    found = _NO_MATCH.search(message)
+    group = next((g for g in job.worker_groups
+                  if found and wl.pod_set_name(g) == found["podset"]), None)
+    if found is None or group is None:
+        return ""
+    labels = (client.flavor_specs({found["flavor"]}).get(found["flavor"]) or {}).get(
+        "nodeLabels") or {}
+    clash = _contradiction(job, group, dict(labels), f"flavor {found['flavor']}")
+    return f"; {clash}" if clash else ""
 
 
 REASON_WORKLOAD_REPLACED = "WorkloadReplaced"
@@ -197,8 +268,7 @@ def _stop(state: Pass, verdict: wl.Admission) -> int:
     launcher = release.running_launcher(job.namespace, job.name, attempt)
     stopped, workers_may_go = release.stop_launcher_first(state, launcher)
     if workers_may_go:
-        stopped |= k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace,
-                                         names.worker_set(job.name))
+        stopped |= release.delete_worker_sets(job)
         k8s.delete_if_present("v1", "ConfigMap", job.namespace,
                               names.hostfile_configmap(job.name))
     # Only an attempt admitted and not yet stopped ends here: with a checkpoint grace period
@@ -256,7 +326,8 @@ def _queued(state: Pass, queue: str, verdict: wl.Admission, pods_left: int) -> N
         kueue_words = causes.without_uids(verdict.message)
         detail = f"{verdict.reason}: {kueue_words}" if kueue_words else verdict.reason
         message = (f"{_requeued_after(state)}waiting in LocalQueue {queue} for admission: "
-                   f"{detail}{_hint(verdict.message)}")
+                   f"{detail}{_hint(verdict.message)}"
+                   f"{_selector_hint(state.job, verdict.message)}")
         reason = REASON_QUEUED
     if not st.is_true(state.status, st.QUEUED) and reason == REASON_QUEUED:
         state.events.append(Event("Normal", REASON_QUEUED, message))

@@ -3,7 +3,8 @@ puts into the job's pods.
 
 One MonarchJob is one Workload (``kueue.x-k8s.io/v1beta2``) and one gang: a pod set ``workers``
 (the worker StatefulSet's pod template, ``count`` = workers; colocated roles live in the same
-pods, so they share it) and a pod set ``launcher`` (count 1). Each template is the one the
+pods, so they share it), or with ``spec.workerGroups`` one pod set per group named as the
+group, and a pod set ``launcher`` (count 1). Each template is the one the
 operator creates, so Kueue counts exactly the requests (``nvidia.com/gpu`` included) that the
 pods will make. The contract follows Kueue's own job integrations
 (``pkg/controller/jobframework/reconciler.go`` of Kueue v0.19: the job runs only while its
@@ -25,6 +26,7 @@ from monarch_operator import names
 from monarch_operator.controller.builders.common import job_labels, owner_reference
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
+from monarch_operator.controller.groups import WorkerGroup
 from monarch_operator.controller.kueue import topology
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
@@ -85,23 +87,18 @@ def build_workload(job: JobSpec, settings: Settings, queue: str,
     Raises:
         topology.TopologyRequestError: a template's topology annotation is malformed.
     """
-    worker_template = build_worker_statefulset(job, settings)["spec"]["template"]
     launcher = build_launcher_pod(job, settings, 1)
     launcher_template = {"metadata": {key: launcher["metadata"][key]
                                       for key in ("labels", "annotations")
                                       if launcher["metadata"].get(key)},
                          "spec": launcher["spec"]}
-    workers: dict[str, Any] = {"name": PODSET_WORKERS, "count": job.replicas,
-                               "template": worker_template,
-                               "topologyRequest": topology.topology_request(
-                                   worker_template, "spec.workers.template",
-                                   topology.POD_INDEX_LABEL)}
+    workers = [_group_pod_set(job, settings, group) for group in job.groups]
     launcher_set: dict[str, Any] = {"name": PODSET_LAUNCHER, "count": 1,
                                     "template": launcher_template}
     launcher_topology = topology.topology_request(launcher_template, "spec.launcher.template")
     if launcher_topology is not None:
         launcher_set["topologyRequest"] = launcher_topology
-    spec: dict[str, Any] = {"queueName": queue, "podSets": [workers, launcher_set]}
+    spec: dict[str, Any] = {"queueName": queue, "podSets": [*workers, launcher_set]}
     if priority is not None:
         spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass",
                                     "name": priority[0]}
@@ -118,6 +115,23 @@ def build_workload(job: JobSpec, settings: Settings, queue: str,
         },
         "spec": spec,
     }
+
+
+def pod_set_name(group: WorkerGroup) -> str:
+    """The pod set of worker group ``group``: ``workers`` for the unnamed group of a job
+    without ``spec.workerGroups``, else the group's name (never ``launcher``, a name groups
+    may not take)."""
+    return group.name if group.labelled else PODSET_WORKERS
+
+
+def _group_pod_set(job: JobSpec, settings: Settings, group: WorkerGroup) -> dict[str, Any]:
+    """Worker group ``group``'s pod set: its StatefulSet's pod template, count its replicas."""
+    template = build_worker_statefulset(job, settings, group)["spec"]["template"]
+    where = ("spec.workers.template" if not group.labelled
+             else f"spec.workerGroups {group.name!r} template")
+    return {"name": pod_set_name(group), "count": group.replicas, "template": template,
+            "topologyRequest": topology.topology_request(template, where,
+                                                         topology.POD_INDEX_LABEL)}
 
 
 def _spec_hash(spec: dict[str, Any]) -> str:
