@@ -102,6 +102,7 @@ ENV_DNS_STABLE = "MONARCH_DNS_STABLE"
 # Colocated roles only, and only when the job gives them: each role's GPUs per host.
 ENV_TRAINER_GPUS = "MONARCH_TRAINER_GPUS"
 ENV_REF_GPUS = "MONARCH_REF_GPUS"
+ENV_ROLES = "MONARCH_ROLES"
 # The MonarchJob a launcher pod belongs to, for programs that label their own output or metrics.
 ENV_JOB_NAME = "MONARCH_JOB_NAME"
 ENV_NAMESPACE = "MONARCH_JOB_NAMESPACE"
@@ -156,6 +157,7 @@ LAUNCHER_RESERVED_ENV = (
     ENV_COLOCATE,
     ENV_TRAINER_GPUS,
     ENV_REF_GPUS,
+    ENV_ROLES,
     ENV_CLIENT_ADDRESS,
     ENV_OPERATOR_MESHES,
     ENV_OPERATOR_NAMESPACE,

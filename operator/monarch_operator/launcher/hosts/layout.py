@@ -154,11 +154,13 @@ def _counted_hosts(specs: list[RoleSpec], hosts: list[Host],
                if spec.colocate_with is None and isinstance(spec.hosts, int)]
     needed = sum(int(spec.hosts or 0) for spec in counted)
     if needed > len(pool):
-        asked = " + ".join(f"{spec.hosts} {spec.name}" for spec in counted)
-        left = f" left after the {len(taken)} named by roles" if taken else ""
+        asked = " + ".join(f"{spec.name} {spec.hosts}" for spec in counted)
+        if taken:
+            raise PlacementError(
+                f"roles need {needed} more hosts ({asked}), but only {len(pool)} of the "
+                f"hostfile's {len(hosts)} hosts are not named by a role")
         raise PlacementError(
-            f"roles need {needed} hosts ({asked}), but the hostfile has {len(pool)}{left} "
-            f"({len(hosts)} hosts in all)")
+            f"roles need {needed} hosts ({asked}), but the hostfile has {len(hosts)}")
     result: dict[str, tuple[str, ...]] = {}
     start = 0
     for spec in counted:
