@@ -9,7 +9,7 @@ Each role (:class:`RoleSpec`) has
   in attach mode);
 - ``hosts``: a count N, the next N hosts in host order that no other role took or names (as
   Monarch's SlurmJob slices its host list, in role order), or explicit host names, each in the
-  hostfile;
+  hostfile, in the order listed (rank order follows it);
 - ``gpus``: GPUs per host (default: every slot of its hosts); 0 makes a CPU-only role whose
   procs see no GPU (``CUDA_VISIBLE_DEVICES`` set empty);
 - ``procs``: procs (ranks) per host, default ``gpus``, or 1 when ``gpus`` is 0;
