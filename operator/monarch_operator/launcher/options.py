@@ -145,8 +145,8 @@ def add_placement_flags(group: argparse._ArgumentGroup) -> None:
         action="append",
         metavar="NAME=HOSTS[,gpus=G][,procs=P]",
         help="a named role, repeated in start order (instead of the trainer/ref flags; env "
-        f"{constants.ENV_ROLES}); HOSTS: N (the next N hosts), host1+host2, or @ROLE (on an "
-        "earlier ROLE's hosts, disjoint GPUs); gpus=0: CPU only",
+        f"{constants.ENV_ROLES}); HOSTS: N (the next N hosts), host1+host2, or @ROLE (on "
+        "ROLE's hosts, disjoint GPUs); gpus=0: CPU only",
     )
     group.add_argument(
         "--roles",

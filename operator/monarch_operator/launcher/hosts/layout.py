@@ -13,8 +13,10 @@ Each role (:class:`RoleSpec`) has
 - ``gpus``: GPUs per host (default: every slot of its hosts); 0 makes a CPU-only role whose
   procs see no GPU (``CUDA_VISIBLE_DEVICES`` set empty);
 - ``procs``: procs (ranks) per host, default ``gpus``, or 1 when ``gpus`` is 0;
-- ``colocate_with``: an earlier role whose hosts it shares exactly: both roles' procs run on ONE
-  host mesh (one Monarch worker per host), with disjoint GPU sets taken in role order.
+- ``colocate_with``: another role whose hosts it shares exactly: both roles' procs run on ONE
+  host mesh (one Monarch worker per host), with disjoint GPU sets taken in role order. Usually
+  an earlier role; a later one is accepted too, as the operator allows it (the mesh is the
+  named role's either way); a chain leads to the role that names no partner.
 
 Rules:
 - A host belongs to at most one host mesh: Monarch's SSHJob would start a second worker on the
@@ -62,7 +64,7 @@ class RoleSpec:
             ``colocate_with`` (then the partner's hosts).
         gpus: GPUs per host, 0 or more; None: every slot, or an even share when colocated.
         procs: procs per host, 1 or more; None: ``gpus``, or 1 when that is 0.
-        colocate_with: the name of an earlier role whose hosts (one host mesh) it shares.
+        colocate_with: the name of another role whose hosts (one host mesh) it shares.
         mesh: the host mesh's name when this role starts one (None: the role's name); the
             trainer/ref placement names its shared mesh ``workers``.
         min_gpus: the least GPUs a colocated role may get (the trainer/ref placement's rule
@@ -91,15 +93,7 @@ def _check_spec(spec: RoleSpec, earlier: dict[str, RoleSpec]) -> None:
     check_role_name(spec.name)
     if spec.name in earlier:
         raise PlacementError(f"role {spec.name!r} is given twice; role names must be unique")
-    if spec.colocate_with is not None:
-        if spec.colocate_with == spec.name:
-            raise PlacementError(f"role {spec.name!r}: colocateWith names the role itself")
-        if spec.colocate_with not in earlier:
-            raise PlacementError(
-                f"role {spec.name!r}: colocateWith {spec.colocate_with!r} must name an earlier "
-                f"role (roles start in the order given; earlier: "
-                f"{', '.join(earlier) or 'none'})")
-    elif spec.hosts is None:
+    if spec.colocate_with is None and spec.hosts is None:
         raise PlacementError(f"role {spec.name!r}: give its hosts (a count or host names)")
     if isinstance(spec.hosts, int) and spec.hosts < 1:
         raise PlacementError(f"role {spec.name!r}: hosts must be at least 1, got {spec.hosts}")
@@ -116,10 +110,34 @@ def _check_spec(spec: RoleSpec, earlier: dict[str, RoleSpec]) -> None:
 
 
 def _anchors(specs: list[RoleSpec]) -> dict[str, str]:
-    """Each role's anchor: the first role of its colocation group (itself when not colocated)."""
+    """Each role's anchor: the role at the end of its colocateWith chain, which names its own
+    hosts and gives the mesh (itself when not colocated).
+
+    Raises:
+        PlacementError: colocateWith names the role itself, no role of the layout, or a chain
+            that comes back to where it started.
+    """
+    by_name = {spec.name: spec for spec in specs}
     anchor: dict[str, str] = {}
     for spec in specs:
-        anchor[spec.name] = anchor[spec.colocate_with] if spec.colocate_with else spec.name
+        chain = [spec.name]
+        current = spec
+        while current.colocate_with is not None:
+            partner = current.colocate_with
+            if partner == current.name:
+                raise PlacementError(f"role {current.name!r}: colocateWith names the role itself")
+            if partner not in by_name:
+                raise PlacementError(
+                    f"role {current.name!r}: colocateWith {partner!r} must name another role of "
+                    f"the layout (roles: {', '.join(by_name)})")
+            if partner in chain:
+                raise PlacementError(
+                    f"role {spec.name!r}: colocateWith goes round in a circle "
+                    f"({' -> '.join([*chain, partner])}); one role of a colocated set names "
+                    "its hosts and no partner")
+            chain.append(partner)
+            current = by_name[partner]
+        anchor[spec.name] = current.name
     return anchor
 
 

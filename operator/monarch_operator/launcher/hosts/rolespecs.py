@@ -8,7 +8,7 @@ Three forms, one meaning (the fields of :mod:`.layout`):
 - ``--roles FILE`` (the same list as JSON or YAML) or ``--roles '[...]'`` (the JSON inline);
 - ``--role NAME=HOSTS[,gpus=G][,procs=P]``, repeated in start order, where HOSTS is a count
   (``2``: the next two hosts), host names joined by ``+`` (``node1+node2``), or ``@ROLE``
-  (colocate with the earlier role ROLE, on its hosts).
+  (colocate with role ROLE, usually an earlier one, on its hosts).
 
 :func:`choose_roles` decides which source a run uses: ``--role``/``--roles`` over
 ``MONARCH_ROLES`` (flags win over the environment, with a warning), ``MONARCH_ROLES`` over the
@@ -75,7 +75,7 @@ def role_from_object(item: object, source: str, index: int) -> RoleSpec:
         hosts = _integer(hosts, where, "hosts (a count, or a list of host names)", 1)
     partner = item.get("colocateWith")
     if partner is not None and not isinstance(partner, str):
-        raise RolesFormatError(f"{where}: colocateWith must be an earlier role's name, got "
+        raise RolesFormatError(f"{where}: colocateWith must be another role's name, got "
                                f"{partner!r}")
     gpus, procs = item.get("gpus"), item.get("procs")
     return RoleSpec(
