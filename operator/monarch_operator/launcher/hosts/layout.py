@@ -168,11 +168,11 @@ def _counted_hosts(specs: list[RoleSpec], hosts: list[Host],
     """Give every role that asks for a count of hosts the next ones in host order."""
     taken = {host for names in named.values() for host in names}
     pool = [host.name for host in hosts if host.name not in taken]
-    counted = [spec for spec in specs
+    counted = [(spec.name, spec.hosts) for spec in specs
                if spec.colocate_with is None and isinstance(spec.hosts, int)]
-    needed = sum(int(spec.hosts or 0) for spec in counted)
+    needed = sum(count for _, count in counted)
     if needed > len(pool):
-        asked = " + ".join(f"{spec.name} {spec.hosts}" for spec in counted)
+        asked = " + ".join(f"{name} {count}" for name, count in counted)
         if taken:
             raise PlacementError(
                 f"roles need {needed} more hosts ({asked}), but only {len(pool)} of the "
@@ -181,9 +181,8 @@ def _counted_hosts(specs: list[RoleSpec], hosts: list[Host],
             f"roles need {needed} hosts ({asked}), but the hostfile has {len(hosts)}")
     result: dict[str, tuple[str, ...]] = {}
     start = 0
-    for spec in counted:
-        count = int(spec.hosts or 0)
-        result[spec.name] = tuple(pool[start:start + count])
+    for name, count in counted:
+        result[name] = tuple(pool[start:start + count])
         start += count
     return result
 
@@ -204,13 +203,13 @@ def _check_colocated_hosts(spec: RoleSpec, partner: str, hosts: tuple[str, ...])
 def _share_gpus(group: list[RoleSpec], slots: int) -> list[int]:
     """GPUs per host of each role of one mesh, in role order (module doc's rules)."""
     if len(group) == 1:
-        (spec,) = group
-        gpus = slots if spec.gpus is None else spec.gpus
-        if gpus > slots:
+        (alone,) = group
+        wanted = slots if alone.gpus is None else alone.gpus
+        if wanted > slots:
             raise PlacementError(
-                f"role {spec.name!r} asks for {gpus} GPUs per host, but its hosts have "
+                f"role {alone.name!r} asks for {wanted} GPUs per host, but its hosts have "
                 f"{slots} slots")
-        return [gpus]
+        return [wanted]
     given = sum(spec.gpus for spec in group if spec.gpus is not None)
     open_roles = [spec for spec in group if spec.gpus is None]
     left = max(slots - given, 0)

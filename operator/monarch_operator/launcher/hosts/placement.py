@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher.hosts.layout import RoleSpec, plan_layout
-from monarch_operator.launcher.hosts.plans import (  # noqa: F401 - re-exported, as before
+from monarch_operator.launcher.hosts.plans import (  # re-exported (__all__), as before
     MeshPlan,
     PlacementError,
     Plan,
@@ -39,6 +39,11 @@ from monarch_operator.launcher.hosts.plans import (  # noqa: F401 - re-exported,
     plan_to_dict,
     refuse_mixed_loopback,
 )
+
+__all__ = [
+    "COLOCATED_MESH", "REF", "TRAINER", "MeshPlan", "PlacementError", "Plan", "RoleNotFound",
+    "RolePlan", "format_plan", "is_loopback_name", "plan_placement", "plan_to_dict",
+]
 
 TRAINER = "trainer"
 REF = "ref"
