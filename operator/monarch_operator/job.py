@@ -39,6 +39,16 @@ an actor needs only :func:`init_process_group` (or torch's own with ``env://``):
 
 ``job.groups[role]`` (:class:`RoleGroup`) says where each group meets.
 
+**Named roles.** Beyond trainer and ref, a job can have any roles (``--role``, ``--roles``,
+``MONARCH_ROLES``, ``Job.from_args(roles=[...])``; :class:`RoleSpec`): ``job.roles[name]`` is
+each role's ProcMesh, in start order, a group of its own like the trainer's; a role with
+``gpus=0`` runs CPU-only. ``job.trainer`` / ``job.ref`` raise :class:`RoleNotFound` when the
+layout has no such role::
+
+    roles = ["generator=2", "trainer=1", "reward=1,gpus=0"]   # or [{"name": ..., "hosts": 2}]
+    with Job.from_args(hostfile="hosts", roles=roles) as job:
+        generator = job.roles["generator"].spawn("generator", Generator)
+
 **Checkpoint before a stop.** When the job is suspended or evicted (Kueue) while it runs and
 its ``runPolicy.checkpointGracePeriodSeconds`` is set, a program that called :func:`on_stop`
 gets that long before it is stopped: :func:`stop_requested` turns True (the callback runs),
@@ -80,7 +90,8 @@ This module is the stable surface: names imported from here keep working across 
 monarch-operator; the modules under ``monarch_operator.launcher`` may change.
 """
 
-from monarch_operator.launcher.hosts.placement import PlacementError, Plan, RolePlan
+from monarch_operator.launcher.hosts.layout import RoleSpec
+from monarch_operator.launcher.hosts.placement import PlacementError, Plan, RoleNotFound, RolePlan
 from monarch_operator.launcher.programs.attach import (
     AttachError,
     AttachMesh,
@@ -88,9 +99,9 @@ from monarch_operator.launcher.programs.attach import (
     parse_meshes,
 )
 from monarch_operator.launcher.programs.distributed import RoleGroup, init_process_group
-from monarch_operator.launcher.progress import report
 from monarch_operator.launcher.programs.job import Job, JobConfig, JobError, RankFailure
 from monarch_operator.launcher.programs.rankside import RankInfo
+from monarch_operator.launcher.progress import report
 from monarch_operator.launcher.session.lifecycle import Terminated, WorkerLost
 from monarch_operator.launcher.session.preflight import PreflightError
 from monarch_operator.launcher.stoprequest import (
@@ -113,7 +124,9 @@ __all__ = [
     "RankFailure",
     "RankInfo",
     "RoleGroup",
+    "RoleNotFound",
     "RolePlan",
+    "RoleSpec",
     "Terminated",
     "WorkerLost",
     "checkpoint_saved",

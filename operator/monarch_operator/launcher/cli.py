@@ -48,6 +48,11 @@ examples:
   # inside a Slurm allocation (hosts from SLURM_JOB_NODELIST, GPUs from SLURM_GPUS_ON_NODE)
   monarch-launch --slurm --env NCCL_DEBUG=INFO
 
+  # named roles (instead of the trainer/ref flags), here with your own program: the next 2
+  # hosts, the next one, its GPUs shared with ref, and a CPU-only role on host node5
+  monarch-launch run --hostfile hosts.txt --role generator=2 --role trainer=1,gpus=6 \\
+      --role ref=@trainer --role reward=node5,gpus=0 my_rl.controller:main
+
   # show the placement plan as JSON without connecting to anything
   monarch-launch --hosts node1,node2,node3 --slots-per-host 8 --dry-run --json
 
@@ -184,6 +189,9 @@ examples:
 
   # inside a MonarchJob launcher pod (spec.launcher.program): hosts and roles come from MONARCH_*
   monarch-launch run my_rl.controller:main
+
+  # named roles: job.roles["generator"], job.roles["reward"], ... (--roles FILE for a list)
+  monarch-launch run --hostfile hosts.txt --role generator=2 --role reward=1,gpus=0 my_rl.main
 
   # check the placement and that TARGET resolves, without connecting to anything
   monarch-launch run --hostfile hosts.txt --trainer-hosts 2 --dry-run my_rl.controller:main

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from monarch_operator import constants
 from monarch_operator.hostfile import Host
@@ -25,6 +25,8 @@ from monarch_operator.launcher.flagtypes import (
     port_number,
     positive_seconds,
 )
+from monarch_operator.launcher.hosts.layout import RoleSpec
+from monarch_operator.launcher.hosts.rolespecs import RolesFormatError, choose_roles
 from monarch_operator.launcher.hosts.sources import HostSourceError, resolve_host_source
 from monarch_operator.launcher.session.environment import (
     EnvSpecError,
@@ -56,6 +58,10 @@ class JobConfig:
             :func:`launcher.hosts.placement.plan_placement`).
         colocate: both roles on the same hosts, disjoint GPU sets.
         trainer_gpus, ref_gpus: per-host GPUs of each role when colocated (None: split).
+        roles: named roles in start order (``--role``, ``--roles``, ``MONARCH_ROLES``;
+            :mod:`launcher.hosts.layout`), used instead of the trainer/ref fields; None: those.
+        roles_source: where ``roles`` came from, to name it in errors (``MONARCH_ROLES``).
+        warnings: lines to show with the plan (a variable that another source overrides).
     """
 
     hosts: list[Host]
@@ -66,6 +72,23 @@ class JobConfig:
     colocate: bool = False
     trainer_gpus: int | None = None
     ref_gpus: int | None = None
+    roles: tuple[RoleSpec, ...] | None = None
+    roles_source: str = ""
+    warnings: tuple[str, ...] = ()
+
+
+def _marks_given(action: type[argparse.Action]) -> type[argparse.Action]:
+    """``action`` that also lists its flag in ``placement_flags`` when given on the command
+    line: a trainer/ref flag may come from a variable (allowed with ``--role``) or the command
+    line (refused with it), and argparse alone cannot tell the two apart."""
+
+    class Marked(action):  # type: ignore[valid-type,misc]
+        def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+            super().__call__(parser, namespace, values, option)
+            given = getattr(namespace, "placement_flags", [])
+            namespace.placement_flags = [*given, option or self.option_strings[0]]
+
+    return Marked
 
 
 def _env_int(name: str, check: Callable[[str], int] = int) -> int | None:
@@ -115,10 +138,26 @@ def add_host_source_flags(hosts: argparse._ArgumentGroup) -> None:
 
 
 def add_placement_flags(group: argparse._ArgumentGroup) -> None:
-    """Add ``--trainer-hosts``, ``--ref-hosts``, ``--colocate``, ``--trainer-gpus`` and
-    ``--ref-gpus``."""
+    """Add ``--role``, ``--roles``, ``--trainer-hosts``, ``--ref-hosts``, ``--colocate``,
+    ``--trainer-gpus`` and ``--ref-gpus``."""
+    group.add_argument(
+        "--role",
+        action="append",
+        metavar="NAME=HOSTS[,gpus=G][,procs=P]",
+        help="a named role, repeated in start order (instead of the trainer/ref flags; env "
+        f"{constants.ENV_ROLES}); HOSTS: N (the next N hosts), host1+host2, or @ROLE (on "
+        "ROLE's hosts, disjoint GPUs); gpus=0: CPU only",
+    )
+    group.add_argument(
+        "--roles",
+        metavar="FILE|JSON",
+        help='the roles as a JSON or YAML file, or inline JSON: [{"name", "hosts": N or '
+        '[names], "gpus", "procs", "colocateWith"}, ...]',
+    )
+    marked_store = _marks_given(argparse._StoreAction)
     group.add_argument(
         "--trainer-hosts",
+        action=marked_store,
         type=int,
         default=_env_int(constants.ENV_TRAINER_HOSTS),
         metavar="N",
@@ -127,6 +166,7 @@ def add_placement_flags(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument(
         "--ref-hosts",
+        action=marked_store,
         type=int,
         default=_env_int(constants.ENV_REF_HOSTS),
         metavar="M",
@@ -135,13 +175,14 @@ def add_placement_flags(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument(
         "--colocate",
-        action=argparse.BooleanOptionalAction,
+        action=_marks_given(argparse.BooleanOptionalAction),
         default=_env_bool(constants.ENV_COLOCATE),
         help=f"run both roles on the same hosts, one worker per host, disjoint GPUs "
         f"(env {constants.ENV_COLOCATE})",
     )
     group.add_argument(
         "--trainer-gpus",
+        action=marked_store,
         type=int,
         default=_env_int(constants.ENV_TRAINER_GPUS),
         metavar="G",
@@ -150,6 +191,7 @@ def add_placement_flags(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument(
         "--ref-gpus",
+        action=marked_store,
         type=int,
         default=_env_int(constants.ENV_REF_GPUS),
         metavar="G",
@@ -357,9 +399,15 @@ def job_config_from_args(
     :class:`launcher.programs.job.JobConfig`.
 
     Raises:
-        UsageError: bad host source, ``--env`` item or ``--ssh-key``.
+        UsageError: bad host source, ``--env`` item or ``--ssh-key``; roles that cannot be read
+            or flags that cannot go together (``--role`` with ``--trainer-hosts``).
     """
     hosts, source = resolve_hosts(args, environ)
+    try:
+        roles, roles_source, warnings = choose_roles(
+            args.role, args.roles, getattr(args, "placement_flags", []), environ)
+    except RolesFormatError as error:
+        raise UsageError(str(error)) from None
     return JobConfig(
         hosts=hosts,
         source=source,
@@ -369,4 +417,7 @@ def job_config_from_args(
         colocate=args.colocate,
         trainer_gpus=args.trainer_gpus,
         ref_gpus=args.ref_gpus,
+        roles=None if roles is None else tuple(roles),
+        roles_source=roles_source,
+        warnings=tuple(warnings),
     )

@@ -22,17 +22,21 @@ import functools
 import json
 import os
 import re
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher.hosts.layout import plan_layout
 from monarch_operator.launcher.hosts.placement import (
+    PlacementError,
     Plan,
     RolePlan,
     format_plan,
     plan_placement,
     plan_to_dict,
 )
+from monarch_operator.launcher.hosts.rolespecs import roles_argv
 from monarch_operator.launcher.options import (
     LAUNCH_ARGS_ENV,
     JobConfig,
@@ -167,17 +171,10 @@ class Job:
 
         Raises:
             monarch_operator.launcher.hosts.placement.PlacementError: the roles do not fit the
-            hosts.
+            hosts (named roles: the message starts with their source, e.g. ``MONARCH_ROLES``).
         """
         self.config = config
-        self.plan: Plan = plan_placement(
-            config.hosts,
-            config.trainer_hosts,
-            config.ref_hosts,
-            config.colocate,
-            config.trainer_gpus,
-            config.ref_gpus,
-        )
+        self.plan: Plan = plan_job(config)
         self.reporter = reporter or Reporter()
         self.recorder = FaultRecorder(self.reporter)
         self.session = _with_modules(config.session, modules)
@@ -233,7 +230,10 @@ class Job:
         Example: ``Job.from_args(hostfile="hosts", trainer_hosts=2, ref_hosts=1,
         ssh_key="~/.ssh/id_ed25519", env={"NCCL_DEBUG": "INFO"})``. ``True`` gives a bare
         flag (``colocate=True``), ``False`` its ``--no-`` form where one exists, a dict
-        ``env`` one ``--env K=V`` each, a list ``hosts`` a comma-separated list.
+        ``env`` one ``--env K=V`` each, a list ``hosts`` a comma-separated list. ``roles``
+        names the roles: ``["generator=2", "trainer=1,gpus=4", "ref=@trainer"]`` (``--role``
+        values), role objects as in ``MONARCH_ROLES`` (``[{"name": "generator", "hosts": 2},
+        ...]``) or :class:`RoleSpec` s, or a ``--roles`` file name.
 
         Raises:
             monarch_operator.launcher.options.UsageError, PlacementError: as :meth:`from_env`.
@@ -251,24 +251,48 @@ class Job:
 
     @property
     def trainer(self) -> Any:
-        """The trainer's ProcMesh (dims ``hosts`` x ``gpus``), once entered."""
+        """The trainer's ProcMesh (dims ``hosts`` x ``gpus``), once entered; raises
+        :class:`RoleNotFound` (a KeyError) when the layout has no ``trainer`` role."""
         return self.procs("trainer")
 
     @property
     def ref(self) -> Any:
-        """The reference model's ProcMesh (dims ``hosts`` x ``gpus``), once entered."""
+        """The reference model's ProcMesh (dims ``hosts`` x ``gpus``), once entered; raises
+        :class:`RoleNotFound` when the layout has no ``ref`` role."""
         return self.procs("ref")
+
+    @property
+    def roles(self) -> Mapping[str, Any]:
+        """Every role's ProcMesh by name, in start order (``job.roles["generator"]``), once
+        entered; read-only. ``job.plan.role_names`` gives the names before entering.
+
+        Raises:
+            RuntimeError: the job is not entered.
+        """
+        if self._stack is None:
+            raise RuntimeError("the job's meshes exist only inside 'with job:'")
+        return types.MappingProxyType(self._procs)
 
     def procs(self, role: str) -> Any:
         """The ProcMesh of ``role``.
 
         Raises:
             RuntimeError: the job is not entered.
-            KeyError: no such role in the plan.
+            RoleNotFound: no such role in the plan (a KeyError naming the roles it has).
         """
         if self._stack is None:
             raise RuntimeError("the job's meshes exist only inside 'with job:'")
+        if role not in self._procs:
+            self.plan.role(role)  # raises RoleNotFound, naming the roles there are
         return self._procs[role]
+
+    def report_plan(self, essential: bool = False) -> None:
+        """Print the placement plan and any warning about the options (``essential``: even
+        with ``--quiet``, as a dry run does)."""
+        for warning in self.config.warnings:
+            self.reporter.warning(warning)
+        self.reporter.plan([f"hosts: {self.config.source}", *format_plan(self.plan)],
+                           plan_to_dict(self.plan), essential)
 
     @property
     def run_id(self) -> str:
@@ -290,9 +314,7 @@ class Job:
         stack = contextlib.ExitStack()
         try:
             stack.callback(install_termination_handlers())
-            self.reporter.plan(
-                [f"hosts: {self.config.source}", *format_plan(self.plan)], plan_to_dict(self.plan)
-            )
+            self.report_plan()
             hosts = [host for mesh in self.plan.meshes for host in mesh.hosts]
             self.addresses = check_hosts(self.session, hosts, self.reporter)
             self.reporter.progress(f"pre-flight ok on {len(self.addresses)} hosts")
@@ -352,7 +374,7 @@ class Job:
                 "rank",
                 f"{info.role} rank {info.rank}/{info.world_size} host={info.host} "
                 f"pid={info.pid} ssh={info.ssh_address} worker={info.worker_pid} "
-                f"gpus={info.cuda_visible_devices}",
+                f"gpus={info.cuda_visible_devices or 'none'}",
                 role=info.role,
                 rank=info.rank,
                 world_size=info.world_size,
@@ -500,6 +522,22 @@ _FAILED_ACTOR = re.compile(
 )
 
 
+def plan_job(config: JobConfig) -> Plan:
+    """The placement plan of ``config``: its named roles, else the trainer/ref placement.
+
+    Raises:
+        PlacementError: the roles do not fit the hosts; for named roles the message starts
+            with where they came from (``MONARCH_ROLES: ...``, ``--role: ...``).
+    """
+    if config.roles is None:
+        return plan_placement(config.hosts, config.trainer_hosts, config.ref_hosts,
+                              config.colocate, config.trainer_gpus, config.ref_gpus)
+    try:
+        return plan_layout(config.hosts, list(config.roles))
+    except PlacementError as error:
+        raise PlacementError(f"{config.roles_source}: {error}") from None
+
+
 def parse_failed_actor(message: str) -> tuple[str, int, int, str] | None:
     """Read ``(actor name, host index, local rank, what happened)`` from a supervision message.
 
@@ -526,6 +564,8 @@ def argv_from_options(options: Mapping[str, Any]) -> list[str]:
         if name == "env" and isinstance(value, Mapping):
             for key, item in value.items():
                 argv += ["--env", f"{key}={item}"]
+        elif name == "roles" and isinstance(value, (list, tuple)):
+            argv += roles_argv(value)
         elif name == "hosts" and isinstance(value, (list, tuple)):
             argv += [flag, ",".join(str(host) for host in value)]
         elif value is True:

@@ -14,14 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from monarch_operator.launcher import exitcodes, progress
-from monarch_operator.launcher.hosts.placement import (
-    REF,
-    TRAINER,
-    PlacementError,
-    Plan,
-    format_plan,
-    plan_to_dict,
-)
+from monarch_operator.launcher.hosts.placement import REF, TRAINER, PlacementError, Plan
 from monarch_operator.launcher.programs.failures import report_failure
 from monarch_operator.launcher.programs.job import JOB_MODULES, Job, JobConfig, parse_failed_actor
 from monarch_operator.launcher.report import Reporter
@@ -59,10 +52,15 @@ def launch(config: LaunchConfig, reporter: Reporter | None = None) -> int:
         job = Job(config, reporter, modules=ROLE_MODULES)
     except PlacementError as error:
         return reporter.result(exitcodes.USAGE, str(error))
+    missing = [role for role in (TRAINER, REF) if role not in job.plan.role_names]
+    if missing:
+        return reporter.result(exitcodes.USAGE, (
+            f"the built-in example (monarch-launch without a program) needs roles 'trainer' "
+            f"and 'ref'; {config.roles_source or 'the layout'} has no {' or '.join(missing)} "
+            f"(its roles: {', '.join(job.plan.role_names)}): add them, or run your own program "
+            "with 'monarch-launch run TARGET'"))
     if config.dry_run:
-        reporter.plan(
-            [f"hosts: {config.source}", *format_plan(job.plan)], plan_to_dict(job.plan), True
-        )
+        job.report_plan(essential=True)
         return reporter.result(exitcodes.SUCCESS, None, dry_run=True)
     try:
         with job:

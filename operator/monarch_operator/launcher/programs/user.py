@@ -128,12 +128,8 @@ def check_target(target: str, job: Job, reporter: Reporter,
     Returns:
         0 when TARGET resolves, 2 (:data:`launcher.exitcodes.USAGE`) with the reason when not.
     """
-    from monarch_operator.launcher.hosts.placement import format_plan, plan_to_dict
-
     _add_cwd_to_path()
-    reporter.plan(
-        [f"hosts: {job.config.source}", *format_plan(job.plan)], plan_to_dict(job.plan), True
-    )
+    job.report_plan(essential=True)
     try:
         kind, function = load_target(target)
     except TargetError as error:
