@@ -1,0 +1,1 @@
+"""A forge-shaped GRPO loop on four named roles: generator, trainer, reference, reward."""
