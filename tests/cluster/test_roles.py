@@ -158,7 +158,7 @@ def test_three_groups_four_roles_run_with_one_hostfile_and_roles_env(kubectl, na
         {"name": "generator", "hosts": [fqdn["rl-generator-0"], fqdn["rl-generator-1"]]},
         {"name": "trainer", "hosts": [fqdn["rl-trainer-0"]], "gpus": 2},
         {"name": "ref", "hosts": [fqdn["rl-trainer-0"]], "gpus": 2, "colocateWith": "trainer"},
-        {"name": "reward", "hosts": [fqdn["rl-reward-0"]]}]
+        {"name": "reward", "hosts": [fqdn["rl-reward-0"]], "gpus": 0}]
     assert constants.ENV_TRAINER_HOSTS not in env
     ready_column = kubectl("get", "monarchjob", "rl", "-n", namespace, "--no-headers",
                            "-o", "custom-columns=READY:.status.readyWorkers")

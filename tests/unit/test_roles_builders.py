@@ -26,6 +26,8 @@ from monarch_operator.controller.kueue import workload as wl
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
 from monarch_operator.hostfile import parse_hostfile
+from monarch_operator.launcher.hosts.layout import plan_layout
+from monarch_operator.launcher.hosts.rolespecs import roles_from_json
 from tests.roles_cases import roles_job
 
 SETTINGS = Settings()
@@ -104,7 +106,7 @@ def test_the_launcher_gets_monarch_roles_and_no_trainer_ref_variables():
         {"name": "generator", "hosts": [fqdn("generator", 0), fqdn("generator", 1)]},
         {"name": "trainer", "hosts": [fqdn("trainer", 0)], "gpus": 2},
         {"name": "ref", "hosts": [fqdn("trainer", 0)], "gpus": 2, "colocateWith": "trainer"},
-        {"name": "reward", "hosts": [fqdn("reward", 0)]}]
+        {"name": "reward", "hosts": [fqdn("reward", 0)], "gpus": 0}]
     hostfile_names = [h.name for h in parse_hostfile(
         build_hostfile_configmap(job(), SETTINGS)["data"]["hostfile"])]
     for role in json.loads(env[constants.ENV_ROLES]):
@@ -228,3 +230,17 @@ def test_a_group_kueue_cannot_place_for_its_own_selector_is_explained(monkeypatc
         "; spec.workerGroups 'reward': its nodeSelector pool=gpu-b contradicts pool=cpu of "
         "flavor cpu-f")
     assert admission._selector_hint(spec, "insufficient quota") == ""
+
+
+def test_the_launcher_plans_what_the_operator_gives_it():
+    # The two halves of the contract meet: the operator's hostfile and MONARCH_ROLES, read by
+    # the launcher's own parser and planner, give each role its hosts and GPUs; the CPU-only
+    # group's role gets no device (it once got CUDA_VISIBLE_DEVICES=0 from slots=1).
+    env = {e["name"]: e.get("value") for e in
+           build_launcher_pod(job(), SETTINGS)["spec"]["containers"][0]["env"]}
+    hosts = parse_hostfile(build_hostfile_configmap(job(), SETTINGS)["data"]["hostfile"])
+    plan = plan_layout(hosts, roles_from_json(env[constants.ENV_ROLES], constants.ENV_ROLES))
+    placed = {role.role: (role.hosts, role.procs_per_host, role.cuda_visible_devices)
+              for role in plan.roles}
+    assert placed == {"generator": (2, 4, "0,1,2,3"), "trainer": (1, 2, "0,1"),
+                      "ref": (1, 2, "2,3"), "reward": (1, 1, "")}

@@ -262,14 +262,18 @@ def roles_env_value(job_name: str, namespace: str, cluster_domain: str,
                     groups: tuple[WorkerGroup, ...], roles: tuple[Role, ...]) -> str:
     """``MONARCH_ROLES``: a JSON list in role order of ``{"name", "hosts": [fqdn, ...],
     "gpus"?, "procs"?, "colocateWith"?}``, each host as its hostfile line names it
-    (docs/roles.md; the launcher reads exactly this)."""
+    (docs/roles.md; the launcher reads exactly this). A role on a group of 0 GPUs per worker
+    gets ``"gpus": 0``: its hostfile lines say ``slots=1`` (one proc), and without it the
+    launcher would give that proc device 0 (``CUDA_VISIBLE_DEVICES=0``) rather than none."""
     ordinals = role_ordinals(groups, roles)
+    cpu_only = {group.name for group in groups if group.gpus_per_worker == 0}
     entries = []
     for role in roles:
         entry: dict[str, Any] = {"name": role.name, "hosts": [
             names.group_fqdn(job_name, role.group, namespace, ordinal, cluster_domain)
             for ordinal in ordinals[role.name]]}
-        for key, value in (("gpus", role.gpus), ("procs", role.procs),
+        gpus = 0 if role.group in cpu_only else role.gpus
+        for key, value in (("gpus", gpus), ("procs", role.procs),
                            ("colocateWith", role.colocate_with)):
             if value is not None:
                 entry[key] = value
