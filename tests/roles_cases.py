@@ -27,6 +27,7 @@ FOUR_ROLES: dict[str, Any] = {
         {"name": "ref", "group": "trainer", "colocateWith": "trainer", "gpus": 2},
         {"name": "reward", "group": "reward"},
     ],
+    "launcher": {"program": "grpo.controller:main"},
 }
 
 
@@ -82,6 +83,12 @@ def _add_role(**role: Any) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def _spmd_instead(spec: dict[str, Any]) -> None:
+    """spec.spmd instead of the launcher's program (never both: another rule)."""
+    del spec["launcher"]
+    spec["spmd"] = {"script": "train.py"}
+
+
 def _many_groups(spec: dict[str, Any]) -> None:
     spec["workerGroups"] += [{"name": f"extra{i}", "replicas": 1, "gpusPerWorker": 0}
                              for i in range(g.MAX_GROUPS + 1 - len(spec["workerGroups"]))]
@@ -90,7 +97,8 @@ def _many_groups(spec: dict[str, Any]) -> None:
 REFUSALS = [
     Refusal("groups-without-roles", _drop("roles"), "spec.roles", g.MSG_TOGETHER),
     Refusal("roles-without-groups", _drop("workerGroups"), "spec.roles", g.MSG_TOGETHER),
-    Refusal("groups-with-spmd", _set(spmd={"script": "train.py"}), "spec.spmd", g.MSG_NO_SPMD),
+    Refusal("roles-without-program", _drop("launcher"), "spec.launcher", g.MSG_NEEDS_PROGRAM),
+    Refusal("groups-with-spmd", _spmd_instead, "spec.spmd", g.MSG_NO_SPMD),
     Refusal("groups-attach", _set(mode="attach", launcher={"program": "train.py"}), "spec.mode",
             g.MSG_NO_ATTACH),
     Refusal("groups-and-workers-replicas", _set(workers={"replicas": 3}), "spec.workers",

@@ -41,6 +41,8 @@ MSG_NO_WORKERS = ("with workerGroups, workers.replicas and workers.gpusPerWorker
                   "give replicas and gpusPerWorker per group (workers.template still applies "
                   "to every group)")
 MSG_NO_MESHES = "meshes does not apply with roles: the roles say which workers each mesh gets"
+MSG_NEEDS_PROGRAM = ("with roles, launcher.program or launcher.command must say what runs on "
+                     "them: the built-in example knows only the trainer and ref meshes")
 MSG_GROUP_UNIQUE = "workerGroups[].name must be unique"
 MSG_ROLE_UNIQUE = "roles[].name must be unique"
 MSG_GROUP_NAME = ("workerGroups[].name must be lowercase letters and digits, starting with a "
@@ -64,6 +66,7 @@ MSG_ROLE_GPUS = "roles[].gpus must be at most its group's gpusPerWorker"
 MSG_COLOCATED_GPUS = ("the gpus of a role and of the roles colocated with it must add up to at "
                       "most their group's gpusPerWorker: they get disjoint GPUs on the same hosts")
 RULE_MESSAGES = (MSG_TOGETHER, MSG_NO_SPMD, MSG_NO_ATTACH, MSG_NO_WORKERS, MSG_NO_MESHES,
+                 MSG_NEEDS_PROGRAM,
                  MSG_GROUP_UNIQUE, MSG_ROLE_UNIQUE, MSG_GROUP_NAME, MSG_ROLE_NAME,
                  MSG_SET_LENGTH, MSG_ROLE_GROUP, MSG_COLOCATE_TARGET, MSG_COLOCATE_HOSTS,
                  MSG_REST_LAST, MSG_HOSTS_FIT, MSG_ROLE_GPUS, MSG_COLOCATED_GPUS)
@@ -149,6 +152,9 @@ def _check_job_level(spec: dict[str, Any], raw_groups: Any, raw_roles: Any) -> N
     if (trainer.get("hosts", 1) != 1 or ref.get("hosts", 1) != 1 or meshes.get("colocate")
             or "gpus" in trainer or "gpus" in ref):
         raise GroupRuleError(MSG_NO_MESHES)
+    launcher = spec.get("launcher") or {}
+    if not (launcher.get("program") or launcher.get("command")):
+        raise GroupRuleError(MSG_NEEDS_PROGRAM)
 
 
 def _group(item: Any, index: int, image: str, template_of: Any) -> WorkerGroup:
