@@ -25,6 +25,7 @@ Run as root (the real nodes need it); about 15 minutes warm on 2 cores::
 
     .venv/bin/python bench/apply_to_first_step.py              # --jobs 1 8 --workers 2
     .venv/bin/python bench/apply_to_first_step.py --jobs 1     # quick look
+    .venv/bin/python bench/apply_to_first_step.py --jobs 1 --roles   # + the four-role GRPO job
 
 The table goes to stdout, the JSON after it (``--json FILE`` writes it there instead).
 """
@@ -42,6 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_mpi_operator as mpi  # noqa: E402  (sits beside this script)
 
@@ -56,7 +59,11 @@ from monarch_operator.localcluster.demo import (  # noqa: E402
 from monarch_operator.localcluster.images import IMAGES  # noqa: E402
 
 OURS, PEER = "monarch-operator", f"mpi-operator {mpi.MPI_OPERATOR_VERSION}"
-NAMESPACES = {OURS: "bench-monarch", PEER: "bench-mpi"}
+# ``--roles``: ours again with the four-role GRPO example (examples/grpo/monarchjob.yaml: worker
+# groups of 4, 2, 1 and 0 GPUs), a shape the peer has no way to say; the same namespace.
+OURS_ROLES = f"{OURS} grpo 4 roles"
+NAMESPACES = {OURS: "bench-monarch", OURS_ROLES: "bench-monarch", PEER: "bench-mpi"}
+GRPO_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "grpo" / "monarchjob.yaml"
 FIRST_STEP = "step 1/"
 PROGRAM = ["-m", "torchrun_demo.train", "--steps", "1"]
 # The examples are installed for the image's user (pip --user); the peer's ranks run as root.
@@ -74,6 +81,22 @@ def monarch_job(name: str, workers: int, image: str) -> dict[str, Any]:
             "spec": {"image": image, "workers": {"replicas": workers, "gpusPerWorker": 1},
                      "spmd": {"module": PROGRAM[1], "args": PROGRAM[2:], "nprocPerNode": 1},
                      "startupTimeoutSeconds": 600}}
+
+
+def roles_job(name: str, workers: int, image: str) -> dict[str, Any]:
+    """The GRPO example's MonarchJob (four worker groups, one role each) for 2 steps;
+    ``workers`` is ignored (the example says its groups)."""
+    del workers
+    body: dict[str, Any] = yaml.safe_load(GRPO_EXAMPLE.read_text())
+    body["metadata"]["name"] = name
+    body["spec"]["image"] = image
+    body["spec"]["launcher"]["args"] = ["--steps", "2"]
+    return body
+
+
+def ours(who: str) -> bool:
+    """Whether ``who`` is a row of this operator (the plain or the roles job)."""
+    return who in (OURS, OURS_ROLES)
 
 
 def mpi_job(name: str, workers: int, image: str) -> dict[str, Any]:
@@ -94,13 +117,13 @@ def mpi_job(name: str, workers: int, image: str) -> dict[str, Any]:
 
 def launcher_pods(kubectl: Kubectl, who: str, namespace: str) -> dict[str, str]:
     """job name -> its launcher pod's name (the newest one)."""
-    selector = ("monarch-operator.dev/role=launcher" if who == OURS
+    selector = ("monarch-operator.dev/role=launcher" if ours(who)
                 else "training.kubeflow.org/job-role=launcher")
     pods = kubectl.json("pods", "-n", namespace, "-l", selector)["items"]
     found: dict[str, str] = {}
     for pod in sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"]):
         labels = pod["metadata"]["labels"]
-        job = (labels.get("monarch-operator.dev/job") if who == OURS
+        job = (labels.get("monarch-operator.dev/job") if ours(who)
                else labels.get("training.kubeflow.org/job-name"))
         if job:
             found[job] = pod["metadata"]["name"]
@@ -119,7 +142,7 @@ def first_step_time(kubectl: Kubectl, namespace: str, pod: str) -> float | None:
 
 def finished(kubectl: Kubectl, who: str, namespace: str, name: str) -> str | None:
     """"Succeeded"/"Failed" once the job ended, else None."""
-    if who == OURS:
+    if ours(who):
         job = kubectl.json("monarchjob", name, "-n", namespace)
         phase = (job.get("status") or {}).get("phase")
         return phase if phase in ("Succeeded", "Failed") else None
@@ -144,7 +167,7 @@ def run_batch(kubectl: Kubectl, who: str, size: int, workers: int, image: str,
     The launchers' timestamped output is kept in ``log_dir`` when given."""
     namespace = NAMESPACES[who]
     names = [f"b{size}-{index}" for index in range(size)]
-    build = monarch_job if who == OURS else mpi_job
+    build = {OURS: monarch_job, OURS_ROLES: roles_job, PEER: mpi_job}[who]
     items = [build(name, workers, image) for name in names]
     listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
     applied = time.time()
@@ -173,7 +196,7 @@ def run_batch(kubectl: Kubectl, who: str, size: int, workers: int, image: str,
         for name, pod in launcher_pods(kubectl, who, namespace).items():
             (log_dir / f"{namespace}-{name}.log").write_text(kubectl(
                 "logs", "--timestamps", "-n", namespace, pod, check=False))
-    kind = "monarchjobs" if who == OURS else "mpijobs"
+    kind = "monarchjobs" if ours(who) else "mpijobs"
     kubectl("delete", kind, "--all", "-n", namespace, "--wait=true", "--timeout=300s")
     wait(f"{who}: pods gone", lambda: not kubectl.json("pods", "-n", namespace)["items"], 300)
     return {"who": who, "jobs": size, "seconds": seconds, "outcomes": outcomes}
@@ -187,12 +210,12 @@ def spread(values: list[float]) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = [f"{'operator':<22} {'jobs':>4} {'p50 s':>6} {'max s':>6} {'stepped':>8} "
+    lines = [f"{'operator':<32} {'jobs':>4} {'p50 s':>6} {'max s':>6} {'stepped':>8} "
              f"{'succeeded':>9}"]
     for result in results:
         seconds = list(result["seconds"].values())
         succeeded = sum(1 for o in result["outcomes"].values() if o == "Succeeded")
-        lines.append(f"{result['who']:<22} {result['jobs']:>4} {spread(seconds)} "
+        lines.append(f"{result['who']:<32} {result['jobs']:>4} {spread(seconds)} "
                      f"{len(seconds):>8} {succeeded:>9}")
     return "\n".join(lines)
 
@@ -206,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per batch")
     parser.add_argument("--state-dir", type=Path, default=Path("/tmp/monarch-bench-first-step"))
     parser.add_argument("--json", type=Path, help="write the results here, not to stdout")
+    parser.add_argument("--roles", action="store_true",
+                        help="also one GRPO example job of four roles (7 GPUs) per batch size 1")
     args = parser.parse_args(argv)
     if max(args.jobs) * args.workers > 2 * args.gpus_per_node:
         parser.error(f"--jobs {max(args.jobs)} x --workers {args.workers} one-GPU workers do "
@@ -238,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             stdout=peer_log, stderr=subprocess.STDOUT, start_new_session=True))
         image = IMAGES["mpi-peer"].ref
         for size in args.jobs:
-            for who in (OURS, PEER):
+            rows = (OURS, PEER, OURS_ROLES) if args.roles and size == 1 else (OURS, PEER)
+            for who in rows:
                 note(f"{who}: {size} job(s) of {args.workers} workers")
                 result = run_batch(kubectl, who, size, args.workers, image, args.timeout,
                                    args.state_dir / "logs")

@@ -99,8 +99,6 @@ REFUSALS = [
     Refusal("roles-without-groups", _drop("workerGroups"), "spec.roles", g.MSG_TOGETHER),
     Refusal("roles-without-program", _drop("launcher"), "spec.launcher", g.MSG_NEEDS_PROGRAM),
     Refusal("groups-with-spmd", _spmd_instead, "spec.spmd", g.MSG_NO_SPMD),
-    Refusal("groups-attach", _set(mode="attach", launcher={"program": "train.py"}), "spec.mode",
-            g.MSG_NO_ATTACH),
     Refusal("groups-and-workers-replicas", _set(workers={"replicas": 3}), "spec.workers",
             g.MSG_NO_WORKERS),
     Refusal("roles-and-meshes", _set(meshes={"trainer": {"hosts": 2}}), "spec.meshes",

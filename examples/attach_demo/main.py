@@ -8,7 +8,9 @@ name::
 
     python3 -m attach_demo.main --job attach-demo
 
-``--fail-on-attempt N`` exits 3 after attaching when the operator's ``MONARCH_ATTEMPT`` is N:
+``--mesh NAME=HOSTS`` (repeated) names the meshes to attach to, e.g. the roles of a job with
+worker groups (``--mesh generator=2 --mesh trainer=1``); without it, the trainer and ref meshes
+(``--trainer-hosts``, ``--ref-hosts``). ``--fail-on-attempt N`` exits 3 after attaching when the operator's ``MONARCH_ATTEMPT`` is N:
 the next attempt attaches to the same worker pods.
 """
 
@@ -41,20 +43,26 @@ def main() -> int:
                         help="the job's namespace (default: this pod's)")
     parser.add_argument("--trainer-hosts", type=int, default=2)
     parser.add_argument("--ref-hosts", type=int, default=1)
+    parser.add_argument("--mesh", action="append", default=[], metavar="NAME=HOSTS",
+                        help="a mesh to attach to and its hosts (repeat; default trainer, ref)")
     parser.add_argument("--timeout", type=int, default=300,
                         help="seconds to wait for the workers (default 300)")
     parser.add_argument("--fail-on-attempt", type=int, default=None)
     args = parser.parse_args()
     namespace = args.namespace or NAMESPACE_FILE.read_text().strip()
 
+    meshes = [(name, int(hosts)) for name, _, hosts in (item.partition("=")
+                                                         for item in args.mesh)]
+    if not meshes:
+        meshes = [("trainer", args.trainer_hosts), ("ref", args.ref_hosts)]
     job = KubernetesJob(namespace=namespace, timeout=args.timeout)
-    for mesh, hosts in (("trainer", args.trainer_hosts), ("ref", args.ref_hosts)):
+    for mesh, hosts in meshes:
         job.add_mesh(mesh, hosts, pod_rank_label=f"monarch-operator.dev/{mesh}-rank",
                      label_selector=f"monarch-operator.dev/job={args.job},"
                                     f"monarch-operator.dev/role=worker,"
                                     f"monarch-operator.dev/{mesh}-rank")
     state = job.state(cached_path=None)
-    for mesh in ("trainer", "ref"):
+    for mesh, _ in meshes:
         procs = getattr(state, mesh).spawn_procs(per_host={"procs": 1})
         try:
             answers = procs.spawn("where", Where).where.call().get().values()

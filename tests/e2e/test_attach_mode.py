@@ -92,3 +92,31 @@ def test_an_unmodified_kubernetesjob_program_attaches_reattaches_and_outsiders_a
 def _probe_program(address: str) -> str:
     """CONNECT with its arguments given: prints ``open`` or the error's name."""
     return f"import sys\nsys.argv[1:] = [{address!r}, '{ATTACH_PORT}']\n" + CONNECT
+
+
+def test_a_kubernetesjob_program_attaches_to_each_role_on_its_worker_group(kubectl, namespace):
+    """Roles on worker groups in attach mode (issue 33): the unchanged KubernetesJob program
+    attaches to each role's mesh by the selector and rank label the job publishes."""
+    job = "att-roles"
+    body = {"apiVersion": "monarch-operator.dev/v1alpha1", "kind": "MonarchJob",
+            "metadata": {"name": job},
+            "spec": {"image": EXAMPLES_IMAGE, "mode": "attach", "startupTimeoutSeconds": 300,
+                     "workerGroups": [{"name": "gen", "replicas": 2, "gpusPerWorker": 1},
+                                      {"name": "train", "replicas": 1, "gpusPerWorker": 1}],
+                     "roles": [{"name": "generator", "group": "gen"},
+                               {"name": "trainer", "group": "train"}],
+                     "launcher": {"command": ["python3", "-u", "-m", "attach_demo.main",
+                                              "--job", job, "--mesh", "generator=2",
+                                              "--mesh", "trainer=1"]}}}
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(body))
+    done = wait_phase(kubectl, namespace, job, "Succeeded", timeout=420)
+    published = {mesh["meshName"]: (mesh["replicas"], mesh["labelSelector"],
+                                     mesh["podRankLabel"]) for mesh in done["meshes"]}
+    # What examples/attach_demo/main.py gives add_mesh is what the job publishes.
+    assert published == {
+        role: (hosts, f"monarch-operator.dev/job={job},monarch-operator.dev/role=worker,"
+                      f"monarch-operator.dev/{role}-rank", f"monarch-operator.dev/{role}-rank")
+        for role, hosts in (("generator", 2), ("trainer", 1))}, done["meshes"]
+    log = kubectl("logs", f"{job}-launcher", "-n", namespace)
+    assert f"attached generator: {job}-gen-0,{job}-gen-1" in log, log[-3000:]
+    assert f"attached trainer: {job}-train-0" in log, log[-3000:]

@@ -203,3 +203,44 @@ def test_a_running_attach_worker_not_ready_is_said_to_wait_for_the_worker_loop()
         pod = {"metadata": {"name": "demo-worker-0"}, "spec": template["spec"],
                "status": {"phase": "Running"}}
         assert why_not_ready(pod) == f"{server} not accepting connections yet (readiness probe)"
+
+
+def roles_attach_job() -> JobSpec:
+    """Attach mode on worker groups: generator takes 2 of group gen's 3 workers, critic the
+    third, trainer group train's one worker, ref colocated with the trainer."""
+    return JobSpec.from_body({"metadata": {"name": "demo", "namespace": "team-a", "uid": "u1"},
+                              "spec": {"image": "img:1", "mode": "attach", "launcher": PROGRAM,
+                                       "workerGroups": [
+                                           {"name": "gen", "replicas": 3, "gpusPerWorker": 1},
+                                           {"name": "train", "replicas": 1, "gpusPerWorker": 2}],
+                                       "roles": [
+                                           {"name": "generator", "group": "gen", "hosts": 2},
+                                           {"name": "critic", "group": "gen"},
+                                           {"name": "ref", "group": "train",
+                                            "colocateWith": "trainer", "gpus": 1},
+                                           {"name": "trainer", "group": "train", "gpus": 1}]}})
+
+
+def test_each_role_on_worker_groups_is_a_mesh_ranked_over_its_own_slice():
+    job = roles_attach_job()
+    meshes = attachmode.published_meshes(job)
+    assert [(m["meshName"], m["replicas"], m["podRankLabel"]) for m in meshes] == [
+        ("generator", 2, "monarch-operator.dev/generator-rank"),
+        ("critic", 1, "monarch-operator.dev/critic-rank"),
+        ("ref", 1, "monarch-operator.dev/ref-rank"),
+        ("trainer", 1, "monarch-operator.dev/trainer-rank")]
+    assert meshes[0]["labelSelector"] == ("monarch-operator.dev/job=demo,"
+                                          "monarch-operator.dev/role=worker,"
+                                          "monarch-operator.dev/generator-rank")
+    group_pods = [{"metadata": {"name": name, "labels": {}}} for name in job.worker_pod_names()]
+    assert attachmode.label_changes(job, group_pods) == {
+        "demo-gen-0": {"monarch-operator.dev/generator-rank": "0"},
+        "demo-gen-1": {"monarch-operator.dev/generator-rank": "1"},
+        "demo-gen-2": {"monarch-operator.dev/critic-rank": "0"},
+        "demo-train-0": {"monarch-operator.dev/ref-rank": "0",
+                         "monarch-operator.dev/trainer-rank": "0"}}
+    # The pods a role's selector matches are its own: the worker label is on every group's pods.
+    for group in job.groups:
+        labels = build_worker_statefulset(job, SETTINGS, group)["spec"]["template"]["metadata"][
+            "labels"]
+        assert labels[constants.LABEL_ROLE] == constants.ROLE_WORKER, labels

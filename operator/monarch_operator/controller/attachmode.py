@@ -8,6 +8,11 @@ port)`` (torchmonarch 0.7.0, ``monarch/_src/job/kubernetes.py``) watches the pod
 ref hosts, in hostfile order), so ``apps.kubernetes.io/pod-index`` is a rank for the trainer
 only; every role gets a rank label of its own instead, ``monarch-operator.dev/<mesh>-rank``,
 which the operator sets on each worker pod (colocated roles: both labels on each pod).
+
+A job with worker groups (``spec.roles``, docs/roles.md) publishes one mesh per role the same
+way: a role's pods are its slice of its group's workers (:func:`.groups.role_ordinals`), ranked
+in ordinal order, and its mesh name is the role's name (the CRD holds role names to Monarch's
+mesh-name rule).
 """
 
 from __future__ import annotations
@@ -16,10 +21,9 @@ import re
 from typing import Any
 
 from monarch_operator import constants, names
+from monarch_operator.controller import groups
 from monarch_operator.controller.spec import JobSpec
 
-# The job's roles, in hostfile order (the launcher's placement: trainer hosts first).
-ROLES = ("trainer", "ref")
 # KubernetesJob.add_mesh's rule for a mesh name: 1-63 characters, lowercase letters and digits,
 # starting with a letter (no '-' or '_').
 MESH_NAME = re.compile(r"^[a-z][a-z0-9]{0,62}$")
@@ -54,6 +58,18 @@ def role_ordinals(job: JobSpec) -> dict[str, list[int]]:
     return {"trainer": trainer, "ref": list(range(start, start + job.ref_hosts))}
 
 
+def role_pods(job: JobSpec) -> dict[str, list[str]]:
+    """Each role's worker pod names in rank order, roles in start order: the trainer and ref
+    over ``<job>-worker-<i>`` (:func:`role_ordinals`), or each of ``spec.roles`` over its
+    group's pods ``<job>-<group>-<i>``."""
+    if job.roles:
+        ordinals = groups.role_ordinals(job.worker_groups, job.roles)
+        return {role.name: [names.group_pod(job.name, role.group, ordinal)
+                            for ordinal in ordinals[role.name]] for role in job.roles}
+    return {role: [names.worker_pod(job.name, ordinal) for ordinal in ordinals]
+            for role, ordinals in role_ordinals(job).items()}
+
+
 def mesh_selector(job: JobSpec, role: str) -> str:
     """Label selector of exactly ``role``'s worker pods of the job: the job and worker labels
     and the role's rank label (any value)."""
@@ -68,16 +84,22 @@ def published_meshes(job: JobSpec) -> list[dict[str, Any]]:
     if not job.attach:
         return []
     return [{"role": role, "meshName": mesh_name(role), "labelSelector": mesh_selector(job, role),
-             "podRankLabel": rank_label(role), "replicas": len(ordinals),
+             "podRankLabel": rank_label(role), "replicas": len(pods),
              "port": constants.MONARCH_ATTACH_PORT}
-            for role, ordinals in role_ordinals(job).items()]
+            for role, pods in role_pods(job).items()]
 
 
 def rank_labels(job: JobSpec, ordinal: int) -> dict[str, str]:
-    """The rank labels worker ``ordinal`` must carry: ``{<mesh>-rank label: rank}`` for each
+    """The rank labels worker ``ordinal`` of a job without groups must carry (see
+    :func:`pod_rank_labels`)."""
+    return pod_rank_labels(job, names.worker_pod(job.name, ordinal))
+
+
+def pod_rank_labels(job: JobSpec, pod: str) -> dict[str, str]:
+    """The rank labels worker pod ``pod`` must carry: ``{<mesh>-rank label: rank}`` for each
     role it belongs to (none for a spare worker beyond the roles' hosts)."""
-    return {rank_label(role): str(ordinals.index(ordinal))
-            for role, ordinals in role_ordinals(job).items() if ordinal in ordinals}
+    return {rank_label(role): str(pods.index(pod))
+            for role, pods in role_pods(job).items() if pod in pods}
 
 
 def label_changes(job: JobSpec, pods: list[dict[str, Any]]) -> dict[str, dict[str, str | None]]:
@@ -86,15 +108,15 @@ def label_changes(job: JobSpec, pods: list[dict[str, Any]]) -> dict[str, dict[st
     deleted and pods that are not the job's workers are left out. Empty outside attach mode."""
     if not job.attach:
         return {}
-    ordinal_of = {names.worker_pod(job.name, ordinal): ordinal for ordinal in range(job.replicas)}
-    ours = {rank_label(role) for role in ROLES}
+    workers = set(job.worker_pod_names())
+    ours = {rank_label(role) for role in role_pods(job)}
     changes: dict[str, dict[str, str | None]] = {}
     for pod in pods:
         metadata = pod.get("metadata") or {}
         name = metadata.get("name")
-        if name not in ordinal_of or metadata.get("deletionTimestamp"):
+        if name not in workers or metadata.get("deletionTimestamp"):
             continue
-        wanted = rank_labels(job, ordinal_of[name])
+        wanted = pod_rank_labels(job, name)
         labels = metadata.get("labels") or {}
         patch: dict[str, str | None] = {key: value for key, value in wanted.items()
                                         if labels.get(key) != value}

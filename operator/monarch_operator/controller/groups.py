@@ -36,7 +36,6 @@ MSG_TOGETHER = ("workerGroups and roles go together: the roles name the meshes t
                 "makes on the groups' workers")
 MSG_NO_SPMD = ("spmd does not apply with workerGroups: monarch-torchrun runs one command on "
                "identical workers; give roles")
-MSG_NO_ATTACH = "mode attach does not apply with workerGroups yet: use mode ssh"
 MSG_NO_WORKERS = ("with workerGroups, workers.replicas and workers.gpusPerWorker do not apply: "
                   "give replicas and gpusPerWorker per group (workers.template still applies "
                   "to every group)")
@@ -65,7 +64,7 @@ MSG_HOSTS_FIT = ("the hosts of the roles on a group (at least 1 for a role witho
 MSG_ROLE_GPUS = "roles[].gpus must be at most its group's gpusPerWorker"
 MSG_COLOCATED_GPUS = ("the gpus of a role and of the roles colocated with it must add up to at "
                       "most their group's gpusPerWorker: they get disjoint GPUs on the same hosts")
-RULE_MESSAGES = (MSG_TOGETHER, MSG_NO_SPMD, MSG_NO_ATTACH, MSG_NO_WORKERS, MSG_NO_MESHES,
+RULE_MESSAGES = (MSG_TOGETHER, MSG_NO_SPMD, MSG_NO_WORKERS, MSG_NO_MESHES,
                  MSG_NEEDS_PROGRAM,
                  MSG_GROUP_UNIQUE, MSG_ROLE_UNIQUE, MSG_GROUP_NAME, MSG_ROLE_NAME,
                  MSG_SET_LENGTH, MSG_ROLE_GROUP, MSG_COLOCATE_TARGET, MSG_COLOCATE_HOSTS,
@@ -141,8 +140,6 @@ def _check_job_level(spec: dict[str, Any], raw_groups: Any, raw_roles: Any) -> N
             raise GroupRuleError(f"{path} must be a list of 1 to {limit} items")
     if spec.get("spmd") is not None:
         raise GroupRuleError(MSG_NO_SPMD)
-    if spec.get("mode") == "attach":
-        raise GroupRuleError(MSG_NO_ATTACH)
     workers = spec.get("workers") or {}
     if (workers.get("replicas", WORKERS_DEFAULT_REPLICAS) != WORKERS_DEFAULT_REPLICAS
             or workers.get("gpusPerWorker", WORKERS_DEFAULT_GPUS) != WORKERS_DEFAULT_GPUS):
