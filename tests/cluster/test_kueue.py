@@ -478,3 +478,45 @@ def test_c31_each_worker_group_keeps_its_own_flavor(kubectl, namespace, queue):
         kubectl("label", "node", gpu_node, f"{pool}-")
         kubectl("label", "node", cpu_node, f"{pool}-", f"{zone}-")
         kubectl("delete", "resourceflavor", cpu_flavor, "--wait=false", check=False)
+
+
+def test_a_roles_job_waits_whole_and_is_admitted_whole(kubectl, namespace, queue):
+    """Generator 2 x 2 GPUs, trainer 1 x 2 GPUs and a CPU-only reward worker: 6 GPUs, over the
+    ClusterQueue's 4. Queued, no group gets a StatefulSet or a pod; its Workload has one pod
+    set per group (its count and GPUs) and the launcher's. The quota raised to 6, Kueue admits
+    it whole and every group gets its StatefulSet and its pods at once."""
+    body = yaml.safe_load(_grouped_job("gang", {}))
+    del body["spec"]["workerGroups"][2]["template"]  # no cpu request: the queue covers GPUs
+    with PodWatch(kubectl, namespace, "gang") as watch:
+        apply(kubectl, namespace, yaml.safe_dump(body))
+        status = wait_until(lambda: (s := job_status(kubectl, namespace, "gang")).get(
+            "phase") == "Queued" and "insufficient" in s.get("message", "") and s, 60,
+            "gang Queued for quota")
+        time.sleep(5)  # a pass or two later, still nothing of any group
+        assert job_status(kubectl, namespace, "gang")["phase"] == "Queued"
+        assert not get_json(kubectl, "statefulsets", "-n", namespace)["items"]
+        assert not get_json(kubectl, "pods", "-n", namespace, "-l", f"{LABEL_JOB}=gang")["items"]
+        assert watch.pods_seen() == {}
+        pod_sets = job_workload(kubectl, namespace, "gang")["spec"]["podSets"]
+        limits = {p["name"]: (p["count"], p["template"]["spec"]["containers"][0].get(
+            "resources", {}).get("limits", {}).get(GPU)) for p in pod_sets}
+        assert [p["name"] for p in pod_sets] == ["generator", "trainer", "reward", "launcher"]
+        assert limits == {"generator": (2, "2"), "trainer": (1, "2"), "reward": (1, None),
+                          "launcher": (1, None)}, limits
+
+        kueue_objects(kubectl, cluster_queue(queue["cluster_queue"], queue["flavor"],
+                                             namespace, gpus=6))
+        wait_until(lambda: job_status(kubectl, namespace, "gang").get("readyWorkers")
+                   == "4/4", 90, "gang admitted: 4/4 workers Ready")
+        sets = {s["metadata"]["name"]: s["spec"]["replicas"]
+                for s in get_json(kubectl, "statefulsets", "-n", namespace)["items"]}
+        assert sets == {"gang-generator": 2, "gang-trainer": 1, "gang-reward": 1}, sets
+        assert watch.pods_seen() == {"gang-generator-0": 1, "gang-generator-1": 1,
+                                     "gang-trainer-0": 1, "gang-reward-0": 1}
+    workload = job_workload(kubectl, namespace, "gang")
+    assert wl_condition(workload, "Admitted")["status"] == "True"
+    assigned = {a["name"]: a["count"] for a in workload["status"]["admission"][
+        "podSetAssignments"]}
+    assert assigned == {"generator": 2, "trainer": 1, "reward": 1, "launcher": 1}, assigned
+    status = job_status(kubectl, namespace, "gang")
+    assert status["queue"]["name"] == "user-queue" and status["queue"]["admissions"] == 1

@@ -11,6 +11,7 @@ import copy
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from monarch_operator.controller.builders.service import build_worker_services
 from monarch_operator.controller.builders.statefulset import build_worker_statefulsets
 from monarch_operator.controller.settings import Settings
 from monarch_operator.controller.spec import JobSpec
-from tests.cluster.helpers import get_json, wait_until
+from tests.cluster.helpers import get_json, running_attempt, wait_until
 from tests.roles_cases import REFUSALS, refused_job, roles_job
 
 pytestmark = pytest.mark.cluster
@@ -169,3 +170,41 @@ def test_three_groups_four_roles_run_with_one_hostfile_and_roles_env(kubectl, na
     result = apply(kubectl, namespace, changed)
     assert result.returncode != 0
     assert "spec.roles cannot be added, removed or changed" in result.stderr
+
+
+def test_a_lost_worker_of_one_group_is_infrastructure_naming_its_group_and_pod(kubectl,
+                                                                             namespace):
+    """A generator worker deleted mid-run ends the attempt as Infrastructure, naming the pod
+    and its group; only that pod is recreated (the other groups' pods keep their uids) and
+    the next attempt starts on them."""
+    body = _running_job()
+    body["spec"]["launcher"] = {"command": ["sh", "-c", "exec sleep 600"]}
+    body["spec"]["runPolicy"] = {"backoffLimit": 0, "infrastructureBackoffLimit": 2}
+    result = apply(kubectl, namespace, body)
+    assert result.returncode == 0, result.stderr
+    running_attempt(kubectl, namespace, "rl", 1)
+
+    def worker_uids() -> dict[str, str]:
+        return {p["metadata"]["name"]: p["metadata"]["uid"] for p in get_json(
+            kubectl, "pods", "-n", namespace, "-l",
+            f"{constants.LABEL_ROLE}={constants.ROLE_WORKER}")["items"]}
+    before = worker_uids()
+    assert sorted(before) == ["rl-generator-0", "rl-generator-1", "rl-reward-0",
+                              "rl-trainer-0"]
+    time.sleep(3)  # the launcher has run a while: the loss is mid-run
+    kubectl("delete", "pod", "rl-generator-1", "-n", namespace, "--wait=false")
+    status = running_attempt(kubectl, namespace, "rl", 2)
+
+    first = status["attempts"][0]
+    assert (first["class"], first["reason"]) == ("Infrastructure", "WorkerEvicted"), first
+    assert first["lostWorkers"] == ["rl-generator-1"], first
+    assert "worker rl-generator-1 (group generator, deleted) lost mid-run" in first[
+        "message"], first
+    assert status["attempts"][1].get("launchTime"), status["attempts"]
+    assert status.get("failureCounts") == {"infrastructure": 1}, status
+    after = worker_uids()
+    kept = ["rl-generator-0", "rl-reward-0", "rl-trainer-0"]
+    assert {name: after.get(name) for name in kept} == {name: before[name] for name in kept}
+    assert after.get("rl-generator-1") not in (None, before["rl-generator-1"]), after
+    snapshot = {entry["name"]: entry["uid"] for entry in status["attemptWorkers"]}
+    assert snapshot == after, (snapshot, after)

@@ -65,8 +65,11 @@ class LostWorker:
         """Whether only a container of the pod ended or restarted (the pod itself stays)."""
         return self.cause.startswith("container ")
 
-    def describe(self) -> str:
-        """E.g. ``demo-worker-3 (deleted)``."""
+    def describe(self, group: str | None = None) -> str:
+        """E.g. ``demo-worker-3 (deleted)``; with its worker ``group`` (a job with
+        ``spec.workerGroups``) ``rl-generator-1 (group generator, deleted)``."""
+        if group:
+            return f"{self.name} (group {group}, {self.cause})"
         return f"{self.name} ({self.cause})"
 
 

@@ -29,6 +29,7 @@ from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER, bu
 from monarch_operator.controller.builders.statefulset import WORKER_CONTAINER
 from monarch_operator.controller.passstate import Event, Pass, short
 from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec import JobSpec
 
 
 def start_or_follow_launcher(state: Pass, settings: Settings,
@@ -172,7 +173,7 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
     if verdict.kind == verdicts.WORKER_LOST:
         restarted = all(worker.in_place for worker in verdict.lost)
         reason = st.REASON_WORKER_RESTARTED if restarted else st.REASON_WORKER_EVICTED
-        message = f"worker {short([worker.describe() for worker in verdict.lost])} lost mid-run"
+        message = lost_mid_run_message(state.job, list(verdict.lost))
         return endings.end_attempt(state, policy.INFRASTRUCTURE, reason, message, outcome,
                                    list(verdict.lost), pods)
     if verdict.kind == verdicts.LAUNCHER_STOPPED:  # an exit code is a claim
@@ -230,6 +231,18 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
     return endings.end_attempt(state, judged.failure_class, reason, message, outcome, None, pods)
 
 
+def _described(job: JobSpec, lost: list[attempts.LostWorker]) -> str:
+    """The ``lost`` workers in a few words, each with its group when the job has groups."""
+    return short([worker.describe(job.group_of_pod(worker.name)) for worker in lost])
+
+
+def lost_mid_run_message(job: JobSpec, lost: list[attempts.LostWorker]) -> str:
+    """The message of an attempt ended by ``lost`` workers, e.g. ``worker demo-worker-1
+    (deleted) lost mid-run``; a worker of one of ``spec.workerGroups`` is named with its group:
+    ``worker rl-generator-1 (group generator, deleted) lost mid-run``."""
+    return f"worker {_described(job, lost)} lost mid-run"
+
+
 def _checkpoint_first(state: Pass, launcher: dict[str, Any], lost: list[attempts.LostWorker],
                       worker_pods: list[dict[str, Any]]) -> bool:
     """Whether the attempt, whose ``lost`` workers are being stopped from outside with a grace
@@ -245,7 +258,7 @@ def _checkpoint_first(state: Pass, launcher: dict[str, Any], lost: list[attempts
     if workers_may_go:
         return False
     state.condition(st.RUNNING, True, st.REASON_CHECKPOINT_BEFORE_DISRUPTION,
-                    f"worker {short([worker.describe() for worker in lost])} is being stopped; "
+                    f"worker {_described(state.job, lost)} is being stopped; "
                     f"launcher {launcher['metadata']['name']} asked to stop first so that the "
                     f"program can save its state (up to "
                     f"{state.job.run_policy.checkpoint_grace_seconds}s)")

@@ -134,6 +134,15 @@ class JobSpec:
         return [names.group_pod(self.name, group.name, ordinal)
                 for group in self.groups for ordinal in range(group.replicas)]
 
+    def group_of_pod(self, pod_name: str) -> str | None:
+        """The name of the group (``spec.workerGroups``) whose worker pod is ``pod_name``;
+        None for a job without worker groups or a pod of none of its groups."""
+        for group in self.worker_groups:
+            if any(names.group_pod(self.name, group.name, ordinal) == pod_name
+                   for ordinal in range(group.replicas)):
+                return group.name
+        return None
+
     @property
     def attach(self) -> bool:
         """Whether the job runs in attach mode (``spec.mode: attach``)."""
