@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         kubectl("apply", "--server-side", "-f", str(crd))
         # The MPI Operator exits at start when its CRD is not served yet.
         wait_established(kubectl, "mpijobs.kubeflow.org")
-        for namespace in NAMESPACES.values():
+        for namespace in sorted(set(NAMESPACES.values())):
             kubectl("create", "namespace", namespace)
         processes.append(start_operator(args.state_dir, cluster.env(),
                                         namespaces=(NAMESPACES[OURS],)))
