@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -65,6 +66,19 @@ def unknown_uid() -> int:
     if userentry.has_entry(UNKNOWN_UID):
         _unavailable(f"uid {UNKNOWN_UID} has a passwd entry on this machine")
     return UNKNOWN_UID
+
+
+def readable_package(world_dir: Path) -> Path:
+    """A copy of this checkout's ``monarch_operator`` that the uid can read, as a PYTHONPATH
+    folder: the checkout may be where it cannot (a clean clone under root's 0700 home, as in
+    CI; stop 40's run failed there with ModuleNotFoundError)."""
+    target = world_dir / "pythonpath"
+    if not (target / "monarch_operator").is_dir():
+        shutil.copytree(OPERATOR_DIR / "monarch_operator", target / "monarch_operator",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for path in [target, *target.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    return target
 
 
 def python_for_the_uid() -> str:
@@ -183,7 +197,7 @@ def test_the_launcher_as_an_unknown_uid_logs_in_with_its_own_options(unknown_uid
     try:
         launcher = subprocess.run(
             [*as_unknown_uid(0), python_for_the_uid(), "-c", program],
-            env={"PATH": os.environ["PATH"], "HOME": "/", "PYTHONPATH": str(OPERATOR_DIR),
+            env={"PATH": os.environ["PATH"], "HOME": "/", "PYTHONPATH": str(readable_package(world_dir)),
                  constants.ENV_RUNTIME_DIR: str(launcher_runtime)},
             capture_output=True, text=True, timeout=60, check=False)
     finally:
