@@ -92,7 +92,7 @@ def test_a_role_with_no_valid_mesh_name_is_refused(role):
 def test_rank_labels_follow_hostfile_order_per_role(colocate, trainer, ref, expected):
     job = make_job(replicas=4, trainer=trainer, ref=ref, colocate=colocate)
     for ordinal, ranks in expected.items():
-        assert attachmode.rank_labels(job, ordinal) == {
+        assert attachmode.pod_rank_labels(job, names.worker_pod("demo", ordinal)) == {
             f"{constants.GROUP}/{role}-rank": rank for role, rank in ranks.items()}
 
 

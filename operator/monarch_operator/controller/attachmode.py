@@ -89,12 +89,6 @@ def published_meshes(job: JobSpec) -> list[dict[str, Any]]:
             for role, pods in role_pods(job).items()]
 
 
-def rank_labels(job: JobSpec, ordinal: int) -> dict[str, str]:
-    """The rank labels worker ``ordinal`` of a job without groups must carry (see
-    :func:`pod_rank_labels`)."""
-    return pod_rank_labels(job, names.worker_pod(job.name, ordinal))
-
-
 def pod_rank_labels(job: JobSpec, pod: str) -> dict[str, str]:
     """The rank labels worker pod ``pod`` must carry: ``{<mesh>-rank label: rank}`` for each
     role it belongs to (none for a spare worker beyond the roles' hosts)."""

@@ -154,13 +154,20 @@ def _check_job_level(spec: dict[str, Any], raw_groups: Any, raw_roles: Any) -> N
         raise GroupRuleError(MSG_NEEDS_PROGRAM)
 
 
-def _group(item: Any, index: int, image: str, template_of: Any) -> WorkerGroup:
-    path = f"spec.workerGroups[{index}]"
+def _item_name(item: Any, path: str, valid: Any, message: str) -> str:
+    """The ``name`` of list item ``item`` at ``path``; raises GroupRuleError naming the path
+    when the item is no object or ``valid(name)`` is false."""
     if not isinstance(item, dict):
         raise GroupRuleError(f"{path} must be an object")
     name = str(item.get("name") or "")
-    if not names.valid_group_name(name):
-        raise GroupRuleError(f"{MSG_GROUP_NAME}: {path}.name {name!r}")
+    if not valid(name):
+        raise GroupRuleError(f"{message}: {path}.name {name!r}")
+    return name
+
+
+def _group(item: Any, index: int, image: str, template_of: Any) -> WorkerGroup:
+    path = f"spec.workerGroups[{index}]"
+    name = _item_name(item, path, names.valid_group_name, MSG_GROUP_NAME)
     replicas = _integer(item, "replicas", path, 1, 4096) or 0
     gpus = _integer(item, "gpusPerWorker", path, 0, 64) or 0
     return WorkerGroup(name=name, replicas=replicas, gpus_per_worker=gpus,
@@ -170,11 +177,7 @@ def _group(item: Any, index: int, image: str, template_of: Any) -> WorkerGroup:
 
 def _role(item: Any, index: int) -> Role:
     path = f"spec.roles[{index}]"
-    if not isinstance(item, dict):
-        raise GroupRuleError(f"{path} must be an object")
-    name = str(item.get("name") or "")
-    if not names.valid_role_name(name):
-        raise GroupRuleError(f"{MSG_ROLE_NAME}: {path}.name {name!r}")
+    name = _item_name(item, path, names.valid_role_name, MSG_ROLE_NAME)
     if "hosts" in item and item.get("colocateWith") is not None:
         raise GroupRuleError(f"{MSG_COLOCATE_HOSTS}: role {name!r}")
     return Role(name=name, group=str(item.get("group") or ""),
