@@ -41,6 +41,9 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 DURATIONS_FILE = Path(__file__).with_name("durations.json")
+# Every run's unit seconds also go here (``cp`` it over DURATIONS_FILE to refresh the order).
+LAST_DURATIONS_FILE = Path.home() / ".cache" / "monarch-operator" / "durations-last.json"
+LONGEST_UNITS_SHOWN = 15
 REAL_NODES_UNIT = "tests/e2e (real nodes)"
 # Seconds assumed for a unit the durations file does not know yet (a new module).
 DEFAULT_UNIT_SECONDS = {"unit": 2.0, "scan": 10.0, "images": 60.0}
@@ -193,7 +196,8 @@ class _Folder:
 
 class PhaseClock:
     """Collects every test report (on the controller, under pytest-xdist) and prints the phase
-    table at the end; with ``--store-durations`` writes :data:`DURATIONS_FILE`."""
+    table and the longest units at the end, writes each unit's seconds to
+    :data:`LAST_DURATIONS_FILE` and, with ``--store-durations``, to :data:`DURATIONS_FILE`."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -236,9 +240,19 @@ class PhaseClock:
             counts[outcome] += 1
         summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
         write(f"tests run: {len(self.outcomes)} ({summary})")
+        units = {unit: round(seconds, 1) for unit, seconds in
+                 sorted(self.unit_seconds.items(), key=lambda kv: -kv[1])}
+        write("longest units (test-s): " + ", ".join(
+            f"{unit} {seconds:.0f}" for unit, seconds in list(units.items())[:LONGEST_UNITS_SHOWN]))
+        record = json.dumps({"tests_run": len(self.outcomes), "units": units}, indent=1) + "\n"
+        targets = [LAST_DURATIONS_FILE]
         if self.config.getoption("store_durations"):
-            units = {unit: round(seconds, 1) for unit, seconds in
-                     sorted(self.unit_seconds.items(), key=lambda kv: -kv[1])}
-            DURATIONS_FILE.write_text(json.dumps({"tests_run": len(self.outcomes),
-                                                  "units": units}, indent=1) + "\n")
-            write(f"wrote {DURATIONS_FILE}")
+            targets.append(DURATIONS_FILE)
+        for target in targets:
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(record)
+            except OSError as error:  # a read-only home must not fail the run
+                write(f"could not write {target}: {error}")
+                continue
+            write(f"wrote {target}")

@@ -117,3 +117,42 @@ def test_every_machine_alone_unit_says_why_and_exists() -> None:
     for unit, why in parallel.ALONE_UNITS.items():
         assert (root / unit).is_file(), unit
         assert len(why) > 40, f"{unit}: say why it needs the machine alone"
+
+
+class _Reporter:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def section(self, title: str) -> None:
+        self.lines.append(f"== {title}")
+
+    def write_line(self, line: str) -> None:
+        self.lines.append(line)
+
+
+class _Report:
+    def __init__(self, nodeid: str, when: str, duration: float) -> None:
+        self.nodeid, self.when, self.duration, self.outcome = nodeid, when, duration, "passed"
+        self.start, self.stop = 100.0, 100.0 + duration
+
+
+def test_every_run_prints_its_longest_units_and_keeps_their_seconds(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setattr(parallel, "LAST_DURATIONS_FILE", tmp_path / "cache" / "last.json")
+    monkeypatch.setattr(parallel, "DURATIONS_FILE", tmp_path / "checked-in.json")
+    config = type("Config", (), {"getoption": lambda self, name: False})()
+    clock = parallel.PhaseClock(config)  # type: ignore[arg-type]
+    for nodeid, seconds in [("tests/cluster/test_a.py::t1", 30.0),
+                            ("tests/cluster/test_a.py::t2", 20.0),
+                            ("tests/e2e/test_x.py::t", 90.0), ("tests/unit/test_u.py::t", 1.0)]:
+        clock.pytest_runtest_logreport(_Report(nodeid, "call", seconds))  # type: ignore[arg-type]
+    reporter = _Reporter()
+    clock.pytest_terminal_summary(reporter)
+    longest = next(line for line in reporter.lines if line.startswith("longest units"))
+    assert longest == ("longest units (test-s): tests/e2e (real nodes) 90, "
+                       "tests/cluster/test_a.py 50, tests/unit/test_u.py 1")
+    kept = json.loads((tmp_path / "cache" / "last.json").read_text())
+    assert kept == {"tests_run": 4, "units": {"tests/e2e (real nodes)": 90.0,
+                                              "tests/cluster/test_a.py": 50.0,
+                                              "tests/unit/test_u.py": 1.0}}
+    assert not (tmp_path / "checked-in.json").exists()  # only with --store-durations
