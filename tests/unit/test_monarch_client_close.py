@@ -41,6 +41,8 @@ def test_the_client_is_shut_down_before_the_final_line(monkeypatch: pytest.Monke
     code = report.Reporter(out=out, err=err).result(1, "rank 0 exited with code 1")
     assert code == 1 and len(calls) == 1
     assert future.waited == report.MONARCH_CLIENT_SHUTDOWN_S > 1.0
+    # The flush cap: workers are gone by now, so each flush waits it out in full (0.7.0: two).
+    assert calls == [report.MONARCH_FLUSH_S] and 0 < report.MONARCH_FLUSH_S <= 0.5
     assert err.getvalue().splitlines()[-1].endswith("failed: rank 0 exited with code 1")
 
 

@@ -147,6 +147,12 @@ class Reporter:
 # How long the launcher waits for this process's Monarch client to shut down before its final
 # line, seconds; Monarch's own shutdown at interpreter exit allows 1 s.
 MONARCH_CLIENT_SHUTDOWN_S = 15.0
+# Monarch's `host_timeout` for that shutdown, seconds: it caps each of the client's final
+# gateway flushes (two of them in torchmonarch 0.7.0). By the final line the meshes are torn
+# down and their workers gone, so the flushes wait for answers that cannot come and always use
+# the whole cap: at 2.0 s every run ended 4.0 s after "torn down" (bench/launch_end.py). What
+# the launcher still had to say to its workers was said and answered during the teardown.
+MONARCH_FLUSH_S = 0.25
 
 
 def close_monarch_client(reporter: Reporter, timeout_s: float = MONARCH_CLIENT_SHUTDOWN_S) -> None:
@@ -165,6 +171,6 @@ def close_monarch_client(reporter: Reporter, timeout_s: float = MONARCH_CLIENT_S
     from monarch.actor import shutdown_context
 
     try:
-        shutdown_context(host_timeout=2.0).get(timeout=timeout_s)
+        shutdown_context(host_timeout=MONARCH_FLUSH_S).get(timeout=timeout_s)
     except TimeoutError:
         reporter.warning(f"Monarch's client did not shut down within {timeout_s:g}s")
