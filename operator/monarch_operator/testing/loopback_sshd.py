@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from monarch_operator.localcluster.orphans import stop_with_parent
+
 SSHD = "/usr/sbin/sshd"
 # 127.0.0.1 is left alone: the machine's own services and hostname live there.
 FIRST_HOST_OCTET = 2
@@ -155,7 +157,10 @@ class LoopbackSshd:
     """sshd daemons serving ``count`` hosts on 127.0.0.2 onwards, sharing one free port.
 
     Use as a context manager (``with LoopbackSshd(3, tmp) as cluster:``) or call :meth:`start`
-    and :meth:`stop` yourself; :meth:`stop` is safe to call more than once.
+    and :meth:`stop` yourself; :meth:`stop` is safe to call more than once. The daemons also
+    end (SIGTERM) when the thread that started them does, teardown or not
+    (:func:`monarch_operator.localcluster.orphans.stop_with_parent`), so start them from one
+    that lives as long as they should.
     """
 
     def __init__(
@@ -242,8 +247,12 @@ class LoopbackSshd:
             )
         )
         memlock = self._memlock_bytes
+        # A test run stopped without its teardown (SIGINT to pytest-xdist's main process, which
+        # ends its workers, or SIGKILL) used to leave these daemons running.
+        die_with_owner = stop_with_parent(signal.SIGTERM)
 
-        def limit_memlock() -> None:
+        def prepare() -> None:
+            die_with_owner()
             if memlock is not None:
                 resource.setrlimit(resource.RLIMIT_MEMLOCK, (memlock, memlock))
 
@@ -254,7 +263,7 @@ class LoopbackSshd:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=limit_memlock if memlock is not None else None,
+                preexec_fn=prepare,
             )
 
     @property
