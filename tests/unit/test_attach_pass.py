@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attachmode, k8s
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller import k8s
+from monarch_operator.controller.spec import attachmode
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 from tests.unit.test_launch_pass import NAME, NAMESPACE, job_body, make_view, ready_worker, run_pass
 
 TRAINER = f"{constants.GROUP}/trainer-rank"

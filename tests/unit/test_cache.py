@@ -1,4 +1,4 @@
-"""The informer-style cache (controller/cache.py) and the k8s layer reading from it.
+"""The informer-style cache (controller/k8s/cache.py) and the k8s layer reading from it.
 
 The indexes are plain dicts here, shaped as kopf's are ((namespace, job) -> the objects); that
 kopf fills them from its watches (initial list first, DELETED drops) is exercised by the cluster
@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.controller import cache, k8s
+from monarch_operator.controller import k8s
+from monarch_operator.controller.k8s import cache
 
 JOB_KIND = ("monarch-operator.dev/v1alpha1", "MonarchJob")
 POD, SECRET = ("v1", "Pod"), ("v1", "Secret")

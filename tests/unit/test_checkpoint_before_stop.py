@@ -11,15 +11,17 @@ from typing import Any
 import pytest
 
 from monarch_operator import constants, names
-from monarch_operator.controller import checkpoints, k8s, reconcile
-from monarch_operator.controller import status as st
+from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.launcher import launcher_env
 from monarch_operator.controller.builders.statefulset import (
     WORKER_STOP_MARGIN_SECONDS,
     build_worker_statefulset,
 )
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.engine import reconcile
+from monarch_operator.controller.launch import checkpoints
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import status as st
 from monarch_operator.launcher import stoprequest
 from tests.unit.test_launch_pass import (
     job_body,

@@ -1,4 +1,4 @@
-"""Words from what happened (issue 32 item 4): one mapping (controller/causes.py) from what
+"""Words from what happened (issue 32 item 4): one mapping (controller/state/causes.py) from what
 Kubernetes or Kueue observed to what the status says, so that an eviction, a drain or a
 preemption of a pod is worded as what it was, never "deleted" because a deletion request came
 with it."""
@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller import causes, k8s, verdicts
-from monarch_operator.controller import status as st
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller import k8s
+from monarch_operator.controller.judge import verdicts
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import causes
+from monarch_operator.controller.state import status as st
 from tests.unit.test_launch_pass import NAME, job_body, running_status
 from tests.unit.test_verdicts import api, run_policy_pass, running_launcher, worker  # noqa: F401
 

@@ -17,7 +17,7 @@ from monarch_operator.controller.builders.progress import (
     build_progress_role,
 )
 from monarch_operator.controller.builders.service import build_worker_service
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
 
 
 class RecordingApi:

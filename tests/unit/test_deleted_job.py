@@ -1,4 +1,4 @@
-"""A job deleted while a pass of it runs (controller/cache.py, k8s.py, passes.py): the pass
+"""A job deleted while a pass of it runs (controller/k8s/cache.py, k8s.py, passes.py): the pass
 creates nothing more, a create that raced the deletion is undone, and the job's DELETED event
 yields exactly the deleted job's own children to delete. The cluster test of the same is
 tests/cluster/test_quick_delete.py."""
@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.controller import cache, k8s, passes
+from monarch_operator.controller import k8s
+from monarch_operator.controller.engine import passes
+from monarch_operator.controller.k8s import cache
 from tests.unit.test_cache import (
     JOB_KIND,
     KEY,

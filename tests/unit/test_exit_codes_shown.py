@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from monarch_operator.controller import status as st
-from monarch_operator.controller import verdicts
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.judge import verdicts
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import status as st
 from tests.unit.test_launch_pass import job_body, running_status
 from tests.unit.test_verdicts import api, run_policy_pass, running_launcher, worker  # noqa: F401
 

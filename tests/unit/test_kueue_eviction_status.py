@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s, reconcile
-from monarch_operator.controller import status as st
+from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.progress import build_progress_configmap
+from monarch_operator.controller.engine import reconcile
 from monarch_operator.controller.kueue import client
 from monarch_operator.controller.kueue import workload as wl
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import status as st
 from tests.unit.test_launch_pass import (
     NAME,
     job_body,

@@ -17,15 +17,17 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from monarch_operator import constants, names
-from monarch_operator.controller import cache, k8s, passes
-from monarch_operator.controller import status as st
+from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
 from monarch_operator.controller.builders.progress import build_progress_configmap
 from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.engine import passes
+from monarch_operator.controller.k8s import cache
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import status as st
 
 JOB_KIND = (f"{constants.GROUP}/{constants.VERSION}", constants.KIND)
 KINDS = [("v1", "Pod"), ("v1", "Secret"), ("v1", "Service"), ("v1", "ConfigMap"),

@@ -4,8 +4,9 @@ batch Job, that Job's pod (generated name) by the attempt's labels."""
 
 from __future__ import annotations
 
-from monarch_operator.controller import k8s, release
-from monarch_operator.controller.cache import JobView
+from monarch_operator.controller import k8s
+from monarch_operator.controller.k8s.cache import JobView
+from monarch_operator.controller.release import release
 
 POD = ("v1", "Pod")
 

@@ -8,7 +8,9 @@ import datetime as dt
 
 import pytest
 
-from monarch_operator.controller import attempts, k8s, launching, observe
+from monarch_operator.controller import k8s
+from monarch_operator.controller.launch import launching
+from monarch_operator.controller.state import attempts, observe
 
 
 def launcher(ready: str = "True", node: str | None = "kwok-gpu-0", phase: str = "Running",
@@ -103,8 +105,9 @@ def test_a_launcher_not_ready_is_looked_at_again_only_for_a_while():
 
 
 def test_a_lost_launcher_ends_the_attempt_as_an_infrastructure_failure(monkeypatch):
-    from monarch_operator.controller import endings, policy
-    from monarch_operator.controller import status as st
+    from monarch_operator.controller.judge import endings
+    from monarch_operator.controller.spec import policy
+    from monarch_operator.controller.state import status as st
 
     ended: list[tuple] = []
     monkeypatch.setattr(k8s, "node_not_ready_since",
@@ -139,7 +142,8 @@ def test_a_not_ready_blip_after_a_control_plane_outage_ends_no_attempt(monkeypat
     node controller marks the nodes NotReady (and the launcher pod not Ready) until the
     kubelets' next Lease renewals; the attempt goes on and is looked at again when the node
     would count as lost. NotReady for the confirmation time, it is lost."""
-    from monarch_operator.controller import endings, policy
+    from monarch_operator.controller.judge import endings
+    from monarch_operator.controller.spec import policy
 
     state = FakePass()
     since = {"kwok-gpu-0": state.now - dt.timedelta(seconds=2)}

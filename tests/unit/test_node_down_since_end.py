@@ -10,9 +10,10 @@ import datetime as dt
 
 import pytest
 
-from monarch_operator.controller import k8s, verdicts
-from monarch_operator.controller import status as st
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller import k8s
+from monarch_operator.controller.judge import verdicts
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import status as st
 from tests.unit.test_launch_pass import NAME, job_body, running_status
 from tests.unit.test_verdicts import T0, api, run_policy_pass, running_launcher, worker
 

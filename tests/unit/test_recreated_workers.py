@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller import attempts, k8s, recreated
-from monarch_operator.controller import status as st
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller import k8s
+from monarch_operator.controller.judge import recreated
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import attempts
+from monarch_operator.controller.state import status as st
 from monarch_operator.launcher.session import preflight, ssh, versions
 from tests.unit.test_launch_pass import NAME, NAMESPACE, job_body, launcher_pod
 from tests.unit.test_verdicts import run_policy_pass, worker

@@ -11,15 +11,17 @@ import pytest
 import yaml
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s, reconcile, reported
+from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.progress import (
     build_launcher_account,
     build_progress_binding,
     build_progress_configmap,
     build_progress_role,
 )
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.engine import reconcile
+from monarch_operator.controller.launch import reported
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 from tests.unit.test_launch_pass import NAME, NAMESPACE, job_body, make_view, stored
 from tests.unit.test_verdicts import api, running_status  # noqa: F401 - fixture
 

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller import attempts, k8s, reconcile
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller import k8s
+from monarch_operator.controller.engine import reconcile
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import attempts
 from monarch_operator.launcher.programs.spmd import SpmdConfigError, restart_variables
 from monarch_operator.launcher.programs.spmd_actor import World, rank_environment
 from monarch_operator.launcher.session.environment import ALLOWED_ENV

@@ -8,8 +8,10 @@ import pytest
 import yaml
 
 from monarch_operator import names
-from monarch_operator.controller import attempts, groups, launching
-from monarch_operator.controller.spec import InvalidSpecError, JobSpec
+from monarch_operator.controller.launch import launching
+from monarch_operator.controller.spec import groups
+from monarch_operator.controller.spec.spec import InvalidSpecError, JobSpec
+from monarch_operator.controller.state import attempts
 from tests.roles_cases import REFUSALS, refused_job, roles_job
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "monarchjobs.monarch-operator.dev.yaml"

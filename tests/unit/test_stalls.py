@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from monarch_operator import constants, names
-from monarch_operator.controller import stalls
-from monarch_operator.controller import status as st
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.judge import stalls
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import status as st
 from monarch_operator.launcher import progress, stopsignal
 from tests.unit.test_launch_pass import job_body
 from tests.unit.test_verdicts import (  # noqa: F401 - fixture

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller import k8s, progress, reconcile
-from monarch_operator.controller import status as st
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller import k8s
+from monarch_operator.controller.engine import progress, reconcile
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import status as st
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 JOB = JobSpec.from_body({

@@ -1,11 +1,12 @@
-"""When the operator stops waiting for a deleted pod and force-deletes it (controller/stuckpods.py),
-and which lost workers it deletes itself (attempts.LostWorker), without a cluster."""
+"""When the operator stops waiting for a deleted pod and force-deletes it
+(controller/release/stuckpods.py), and which lost workers it deletes itself (attempts.LostWorker), without a cluster."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from monarch_operator.controller import attempts, stuckpods
+from monarch_operator.controller.release import stuckpods
+from monarch_operator.controller.state import attempts
 
 DELETED_AT = "2026-11-30T12:00:00Z"  # deletionTimestamp: the end of the grace period
 DEADLINE = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
@@ -98,10 +99,10 @@ def test_the_gate_finds_workers_whose_node_is_lost(monkeypatch):
     # A not-Ready worker on a NotReady node is deleted by the gate (recreated elsewhere), not
     # waited for until Kubernetes evicts it after 300 s (seen in CI: both workers of a job on
     # the node that was lost; the second one held the next attempt for four minutes).
-    from monarch_operator.controller import gate, k8s
-
-    from monarch_operator.controller.passstate import Pass
-    from monarch_operator.controller.spec import JobSpec
+    from monarch_operator.controller import k8s
+    from monarch_operator.controller.gate import gate
+    from monarch_operator.controller.spec.spec import JobSpec
+    from monarch_operator.controller.state.passstate import Pass
 
     asked = []
     monkeypatch.setattr(k8s, "node_is_ready", lambda node: asked.append(node) or node != "lost")
@@ -181,10 +182,11 @@ def test_node_ready_is_reused_for_the_memo_period_not_ready_never_and_a_403_ends
 def test_ready_of_a_finished_job_counts_only_workers_of_a_kept_statefulset():
     # READY drops to 0/N with the ending (its StatefulSet deleted), not once more as each
     # worker pod goes: one status write instead of several per finished job.
-    from monarch_operator.controller import k8s, release
-    from monarch_operator.controller.cache import JobView
-    from monarch_operator.controller.passstate import Pass
-    from monarch_operator.controller.spec import JobSpec
+    from monarch_operator.controller import k8s
+    from monarch_operator.controller.k8s.cache import JobView
+    from monarch_operator.controller.release import release
+    from monarch_operator.controller.spec.spec import JobSpec
+    from monarch_operator.controller.state.passstate import Pass
 
     job = JobSpec.from_body({
         "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1},

@@ -10,9 +10,12 @@ from typing import Any
 import pytest
 
 from monarch_operator import constants
-from monarch_operator.controller import attempts, k8s, lastseen, reconcile, verdicts
-from monarch_operator.controller import status as st
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller import k8s
+from monarch_operator.controller.engine import reconcile
+from monarch_operator.controller.judge import verdicts
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import attempts, lastseen
+from monarch_operator.controller.state import status as st
 from tests.unit import test_launch_pass
 from tests.unit.test_launch_pass import (
     NAME,

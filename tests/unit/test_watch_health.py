@@ -14,7 +14,7 @@ import pytest
 from kopf._cogs.clients import api, watching
 from kopf._cogs.structs import references
 
-from monarch_operator.controller import watchhealth
+from monarch_operator.controller.engine import watchhealth
 
 
 class Clock:

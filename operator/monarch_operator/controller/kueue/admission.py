@@ -26,22 +26,18 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import Histogram
 
 from monarch_operator import constants, names
-from monarch_operator.controller import (
-    attempts,
-    causes,
-    deadlines,
-    endings,
-    k8s,
-    policy,
-    release,
-)
-from monarch_operator.controller import status as st
-from monarch_operator.controller.groups import WorkerGroup
+from monarch_operator.controller import k8s
+from monarch_operator.controller.judge import endings
 from monarch_operator.controller.kueue import client, topology
 from monarch_operator.controller.kueue import workload as wl
-from monarch_operator.controller.passstate import Event, Pass
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.release import release
+from monarch_operator.controller.spec import policy
+from monarch_operator.controller.spec.groups import WorkerGroup
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import attempts, causes, deadlines
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state.passstate import Event, Pass
 
 # Attempt class of an attempt stopped by Kueue (status.attempts[].class): not a failure of
 # the job, no budget spent, but a restart (RESTARTS) all the same.

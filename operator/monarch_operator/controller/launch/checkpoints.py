@@ -23,9 +23,10 @@ import threading
 from typing import Any
 
 from monarch_operator import constants
-from monarch_operator.controller import k8s, lastseen
+from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
-from monarch_operator.controller.passstate import Event, Pass
+from monarch_operator.controller.state import lastseen
+from monarch_operator.controller.state.passstate import Event, Pass
 
 MARKER = re.compile(r"\[checkpoint: (?P<location>[^\s\]]+)\]\s*$")
 REASON_CHECKPOINT_SAVED = "CheckpointSaved"

@@ -46,7 +46,7 @@ REASON_LAUNCHER_FAILED = "LauncherFailed"
 REASON_STARTUP_TIMEOUT = "StartupTimeout"
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_CHILD_NOT_OWNED = "ChildNotOwned"
-# Run policy (controller/policy.py): an attempt ended and another one starts.
+# Run policy (controller/spec/policy.py): an attempt ended and another one starts.
 REASON_RESTARTING = "Restarting"
 # Infrastructure failures, naming the pod: deleted, evicted or preempted; restarted in place;
 # the launcher pod itself lost.
@@ -55,7 +55,8 @@ REASON_WORKER_RESTARTED = "WorkerRestarted"
 REASON_LAUNCHER_LOST = "LauncherLost"
 # The launcher's pre-flight could not reach workers recreated for the attempt (C20).
 REASON_WORKER_UNREACHABLE = "WorkerUnreachable"
-REASON_PROGRESS_STALLED = "ProgressStalled"  # runPolicy.progressDeadlineSeconds (controller/stalls.py)
+# runPolicy.progressDeadlineSeconds (controller/judge/stalls.py)
+REASON_PROGRESS_STALLED = "ProgressStalled"
 # A podFailurePolicy rule with action FailJob matched the launcher's exit code.
 REASON_FATAL_EXIT_CODE = "FatalExitCode"
 # spec.suspend.
@@ -67,7 +68,7 @@ REASON_OPERATOR_FORBIDDEN = "OperatorForbidden"  # the API server refused the op
 REASON_WORKER_CANNOT_START = "WorkerCannotStart"  # e.g. invalid image, init crash loop
 REASON_TTL_EXPIRED = "TTLExpired"  # the job was deleted by spec.ttlSecondsAfterFinished
 # A pod of the job stuck terminating past its grace period (node lost, a finalizer) was
-# force-deleted so that the job goes on (controller/stuckpods.py).
+# force-deleted so that the job goes on (controller/release/stuckpods.py).
 REASON_POD_FORCE_DELETED = "PodForceDeleted"
 # Reasons of a condition that need someone's attention: their Events are Warnings.
 WARNING_REASONS = frozenset({REASON_CHILD_NOT_OWNED, REASON_RESTARTING})

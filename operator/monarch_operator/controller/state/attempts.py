@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monarch_operator import names
-from monarch_operator.controller import causes
+from monarch_operator.controller.state import causes
 
 # status.attempts keeps the latest records only; `number` says which attempt each one was.
 MAX_ATTEMPTS_KEPT = 10

@@ -69,10 +69,10 @@ class RunPolicy:
     infrastructure_backoff_limit: int = DEFAULT_INFRASTRUCTURE_BACKOFF_LIMIT
     rules: tuple[ExitCodeRule, ...] = field(default_factory=tuple)
     # Seconds a running launcher is given to checkpoint before a suspend or an eviction stops
-    # the job (0: stopped at once); see controller/release.py stop_launcher_first.
+    # the job (0: stopped at once); see controller/release/release.py stop_launcher_first.
     checkpoint_grace_seconds: int = 0
     # An attempt that reported progress and then none for this long is stalled (None: never);
-    # controller/stalls.py.
+    # controller/judge/stalls.py.
     progress_deadline_seconds: int | None = None
     # An application failure after progress since the previous failure spends no budget.
     progress_resets_backoff: bool = False

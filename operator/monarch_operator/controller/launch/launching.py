@@ -7,29 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import (
-    attempts,
-    causes,
-    checkpoints,
-    deadlines,
-    endings,
-    k8s,
-    lastseen,
-    observe,
-    policy,
-    recreated,
-    release,
-    stalls,
-    stuckpods,
-    verdicts,
-)
-from monarch_operator.controller import status as st
+from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER, build_launcher_pod
 from monarch_operator.controller.builders.statefulset import WORKER_CONTAINER
-from monarch_operator.controller.passstate import Event, Pass, short
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.judge import endings, recreated, stalls, verdicts
+from monarch_operator.controller.launch import checkpoints
+from monarch_operator.controller.release import release, stuckpods
+from monarch_operator.controller.spec import policy
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import attempts, causes, deadlines, lastseen, observe
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state.passstate import Event, Pass, short
 
 
 def start_or_follow_launcher(state: Pass, settings: Settings,

@@ -27,8 +27,8 @@ import urllib3
 from kubernetes.client.rest import ApiException
 
 from monarch_operator import __version__, constants
-from monarch_operator.controller import cache
-from monarch_operator.controller.cache import JobView
+from monarch_operator.controller.k8s import cache
+from monarch_operator.controller.k8s.cache import JobView
 
 # How the operator's own requests show up in the API server's audit log (kopf's watches say
 # "kopf/<version>"). Test of field case C5 counts writes by this agent.

@@ -7,19 +7,14 @@ import datetime as dt
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import (
-    attempts,
-    k8s,
-    lastseen,
-    observe,
-    policy,
-    release,
-    stalls,
-    verdicts,
-)
-from monarch_operator.controller import status as st
+from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
-from monarch_operator.controller.passstate import Event, Pass
+from monarch_operator.controller.judge import stalls, verdicts
+from monarch_operator.controller.release import release
+from monarch_operator.controller.spec import policy
+from monarch_operator.controller.state import attempts, lastseen, observe
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state.passstate import Event, Pass
 
 
 def fail(state: Pass, reason: str, message: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from monarch_operator.controller import verdicts
+from monarch_operator.controller.judge import verdicts
 
 # Reasons that a worker recreated moments ago can give while the cluster catches up with it:
 # its name does not resolve yet, or resolves to its old address (nothing answers there, or

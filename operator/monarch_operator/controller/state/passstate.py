@@ -8,8 +8,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from monarch_operator.controller import status as st
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import status as st
 
 
 @dataclass

@@ -4,9 +4,12 @@ job; resuming starts the current attempt's gate again."""
 from __future__ import annotations
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attempts, k8s, policy, release
-from monarch_operator.controller import status as st
-from monarch_operator.controller.passstate import Event, Pass
+from monarch_operator.controller import k8s
+from monarch_operator.controller.release import release
+from monarch_operator.controller.spec import policy
+from monarch_operator.controller.state import attempts
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state.passstate import Event, Pass
 
 
 def suspend(state: Pass) -> None:

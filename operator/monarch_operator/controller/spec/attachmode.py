@@ -21,8 +21,8 @@ import re
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import groups
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec import groups
+from monarch_operator.controller.spec.spec import JobSpec
 
 # KubernetesJob.add_mesh's rule for a mesh name: 1-63 characters, lowercase letters and digits,
 # starting with a letter (no '-' or '_').

@@ -25,9 +25,9 @@ from typing import Any
 
 from monarch_operator import names
 from monarch_operator.controller import k8s
-from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.progress import REPORT_KEY
-from monarch_operator.controller.passstate import Pass
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state.passstate import Pass
 
 MAX_REPORT_BYTES = 16384  # a larger report is ignored
 MAX_METRICS = 16

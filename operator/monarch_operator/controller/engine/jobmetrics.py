@@ -39,8 +39,8 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from monarch_operator.controller import attempts, deadlines
-from monarch_operator.controller import status as st
+from monarch_operator.controller.state import attempts, deadlines
+from monarch_operator.controller.state import status as st
 
 logger = logging.getLogger("monarch_operator")
 

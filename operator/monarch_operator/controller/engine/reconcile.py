@@ -20,24 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from monarch_operator.controller import (
-    attempts,
-    checkpoints,
-    deadlines,
-    endings,
-    gate,
-    k8s,
-    launching,
-    policy,
-    release,
-    reported,
-    suspension,
-)
-from monarch_operator.controller import status as st
+from monarch_operator.controller import k8s
+from monarch_operator.controller.gate import gate
+from monarch_operator.controller.judge import endings
 from monarch_operator.controller.kueue import admission as kueue
-from monarch_operator.controller.passstate import Event, Pass
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.launch import checkpoints, launching, reported
+from monarch_operator.controller.release import release, suspension
+from monarch_operator.controller.spec import policy
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import attempts, deadlines
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state.passstate import Event, Pass
 
 __all__ = ["Event", "Outcome", "reconcile"]
 

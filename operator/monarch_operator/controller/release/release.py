@@ -7,10 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attempts, k8s, observe, stuckpods, verdicts
-from monarch_operator.controller import status as st
-from monarch_operator.controller.passstate import Event, Pass
-from monarch_operator.controller.spec import CLEANUP_DELETE_ALL, JobSpec
+from monarch_operator.controller import k8s
+from monarch_operator.controller.judge import verdicts
+from monarch_operator.controller.release import stuckpods
+from monarch_operator.controller.spec.spec import CLEANUP_DELETE_ALL, JobSpec
+from monarch_operator.controller.state import attempts, observe
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state.passstate import Event, Pass
 
 
 def launcher_pod(namespace: str, job_name: str, attempt: int) -> dict[str, Any] | None:

@@ -8,17 +8,7 @@ import datetime as dt
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import (
-    attachmode,
-    attempts,
-    deadlines,
-    endings,
-    k8s,
-    observe,
-    policy,
-    release,
-)
-from monarch_operator.controller import status as st
+from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
 from monarch_operator.controller.builders.progress import (
@@ -29,11 +19,16 @@ from monarch_operator.controller.builders.progress import (
 )
 from monarch_operator.controller.builders.secret import build_ssh_secret
 from monarch_operator.controller.builders.service import build_worker_service
+from monarch_operator.controller.builders.sshkeys import generate_job_keys
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
-from monarch_operator.controller.passstate import Pass, short
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
-from monarch_operator.controller.sshkeys import generate_job_keys
+from monarch_operator.controller.judge import endings
+from monarch_operator.controller.release import release
+from monarch_operator.controller.spec import attachmode, policy
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import attempts, deadlines, observe
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state.passstate import Pass, short
 
 # A starting worker's node is read only after the worker has been scheduled this long without
 # becoming Ready (see _lost_node): reading the node of every starting worker at every pass was

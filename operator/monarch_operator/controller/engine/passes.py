@@ -9,8 +9,8 @@ event (:mod:`.deadlines`). Posting the events is left to the caller, on kopf's e
 from __future__ import annotations
 
 import contextlib
-import functools
 import datetime as dt
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,12 +18,15 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.controller import cache, deadlines, jobmetrics, k8s, metrics, reconcile
-from monarch_operator.controller import status as st
-from monarch_operator.controller.cache import JobView
-from monarch_operator.controller.progress import ProgressWrites
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import InvalidSpecError, JobSpec
+from monarch_operator.controller import k8s
+from monarch_operator.controller.engine import jobmetrics, metrics, reconcile
+from monarch_operator.controller.engine.progress import ProgressWrites
+from monarch_operator.controller.k8s import cache
+from monarch_operator.controller.k8s.cache import JobView
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import InvalidSpecError, JobSpec
+from monarch_operator.controller.state import deadlines
+from monarch_operator.controller.state import status as st
 
 logger = logging.getLogger("monarch_operator")
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from monarch_operator.controller import attempts
-from monarch_operator.controller import status as st
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import attempts
+from monarch_operator.controller.state import status as st
 
 # Timestamps in status have whole seconds and the checks compare with ">": wake a little after.
 DEADLINE_SLACK_SECONDS = 1.0

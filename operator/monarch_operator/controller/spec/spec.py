@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller.groups import GroupRuleError, Role, WorkerGroup, parse_groups
-from monarch_operator.controller.policy import RunPolicy
+from monarch_operator.controller.spec.groups import GroupRuleError, Role, WorkerGroup, parse_groups
+from monarch_operator.controller.spec.policy import RunPolicy
 
 # Defaults mirror crds/monarchjobs.monarch-operator.dev.yaml (a unit test compares them).
 DEFAULT_REPLICAS = 2
@@ -90,7 +90,7 @@ class JobSpec:
     spmd: SpmdSpec | None = None
     # spec.suspend: no workers and no launcher while True (field case C10).
     suspend: bool = False
-    # spec.runPolicy: restart budgets and exit-code rules (controller/policy.py).
+    # spec.runPolicy: restart budgets and exit-code rules (controller/spec/policy.py).
     run_policy: RunPolicy = field(default_factory=RunPolicy)
     # The job's own labels and annotations, passed on to its pods (e.g. Kueue's queue name).
     pod_labels: dict[str, str] = field(default_factory=dict)
@@ -101,7 +101,7 @@ class JobSpec:
     ttl_seconds_after_finished: int | None = None
     cleanup_policy: str = DEFAULT_CLEANUP_POLICY
     # spec.progress.reportIntervalSeconds: the launcher writes the program's reports at most
-    # this often (controller/reported.py, launcher/progress.py).
+    # this often (controller/launch/reported.py, launcher/progress.py).
     progress_interval_seconds: int = DEFAULT_PROGRESS_INTERVAL_SECONDS
     # Kueue (controller/kueue/): labels kueue.x-k8s.io/queue-name and /priority-class. They
     # stay on the job, never on its pods: Kueue would queue each pod on its own (C23).
@@ -110,7 +110,7 @@ class JobSpec:
     # spec.mode: "ssh" (workers run sshd, the launcher starts Monarch over ssh) or "attach"
     # (workers run Monarch's worker loop; a KubernetesJob program attaches, docs/attach.md).
     mode: str = constants.MODE_SSH
-    # spec.workerGroups and spec.roles (controller/groups.py, docs/roles.md); empty for a job
+    # spec.workerGroups and spec.roles (controller/spec/groups.py, docs/roles.md); empty for a job
     # given by spec.workers and spec.meshes alone.
     worker_groups: tuple[WorkerGroup, ...] = ()
     roles: tuple[Role, ...] = ()

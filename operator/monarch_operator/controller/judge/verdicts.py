@@ -25,8 +25,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from monarch_operator.controller import attempts, causes
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
+from monarch_operator.controller.state import attempts, causes
 
 # How long after the launcher's end its verdict waits for reports of what happened before it.
 # A kubelet reports a container's end within about 2 s (PLEG relists every second, then the

@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from monarch_operator.controller import metrics
+from monarch_operator.controller.engine import metrics
 
 logger = logging.getLogger(__name__)
 

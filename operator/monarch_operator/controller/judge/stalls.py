@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from monarch_operator.controller import deadlines
+from monarch_operator.controller.state import deadlines
 
 # launcher/progress.py STALL_REASON and its ": " (a unit test keeps them equal).
 STALL_MARKER = "ProgressStalled: "
