@@ -13,7 +13,7 @@ import pytest
 from monarch_operator.controller import k8s
 from monarch_operator.controller.judge import verdicts
 from monarch_operator.controller.spec.settings import Settings
-from monarch_operator.controller.state import causes
+from monarch_operator.controller.state import causes, timestamps
 from monarch_operator.controller.state import status as st
 from tests.unit.test_launch_pass import NAME, job_body, running_status
 from tests.unit.test_verdicts import api, run_policy_pass, running_launcher, worker  # noqa: F401
@@ -93,7 +93,7 @@ def test_a_launcher_evicted_by_a_drain_is_worded_so_not_deleted(api, monkeypatch
     monkeypatch.setattr(k8s, "node_cordoned", lambda node: read.append(node) or cordoned)
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     launcher = running_launcher(settings, launched, exit_code=143, ended=4)
     launcher["metadata"].update(
@@ -117,7 +117,7 @@ def test_a_launcher_evicted_by_a_drain_is_worded_so_not_deleted(api, monkeypatch
 def test_a_worker_evicted_by_its_kubelet_is_worded_so(api):  # noqa: F811
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     evicted = worker(1, phase="Failed", reason="Evicted",
                      message="The node was low on resource: ephemeral-storage.")

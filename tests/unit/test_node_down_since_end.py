@@ -14,6 +14,7 @@ from monarch_operator.controller import k8s
 from monarch_operator.controller.judge import verdicts
 from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state import timestamps
 from tests.unit.test_launch_pass import NAME, job_body, running_status
 from tests.unit.test_verdicts import T0, api, run_policy_pass, running_launcher, worker
 
@@ -57,7 +58,7 @@ def test_only_the_attempts_workers_nodes_count_and_unknowns_decide_nothing():
 
 def failed_attempt(settings: Settings) -> tuple[dict, dict, dt.datetime]:
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     body = {**job_body(status), "spec": {**job_body()["spec"], "runPolicy": {"backoffLimit": 0}}}
     return body, running_launcher(settings, launched, exit_code=1, ended=6), launched

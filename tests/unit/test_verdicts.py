@@ -14,7 +14,7 @@ from monarch_operator.controller import k8s
 from monarch_operator.controller.engine import reconcile
 from monarch_operator.controller.judge import verdicts
 from monarch_operator.controller.spec.settings import Settings
-from monarch_operator.controller.state import attempts, lastseen
+from monarch_operator.controller.state import attempts, lastseen, timestamps
 from monarch_operator.controller.state import status as st
 from tests.unit import test_launch_pass
 from tests.unit.test_launch_pass import (
@@ -200,7 +200,7 @@ def test_the_same_events_in_either_order_give_the_same_verdict(api, backoff_limi
     status = running_status(settings)
     spec_policy = {"backoffLimit": backoff_limit}
     status_with = dict(status)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     seconds = dt.timedelta(seconds=1)
 
@@ -241,7 +241,7 @@ def run_policy_pass(settings: Settings, body: dict[str, Any], pods: list[dict[st
 def test_a_launcher_deleted_mid_run_that_exits_0_is_an_infrastructure_failure(api):
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     pod = running_launcher(settings, launched, exit_code=0, ended=4)
     pod["metadata"].update(deletionTimestamp=st.format_time(launched + dt.timedelta(seconds=33)),
@@ -265,7 +265,7 @@ def test_a_launcher_gone_before_the_pass_saw_its_end_is_judged_by_its_last_state
     its own verdict (Succeeded). Deleted while it ran (it exited 0 on SIGTERM): LauncherLost."""
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     pod = running_launcher(settings, launched, exit_code=0, ended=4)
     asked = 10 if deleted_after_end else 2
@@ -294,7 +294,7 @@ def test_a_launcher_gone_unseen_or_seen_running_is_lost(api):
     state still running): the launcher was lost, as far as the operator can tell."""
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     body = {**job_body(status), "spec": {**job_body()["spec"],
                                          "runPolicy": {"infrastructureBackoffLimit": 0}}}
@@ -317,7 +317,7 @@ def test_a_launcher_gone_unseen_with_a_worker_lost_is_judged_by_the_worker(api):
     when it came back. The known loss decides (WorkerEvicted), not the unknown one."""
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     body = {**job_body(status), "spec": {**job_body()["spec"],
                                          "runPolicy": {"infrastructureBackoffLimit": 0}}}
@@ -385,7 +385,7 @@ def test_a_launcher_failed_while_a_workers_node_is_silent_waits_then_is_infrastr
     waits for the node: NotReady -> Infrastructure, a heartbeat -> the exit code decides."""
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     body = {**job_body(status), "spec": {**job_body()["spec"],
                                          "runPolicy": {"backoffLimit": 0}}}

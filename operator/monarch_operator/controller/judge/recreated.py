@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from monarch_operator.controller.judge import verdicts
+from monarch_operator.controller.state import timestamps
 
 # Reasons that a worker recreated moments ago can give while the cluster catches up with it:
 # its name does not resolve yet, or resolves to its old address (nothing answers there, or
@@ -68,14 +68,14 @@ def recreated_workers_unreachable(message: str, job_name: str, attempt: int,
     (``<job>-worker-<i>.<service>...``, the hostfile's names).
     """
     failures = preflight_failures(message)
-    started = verdicts.parse(record.get("startTime"))
+    started = timestamps.parse(record.get("startTime"))
     if not failures or attempt < 2 or started is None:
         return []
     pods = {pod["metadata"]["name"]: pod for pod in worker_pods}
     named = []
     for host, reason in failures.items():
         pod = pods.get(host.split(".", 1)[0])
-        created = verdicts.parse(((pod or {}).get("metadata") or {}).get("creationTimestamp"))
+        created = timestamps.parse(((pod or {}).get("metadata") or {}).get("creationTimestamp"))
         if (reason not in RECREATED_WORKER_REASONS or pod is None or created is None
                 or created < started or not pod["metadata"]["name"].startswith(job_name)):
             return []

@@ -27,6 +27,7 @@ from typing import Any
 
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
 from monarch_operator.controller.state import attempts, causes
+from monarch_operator.controller.state.timestamps import parse
 
 # How long after the launcher's end its verdict waits for reports of what happened before it.
 # A kubelet reports a container's end within about 2 s (PLEG relists every second, then the
@@ -66,18 +67,6 @@ class Verdict:
     lost: tuple[attempts.LostWorker, ...] = field(default_factory=tuple)
     stopped: str = ""
     wait_seconds: float | None = None
-
-
-def parse(text: Any) -> dt.datetime | None:
-    """An RFC 3339 timestamp of the API (``2026-01-02T03:04:05Z``, fractions allowed) as an
-    aware UTC datetime; None when absent or malformed (then it decides nothing)."""
-    if not text:
-        return None
-    try:
-        moment = dt.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
 def deletion_requested(pod: dict[str, Any]) -> dt.datetime | None:

@@ -17,7 +17,14 @@ from monarch_operator.controller.release import release, stuckpods
 from monarch_operator.controller.spec import policy
 from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.spec.spec import JobSpec
-from monarch_operator.controller.state import attempts, causes, deadlines, lastseen, observe
+from monarch_operator.controller.state import (
+    attempts,
+    causes,
+    deadlines,
+    lastseen,
+    observe,
+    timestamps,
+)
 from monarch_operator.controller.state import status as st
 from monarch_operator.controller.state.passstate import Event, Pass, short
 
@@ -155,7 +162,7 @@ def _judge(state: Pass, launcher: dict[str, Any], outcome: observe.LauncherOutco
     cordoned = _cordoned([launcher, *worker_pods])
     lost = attempts.lost_workers(snapshot, worker_pods, unready_nodes, cordoned)
     verdict = verdicts.judge(launcher, outcome.finished, outcome.succeeded, lost, snapshot,
-                             worker_pods, state.now, verdicts.parse(record.get("launchTime")),
+                             worker_pods, state.now, timestamps.parse(record.get("launchTime")),
                              cordoned)
     if (verdict.kind == verdicts.WORKER_LOST and not outcome.finished
             and _checkpoint_first(state, launcher, list(verdict.lost), worker_pods)):

@@ -8,10 +8,9 @@ from typing import Any
 
 from monarch_operator import constants, names
 from monarch_operator.controller import k8s
-from monarch_operator.controller.judge import verdicts
 from monarch_operator.controller.release import stuckpods
 from monarch_operator.controller.spec.spec import CLEANUP_DELETE_ALL, JobSpec
-from monarch_operator.controller.state import attempts, observe
+from monarch_operator.controller.state import attempts, observe, timestamps
 from monarch_operator.controller.state import status as st
 from monarch_operator.controller.state.passstate import Event, Pass
 
@@ -68,7 +67,7 @@ def stop_launcher_first(state: Pass, launcher: dict[str, Any] | None) -> tuple[b
             f"state (runPolicy.checkpointGracePeriodSeconds); the workers go after")))
         state.wake_in(float(grace))
         return sent, False
-    ends = verdicts.parse(metadata["deletionTimestamp"])
+    ends = timestamps.parse(metadata["deletionTimestamp"])
     left = (ends - state.now).total_seconds() if ends is not None else 0.0
     if left > 0:
         state.wake_in(left)
