@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller import k8s
 from monarch_operator.controller.judge import verdicts
+from monarch_operator.controller.k8s import nodes
 from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.state import causes, timestamps
 from monarch_operator.controller.state import status as st
@@ -90,7 +90,7 @@ def test_a_launcher_evicted_by_a_drain_is_worded_so_not_deleted(api, monkeypatch
     (EvictionByEvictionAPI) and a deletion request; the program exits 143 on SIGTERM. The
     attempt is LauncherLost as before, in words that say what happened."""
     read: list[str] = []
-    monkeypatch.setattr(k8s, "node_cordoned", lambda node: read.append(node) or cordoned)
+    monkeypatch.setattr(nodes, "node_cordoned", lambda node: read.append(node) or cordoned)
     settings = Settings.from_env()
     status = running_status(settings)
     launched = timestamps.parse(status["attempts"][-1]["launchTime"])

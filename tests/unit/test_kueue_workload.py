@@ -306,9 +306,9 @@ def test_a_spec_changed_while_queued_replaces_the_workload(monkeypatch):
     monkeypatch.setattr(client, "delete_workload",
                         lambda workload: deleted.append(workload["metadata"]["uid"]))
     monkeypatch.setattr(client, "create_workload", lambda desired, owner_uid: stored)
-    from monarch_operator.controller import k8s
-    monkeypatch.setattr(k8s, "list_pods", lambda *args, **kwargs: [])  # nothing runs yet
-    monkeypatch.setattr(k8s, "delete_if_present", lambda *args, **kwargs: False)
+    from monarch_operator.controller.k8s import deletes, reads
+    monkeypatch.setattr(reads, "list_pods", lambda *args, **kwargs: [])  # nothing runs yet
+    monkeypatch.setattr(deletes, "delete_if_present", lambda *args, **kwargs: False)
     now = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
 
     same = Pass(job=spec(1), status=attempts.begin({}, 1, "t0"), now=now)

@@ -8,7 +8,7 @@ import datetime as dt
 
 import pytest
 
-from monarch_operator.controller import k8s
+from monarch_operator.controller.k8s import nodes
 from monarch_operator.controller.launch import launching
 from monarch_operator.controller.state import attempts, observe
 
@@ -55,7 +55,7 @@ def test_the_lost_one_is_named_among_the_attempts_launcher_pods():
 
 def test_nodes_are_read_only_for_a_launcher_that_is_not_ready(monkeypatch):
     read: list[str] = []
-    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: read.append(node))
+    monkeypatch.setattr(nodes, "node_not_ready_since", lambda node: read.append(node))
     running = observe.LauncherOutcome(finished=False)
     state = FakePass()
     # Ready: no node read, nothing ends, no pass asked for.
@@ -110,8 +110,8 @@ def test_a_lost_launcher_ends_the_attempt_as_an_infrastructure_failure(monkeypat
     from monarch_operator.controller.state import status as st
 
     ended: list[tuple] = []
-    monkeypatch.setattr(k8s, "node_not_ready_since",
-                        lambda node: None if node != "kwok-gpu-0" else k8s.NEVER_READY)
+    monkeypatch.setattr(nodes, "node_not_ready_since",
+                        lambda node: None if node != "kwok-gpu-0" else nodes.NEVER_READY)
     monkeypatch.setattr(endings, "end_attempt",
                         lambda *args: ended.append(args) or policy.INFRASTRUCTURE)
     running = observe.LauncherOutcome(finished=False)
@@ -133,7 +133,7 @@ def test_a_node_is_lost_only_once_not_ready_for_the_confirmation_time():
     assert attempts.confirmed_lost({}, now) == (frozenset(), None)
     assert attempts.confirmed_lost({"a": None, "b": ago(3)}, now) == (frozenset(), confirm - 3)
     assert attempts.confirmed_lost(
-        {"a": ago(confirm), "b": ago(confirm - 5), "c": ago(1), "gone": k8s.NEVER_READY},
+        {"a": ago(confirm), "b": ago(confirm - 5), "c": ago(1), "gone": nodes.NEVER_READY},
         now) == (frozenset({"a", "gone"}), 5)
 
 
@@ -147,7 +147,7 @@ def test_a_not_ready_blip_after_a_control_plane_outage_ends_no_attempt(monkeypat
 
     state = FakePass()
     since = {"kwok-gpu-0": state.now - dt.timedelta(seconds=2)}
-    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: since.get(node))
+    monkeypatch.setattr(nodes, "node_not_ready_since", lambda node: since.get(node))
     ended: list[tuple] = []
     monkeypatch.setattr(endings, "end_attempt",
                         lambda *args: ended.append(args) or policy.INFRASTRUCTURE)

@@ -10,8 +10,8 @@ import datetime as dt
 
 import pytest
 
-from monarch_operator.controller import k8s
 from monarch_operator.controller.judge import verdicts
+from monarch_operator.controller.k8s import client, deletes, nodes
 from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.state import status as st
 from monarch_operator.controller.state import timestamps
@@ -80,9 +80,9 @@ def test_a_failed_launcher_whose_workers_node_went_down_is_infrastructure(
                  "node-1": (node_1_back, now - dt.timedelta(seconds=2))}
     removed: list[str] = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(k8s, "node_heartbeats", lambda: beats)
-        patch.setattr(k8s, "node_readiness", lambda: readiness)
-        patch.setattr(k8s, "delete_pod", lambda namespace, name, **kwargs: removed.append(name))
+        patch.setattr(nodes, "node_heartbeats", lambda: beats)
+        patch.setattr(nodes, "node_readiness", lambda: readiness)
+        patch.setattr(deletes, "delete_pod", lambda namespace, name, **kwargs: removed.append(name))
         judged = run_policy_pass(settings, body, [worker(0), worker(1), failed], now)
     record = judged["attempts"][0]
     assert (record["class"], record["reason"]) == ("Infrastructure", reason), record
@@ -92,8 +92,8 @@ def test_a_failed_launcher_whose_workers_node_went_down_is_infrastructure(
     # The same attempt with node-1 Ready since before the launcher's end: the program's failure.
     readiness["node-1"] = (True, end - dt.timedelta(seconds=1))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(k8s, "node_heartbeats", lambda: beats)
-        patch.setattr(k8s, "node_readiness", lambda: readiness)
+        patch.setattr(nodes, "node_heartbeats", lambda: beats)
+        patch.setattr(nodes, "node_readiness", lambda: readiness)
         judged = run_policy_pass(settings, body, [worker(0), worker(1), failed], now)
     assert judged["attempts"][0]["class"] == "Application", judged["attempts"][0]
 
@@ -122,12 +122,12 @@ def test_node_readiness_is_one_list_and_a_403_ends_reads(monkeypatch):
             node("down", ("Ready", "Unknown")), node("new")])
 
     monkeypatch.setattr(kubernetes.client.CoreV1Api, "list_node", list_node)
-    monkeypatch.setattr(k8s, "_client", lambda: None)
-    k8s.forget_nodes()
+    monkeypatch.setattr(client, "_client", lambda: None)
+    nodes.forget_nodes()
     try:
-        assert k8s.node_readiness() == {"up": (True, changed), "down": (False, changed),
+        assert nodes.node_readiness() == {"up": (True, changed), "down": (False, changed),
                                         "new": (False, None)}
-        assert k8s.node_readiness() is None  # 403: the pod's own state tells from now on
-        assert k8s.node_readiness() is None and answer == ["list", "list"]
+        assert nodes.node_readiness() is None  # 403: the pod's own state tells from now on
+        assert nodes.node_readiness() is None and answer == ["list", "list"]
     finally:
-        k8s.forget_nodes()
+        nodes.forget_nodes()

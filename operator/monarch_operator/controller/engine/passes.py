@@ -18,10 +18,9 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.controller import k8s
 from monarch_operator.controller.engine import jobmetrics, metrics, reconcile
 from monarch_operator.controller.engine.progress import ProgressWrites
-from monarch_operator.controller.k8s import cache
+from monarch_operator.controller.k8s import cache, client, deletes, errors, reads, writes
 from monarch_operator.controller.k8s.cache import JobView
 from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.spec.spec import InvalidSpecError, JobSpec
@@ -69,9 +68,9 @@ class PassRunner:
         key = (namespace, name)
         started = time.monotonic()
         try:
-            with k8s.reading_from(view) if view is not None else contextlib.nullcontext():
+            with client.reading_from(view) if view is not None else contextlib.nullcontext():
                 report = self._run(namespace, name)
-        except k8s.JobGoneError as error:
+        except errors.JobGoneError as error:
             # Deleted while the pass ran: not an error, nothing to retry (the DELETED event
             # deletes what the pass had created, see cache.JobCache.job_deleted).
             metrics.record_pass(metrics.RESULT_OK, time.monotonic() - started)
@@ -86,7 +85,7 @@ class PassRunner:
             report = PassReport(None, next_pass_seconds=self._backoff(key))
             logger.warning("%s/%s: API error %s %s (next try in %.0fs): %s", namespace, name,
                            error.status, error.reason, report.next_pass_seconds,
-                           k8s.api_error_message(error))
+                           errors.api_error_message(error))
             return report
         except Exception:
             metrics.record_pass(metrics.RESULT_ERROR, time.monotonic() - started)
@@ -104,7 +103,7 @@ class PassRunner:
         return report
 
     def _run(self, namespace: str, name: str) -> PassReport:
-        body = k8s.read_monarchjob(namespace, name)
+        body = reads.read_monarchjob(namespace, name)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             # Gone or going: its children are deleted (garbage collection, and the operator on
             # the job's DELETED event); nothing of ours blocks it.
@@ -162,13 +161,13 @@ def delete_leftovers(namespace: str, name: str, job_uid: str,
     for (api_version, kind), body in cache.leftover_children(job_uid, known):
         metadata = body["metadata"]
         try:
-            if k8s.delete_exact(api_version, kind, namespace, metadata["name"],
+            if deletes.delete_exact(api_version, kind, namespace, metadata["name"],
                                 str(metadata.get("uid"))):
                 deleted.append(f"{kind} {metadata['name']}")
         except ApiException as error:
             logger.warning("%s/%s: deleting %s %s of the deleted job failed (left to garbage "
                            "collection): %s %s", namespace, name, kind, metadata["name"],
-                           error.status, k8s.api_error_message(error))
+                           error.status, errors.api_error_message(error))
         except ValueError as error:  # a kind the operator does not delete
             logger.warning("%s/%s: %s (left to garbage collection)", namespace, name, error)
     if deleted:
@@ -188,5 +187,5 @@ def _fail_invalid(body: dict[str, Any], message: str, now: dt.datetime) -> list[
     if new_status == status:
         return []
     metadata = body["metadata"]
-    k8s.patch_job_status(metadata.get("namespace", "default"), metadata["name"], new_status)
+    writes.patch_job_status(metadata.get("namespace", "default"), metadata["name"], new_status)
     return [reconcile.Event("Warning", st.REASON_INVALID_SPEC, message)]

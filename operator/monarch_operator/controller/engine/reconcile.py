@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from monarch_operator.controller import k8s
 from monarch_operator.controller.gate import gate
 from monarch_operator.controller.judge import endings
+from monarch_operator.controller.k8s import deletes, errors, writes
 from monarch_operator.controller.kueue import admission as kueue
 from monarch_operator.controller.launch import checkpoints, launching, reported
 from monarch_operator.controller.release import release, suspension
@@ -110,15 +110,15 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
                 _run_attempt(state, settings)
                 if queue and not st.is_finished(state.status):
                     kueue.report(state, queue)
-        except k8s.NotOwnedError as error:
+        except errors.NotOwnedError as error:
             # Never adopted, never overwritten (field case C6): say so once, look again later.
             state.condition(st.WORKERS_READY, False, st.REASON_CHILD_NOT_OWNED, str(error))
             retry_after = NOT_OWNED_RETRY_SECONDS
-        except k8s.RefusedError as error:
+        except errors.RefusedError as error:
             # Resending the same object cannot succeed: the job ends naming the field (C12).
             field_path = _USER_FIELDS.get(error.kind, "spec")
             endings.fail(state, st.REASON_TEMPLATE_REFUSED, f"{field_path}: {error}")
-        except k8s.ForbiddenError as error:
+        except errors.ForbiddenError as error:
             # Nor can it while the operator lacks a permission: fail now with the API server's
             # words rather than sit Starting for ever (C24).
             endings.fail(state, st.REASON_OPERATOR_FORBIDDEN,
@@ -164,7 +164,7 @@ def _ttl_expired(state: Pass, previous: dict[str, Any]) -> bool:
     if (state.now - finished).total_seconds() < ttl:
         return False
     job = state.job
-    k8s.delete_monarchjob(job.namespace, job.name)
+    deletes.delete_monarchjob(job.namespace, job.name)
     state.events.append(Event("Normal", st.REASON_TTL_EXPIRED,
                               f"deleted {ttl}s after it finished (spec.ttlSecondsAfterFinished)"))
     return True
@@ -210,5 +210,5 @@ def _write_status(state: Pass, previous: dict[str, Any],
         held = hold_progress()
         if held > 0:
             return held
-    k8s.patch_job_status(state.job.namespace, state.job.name, state.status)
+    writes.patch_job_status(state.job.namespace, state.job.name, state.status)
     return None

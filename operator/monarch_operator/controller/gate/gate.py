@@ -8,7 +8,6 @@ import datetime as dt
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
 from monarch_operator.controller.builders.progress import (
@@ -22,6 +21,7 @@ from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.sshkeys import generate_job_keys
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.judge import endings
+from monarch_operator.controller.k8s import deletes, nodes, reads, writes
 from monarch_operator.controller.release import release
 from monarch_operator.controller.spec import attachmode, policy
 from monarch_operator.controller.spec.settings import Settings
@@ -42,11 +42,11 @@ def _ensure_progress_access(job: JobSpec) -> None:
     must exist then. The ConfigMap is cached, the others are not: it is created last, and
     while it is in the pass's view nothing is sent (also for a job an older operator version
     started, which has none of them yet: found by the chaos soak, its restart refused)."""
-    if k8s.read("v1", "ConfigMap", job.namespace, names.progress_configmap(job.name)):
+    if reads.read("v1", "ConfigMap", job.namespace, names.progress_configmap(job.name)):
         return
-    k8s.create_all(build_launcher_account(job), build_progress_role(job),
+    writes.create_all(build_launcher_account(job), build_progress_role(job),
                    build_progress_binding(job), owner_uid=job.uid)
-    k8s.create_all(build_progress_configmap(job), owner_uid=job.uid)
+    writes.create_all(build_progress_configmap(job), owner_uid=job.uid)
 
 
 def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
@@ -56,23 +56,23 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
     Returns the worker pods of the current StatefulSets (pods of a deleted one are left out).
     """
     job = state.job
-    secret = k8s.read("v1", "Secret", job.namespace, names.ssh_secret(job.name))
+    secret = reads.read("v1", "Secret", job.namespace, names.ssh_secret(job.name))
     if secret is None:
         keys = generate_job_keys(job.namespace, job.name)
-        k8s.ensure(build_ssh_secret(job, settings, keys), job.uid)
+        writes.ensure(build_ssh_secret(job, settings, keys), job.uid)
     else:  # exists: keep its key bytes (retries must not rotate keys), but check the owner
-        k8s.check_owner(secret, job.uid)
+        writes.check_owner(secret, job.uid)
     for group in job.groups:
-        k8s.ensure(build_worker_service(job, group), job.uid)
+        writes.ensure(build_worker_service(job, group), job.uid)
     if settings.network_policy:  # before any pod exists, so no pod is ever open to others
-        k8s.ensure(build_network_policy(job), job.uid)
+        writes.ensure(build_network_policy(job), job.uid)
     _ensure_progress_access(job)
-    if job.launcher_template and k8s.read("apps/v1", "StatefulSet", job.namespace,
+    if job.launcher_template and reads.read("apps/v1", "StatefulSet", job.namespace,
                                           names.group_set(job.name, job.groups[0].name)) is None:
         # A launcher template Kubernetes refuses fails the job now, before any worker holds a
         # GPU, rather than once every worker is Ready (C12): one dry run per worker set.
-        k8s.check_creatable(build_launcher_pod(job, settings, int(state.status["attempt"])))
-    worker_sets = [k8s.ensure(build_worker_statefulset(job, settings, group), job.uid)[0]
+        writes.check_creatable(build_launcher_pod(job, settings, int(state.status["attempt"])))
+    worker_sets = [writes.ensure(build_worker_statefulset(job, settings, group), job.uid)[0]
                    for group in job.groups]
     pods = _worker_pods(state, worker_sets)
     if job.attach:
@@ -94,14 +94,14 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
     for name in not_ready:
         node = _lost_node(state, by_name.get(name))
         if node:  # Kubernetes would wait 300 s to evict it; the gate would wait with it
-            k8s.delete_pod(job.namespace, name)
+            deletes.delete_pod(job.namespace, name)
             reasons[name] = f"its node {node} is NotReady: deleted, to be recreated elsewhere"
     for group, worker_set in zip(job.groups, worker_sets, strict=True):
         missing = [name for name in not_ready if name not in by_name
                    and name.startswith(names.group_set(job.name, group.name) + "-")]
         if not missing:
             continue
-        failure = observe.create_failure(k8s.list_events(
+        failure = observe.create_failure(reads.list_events(
             job.namespace, "StatefulSet", worker_set["metadata"]["name"],
             worker_set["metadata"]["uid"]))
         if failure and observe.is_invalid_object_message(failure):
@@ -136,7 +136,7 @@ def _publish_meshes(state: Pass, pods: list[dict[str, Any]]) -> None:
     role meshes go to ``status.meshes``."""
     job = state.job
     for name, labels in attachmode.label_changes(job, pods).items():
-        k8s.label_pod(job.namespace, name, labels)
+        writes.label_pod(job.namespace, name, labels)
     state.status["meshes"] = attachmode.published_meshes(job)
 
 
@@ -158,7 +158,7 @@ def _lost_node(state: Pass, pod: dict[str, Any] | None) -> str | None:
     if waited is not None and waited < NODE_CHECK_AFTER_SECONDS:
         state.wake_in(NODE_CHECK_AFTER_SECONDS - waited)
         return None
-    return node if not k8s.node_is_ready(node) else None
+    return node if not nodes.node_is_ready(node) else None
 
 
 def _seconds_since_scheduled(pod: dict[str, Any], now: dt.datetime) -> float | None:
@@ -181,7 +181,7 @@ def _worker_pods(state: Pass, worker_sets: list[dict[str, Any]]) -> list[dict[st
     pod stuck terminating (its node lost) is force-deleted in time: the StatefulSet recreates a
     pod only once its namesake is gone."""
     job = state.job
-    pods = release.let_go_of_stuck(state, k8s.list_pods(job.namespace, {
+    pods = release.let_go_of_stuck(state, reads.list_pods(job.namespace, {
                constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_WORKER}))
     set_uids = {worker_set.get("metadata", {}).get("uid") for worker_set in worker_sets}
-    return [pod for pod in pods if k8s.controller_uid(pod) in set_uids | {None}]
+    return [pod for pod in pods if reads.controller_uid(pod) in set_uids | {None}]

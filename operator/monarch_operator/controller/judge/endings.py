@@ -7,9 +7,9 @@ import datetime as dt
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
 from monarch_operator.controller.judge import stalls, verdicts
+from monarch_operator.controller.k8s import deletes, reads
 from monarch_operator.controller.release import release
 from monarch_operator.controller.spec import policy
 from monarch_operator.controller.state import attempts, lastseen, observe
@@ -60,10 +60,10 @@ def end_attempt(state: Pass, failure_class: str, reason: str, message: str,
         # The launcher may still run: stop it, so that a recreated worker is never folded into
         # the old mesh and a failed job holds no pods. (An ended launcher's pod is kept for its
         # logs until the next attempt replaces it.)
-        k8s.stop_pod(release.launcher_pod(job.namespace, job.name, attempt))
+        deletes.stop_pod(release.launcher_pod(job.namespace, job.name, attempt))
         for worker in lost or []:
             if worker.node_lost:  # to be recreated elsewhere (force-deleted if it cannot end)
-                k8s.delete_pod(job.namespace, worker.name)
+                deletes.delete_pod(job.namespace, worker.name)
     if not decision.restart:
         state.status["completionTime"] = state.now_text
         # The launcher's own line stays the whole message when no restart was asked for.
@@ -80,7 +80,8 @@ def end_attempt(state: Pass, failure_class: str, reason: str, message: str,
         state.status["failureCounts"] = {**spent, key: spent.get(key, 0) + 1}
     if failure_class == policy.INFRASTRUCTURE:
         # Rebuilt from the new pods once the gate passes again.
-        k8s.delete_if_present("v1", "ConfigMap", job.namespace, names.hostfile_configmap(job.name))
+        deletes.delete_if_present("v1", "ConfigMap", job.namespace,
+                                  names.hostfile_configmap(job.name))
         state.condition(st.WORKERS_READY, False, st.REASON_RESTARTING,
                         f"re-checking every worker before attempt {attempt + 1}")
     state.status = attempts.begin(state.status, attempt + 1, state.now_text)
@@ -148,7 +149,7 @@ def record_late_ends(state: Pass) -> None:
     if not records:
         return
     job = state.job
-    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
+    pods = reads.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
                                          constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
     by_attempt = {lastseen.attempt_of(pod): pod for pod in pods}
     last = lastseen.launcher(job.namespace, job.name, int(records[-1]["number"]))
@@ -186,7 +187,7 @@ def _termination_message(pod: dict[str, Any]) -> str:
 def _launcher_output(pods: list[dict[str, Any]]) -> str:
     """The tail of the attempt's launcher container log, "" when none can be read."""
     for pod in pods:
-        text = k8s.pod_log_tail(pod["metadata"].get("namespace", ""), pod["metadata"]["name"],
+        text = reads.pod_log_tail(pod["metadata"].get("namespace", ""), pod["metadata"]["name"],
                                 LAUNCHER_CONTAINER, attempts.OUTPUT_TAIL_LINES)
         if text:
             return text

@@ -23,8 +23,8 @@ import threading
 from typing import Any
 
 from monarch_operator import constants
-from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
+from monarch_operator.controller.k8s import reads
 from monarch_operator.controller.state import lastseen
 from monarch_operator.controller.state.passstate import Event, Pass
 
@@ -76,7 +76,7 @@ def harvest(state: Pass) -> None:
     """Record the newest checkpoint the job's ended launcher pods named (see the module doc);
     an Event ``CheckpointSaved`` for each new one."""
     job = state.job
-    pods = k8s.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
+    pods = reads.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
                                          constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
     with _seen_lock:
         remembered = _seen.get((job.namespace, job.name))

@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.hostfile import build_hostfile_configmap
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER, build_launcher_pod
 from monarch_operator.controller.builders.statefulset import WORKER_CONTAINER
 from monarch_operator.controller.judge import endings, recreated, stalls, verdicts
+from monarch_operator.controller.k8s import deletes, reads, writes
+from monarch_operator.controller.k8s import nodes as k8s_nodes
 from monarch_operator.controller.launch import checkpoints
 from monarch_operator.controller.release import release, stuckpods
 from monarch_operator.controller.spec import policy
@@ -39,7 +40,7 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     attempt = int(state.status["attempt"])
     launcher_name = names.launcher_pod(job.name, attempt)
     if attempt > 1:  # the previous attempt's pod, kept for its logs until now
-        k8s.stop_pod(release.launcher_pod(job.namespace, job.name, attempt - 1))
+        deletes.stop_pod(release.launcher_pod(job.namespace, job.name, attempt - 1))
     record = attempts.current(state.status) or {}
     launcher = release.launcher_pod(job.namespace, job.name, attempt)
     if launcher is None and record.get("launchTime"):
@@ -61,7 +62,7 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     if not outcome.finished and not launcher["metadata"].get("deletionTimestamp"):
         # Its hostfile, whose create may have failed while the pod's went through (they are
         # sent together); found in the cache (or just created), it costs no request.
-        k8s.ensure(build_hostfile_configmap(job, settings, worker_pods), job.uid)
+        writes.ensure(build_hostfile_configmap(job, settings, worker_pods), job.uid)
     return _judge(state, launcher, outcome, worker_pods, record)
 
 
@@ -86,7 +87,7 @@ def _lost_nodes(state: Pass, nodes: set[str]) -> frozenset[str]:
     :data:`.attempts.NODE_LOSS_CONFIRM_SECONDS` (a control-plane outage's NotReady blip is not
     a loss); a pass is asked for when one not Ready for less would be."""
     lost, recheck = attempts.confirmed_lost(
-        {node: k8s.node_not_ready_since(node) for node in sorted(nodes)}, state.now)
+        {node: k8s_nodes.node_not_ready_since(node) for node in sorted(nodes)}, state.now)
     state.wake_in(recheck)
     return lost
 
@@ -96,7 +97,7 @@ def _cordoned(pods: list[dict[str, Any]]) -> frozenset[str]:
     (:func:`.causes.api_evicted_nodes`; nodes are read only then): such an eviction is a
     drain of the node, and said so."""
     return frozenset(node for node in sorted(causes.api_evicted_nodes(pods))
-                     if k8s.node_cordoned(node))
+                     if k8s_nodes.node_cordoned(node))
 
 
 def _end_launcher_gone(state: Pass, launcher_name: str,
@@ -268,7 +269,7 @@ def _workers_nodes_down(launcher: dict[str, Any], worker_pods: list[dict[str, An
     launcher's end (:func:`.verdicts.nodes_down_since`), in snapshot order; ``[]`` when none
     or when nodes may not be read. A worker whose node is still not Ready is ``node_lost``
     (its pod is to be recreated elsewhere); one whose node is back keeps its pod."""
-    readiness = k8s.node_readiness()
+    readiness = k8s_nodes.node_readiness()
     down = set(verdicts.nodes_down_since(snapshot, worker_pods, readiness,
                                          verdicts.launcher_end(launcher)))
     if not down or readiness is None:
@@ -293,7 +294,7 @@ def _awaiting_heartbeats(state: Pass, launcher: dict[str, Any], outcome: observe
     its node makes the launcher fail long before the node is NotReady. The Running condition
     says so meanwhile, and a pass comes back every few seconds."""
     ended = verdicts.launcher_end(launcher)
-    waiting = verdicts.heartbeat_hold(snapshot, worker_pods, k8s.node_heartbeats(), ended,
+    waiting = verdicts.heartbeat_hold(snapshot, worker_pods, k8s_nodes.node_heartbeats(), ended,
                                       state.now)
     if not waiting:
         return False
@@ -382,12 +383,12 @@ def _waiting_for_earlier_launcher(state: Pass) -> bool:
     """
     job = state.job
     attempt = str(state.status["attempt"])
-    pods = [pod for pod in k8s.list_pods(job.namespace, {
+    pods = [pod for pod in reads.list_pods(job.namespace, {
                 constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
             if pod["metadata"].get("labels", {}).get(constants.LABEL_ATTEMPT) != attempt
             and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
     for pod in pods:
-        k8s.stop_pod(pod)
+        deletes.stop_pod(pod)
     waiting = [pod for pod in release.let_go_of_stuck(state, pods)
                if not stuckpods.is_force_deleted(pod)]
     if waiting:
@@ -412,7 +413,7 @@ def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
     pods it starts on are recorded so that losing one is noticed."""
     job = state.job
     attempt = int(state.status["attempt"])
-    _, (launcher, created) = k8s.ensure_together(
+    _, (launcher, created) = writes.ensure_together(
         build_hostfile_configmap(job, settings, worker_pods),
         build_launcher_pod(job, settings, attempt, int(state.status.get("restartCount") or 0),
                            checkpoints.location(state.status)),

@@ -24,8 +24,8 @@ import math
 from typing import Any
 
 from monarch_operator import names
-from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.progress import REPORT_KEY
+from monarch_operator.controller.k8s import reads
 from monarch_operator.controller.state import status as st
 from monarch_operator.controller.state.passstate import Pass
 
@@ -41,7 +41,7 @@ def harvest(state: Pass) -> None:
     """Copy the job's last progress report into ``status.progress`` (and the reporting
     attempt's ``lastStep``/``runURL``) when it changed; nothing when there is none."""
     job = state.job
-    configmap = k8s.read("v1", "ConfigMap", job.namespace, names.progress_configmap(job.name))
+    configmap = reads.read("v1", "ConfigMap", job.namespace, names.progress_configmap(job.name))
     text = ((configmap or {}).get("data") or {}).get(REPORT_KEY)
     report = parse(text) if text else None
     if report is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s
+from monarch_operator.controller.k8s import deletes, nodes, reads
 from monarch_operator.controller.release import stuckpods
 from monarch_operator.controller.spec.spec import CLEANUP_DELETE_ALL, JobSpec
 from monarch_operator.controller.state import attempts, observe, timestamps
@@ -19,7 +19,7 @@ def launcher_pod(namespace: str, job_name: str, attempt: int) -> dict[str, Any] 
     """The launcher pod of ``attempt``: the one named :func:`names.launcher_pod`, else (a job
     started by an operator version that ran the launcher as a batch Job, whose pod has a
     generated name) the pod carrying the attempt's launcher labels; None when there is none."""
-    pods = k8s.list_pods(namespace, {constants.LABEL_JOB: job_name,
+    pods = reads.list_pods(namespace, {constants.LABEL_JOB: job_name,
                                      constants.LABEL_ROLE: constants.ROLE_LAUNCHER,
                                      constants.LABEL_ATTEMPT: str(attempt)})
     name = names.launcher_pod(job_name, attempt)
@@ -58,10 +58,10 @@ def stop_launcher_first(state: Pass, launcher: dict[str, Any] | None) -> tuple[b
     """
     grace = state.job.run_policy.checkpoint_grace_seconds
     if grace <= 0 or launcher is None or observe.launcher_outcome(launcher).finished:
-        return k8s.stop_pod(launcher), True
+        return deletes.stop_pod(launcher), True
     metadata = launcher["metadata"]
     if not metadata.get("deletionTimestamp"):
-        sent = k8s.stop_pod(launcher, grace_seconds=grace)
+        sent = deletes.stop_pod(launcher, grace_seconds=grace)
         state.events.append(Event("Normal", REASON_CHECKPOINT_REQUESTED, (
             f"launcher {metadata['name']} asked to stop: its program has {grace}s to save its "
             f"state (runPolicy.checkpointGracePeriodSeconds); the workers go after")))
@@ -91,8 +91,8 @@ def let_go_of_stuck(state: Pass, pods: list[dict[str, Any]]) -> list[dict[str, A
         name = pod["metadata"]["name"]
         node = (pod.get("spec") or {}).get("nodeName")
         described = stuckpods.describe_stuck(pod, state.now,
-                                             k8s.node_is_ready(node) if node else None)
-        if not k8s.delete_pod(job.namespace, name, force=True):
+                                             nodes.node_is_ready(node) if node else None)
+        if not deletes.delete_pod(job.namespace, name, force=True):
             continue  # gone meanwhile (404): nothing was stuck
         state.events.append(Event("Warning", st.REASON_POD_FORCE_DELETED,
                                   f"pod {described}: force-deleted (nothing else would end it); "
@@ -117,31 +117,31 @@ def clean_up(state: Pass) -> None:
     deadline = st.reason_of(state.status, st.FAILED) == st.REASON_DEADLINE_EXCEEDED
     launcher = launcher_pod(namespace, job.name, int(state.status.get("attempt") or 1))
     launcher_running = launcher is not None and not observe.launcher_outcome(launcher).finished
-    if (launcher_running or cleanup == CLEANUP_DELETE_ALL) and k8s.stop_pod(launcher):
+    if (launcher_running or cleanup == CLEANUP_DELETE_ALL) and deletes.stop_pod(launcher):
         _tell(state, Event("Normal", "LauncherDeleted", "launcher pod deleted"))
     if job.releases_workers(deadline) and delete_worker_sets(job):
         _tell(state, Event("Normal", "WorkersReleased", "worker pods deleted"))
     if cleanup == CLEANUP_DELETE_ALL:  # literal kinds: the chart's RBAC test reads them
-        k8s.delete_if_present("v1", "ConfigMap", namespace, names.hostfile_configmap(job.name))
+        deletes.delete_if_present("v1", "ConfigMap", namespace, names.hostfile_configmap(job.name))
         for group in job.groups:
-            k8s.delete_if_present("v1", "Service", namespace,
+            deletes.delete_if_present("v1", "Service", namespace,
                                   names.group_set(job.name, group.name))
-        k8s.delete_if_present("v1", "Secret", namespace, names.ssh_secret(job.name))
+        deletes.delete_if_present("v1", "Secret", namespace, names.ssh_secret(job.name))
         # The progress ConfigMap (its report is in status.progress by now) and what let the
         # launcher write it; the uncached three only once, with the ConfigMap.
-        if k8s.delete_if_present("v1", "ConfigMap", namespace,
+        if deletes.delete_if_present("v1", "ConfigMap", namespace,
                                  names.progress_configmap(job.name)):
-            k8s.delete_if_present("rbac.authorization.k8s.io/v1", "RoleBinding", namespace,
+            deletes.delete_if_present("rbac.authorization.k8s.io/v1", "RoleBinding", namespace,
                                   names.progress_configmap(job.name))
-            k8s.delete_if_present("rbac.authorization.k8s.io/v1", "Role", namespace,
+            deletes.delete_if_present("rbac.authorization.k8s.io/v1", "Role", namespace,
                                   names.progress_configmap(job.name))
-            k8s.delete_if_present("v1", "ServiceAccount", namespace,
+            deletes.delete_if_present("v1", "ServiceAccount", namespace,
                                   names.launcher_account(job.name))
 
 
 def delete_worker_sets(job: JobSpec) -> bool:
     """Delete every worker group's StatefulSet (its pods go with it); whether one was there."""
-    deleted = [k8s.delete_if_present("apps/v1", "StatefulSet", job.namespace,
+    deleted = [deletes.delete_if_present("apps/v1", "StatefulSet", job.namespace,
                                      names.group_set(job.name, group.name))
                for group in job.groups]
     return any(deleted)
@@ -164,15 +164,15 @@ def count_ready_workers(state: Pass) -> None:
     are on their way out and count as none, as a ReplicaSet does not count pods being deleted:
     ``0/N`` is written with the ending, not once more per pod as each one goes."""
     job = state.job
-    pods = let_go_of_stuck(state, k8s.list_pods(job.namespace, {
+    pods = let_go_of_stuck(state, reads.list_pods(job.namespace, {
        constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_WORKER}))
     live_uids = set()
     for group in job.groups:
-        worker_set = k8s.read("apps/v1", "StatefulSet", job.namespace,
+        worker_set = reads.read("apps/v1", "StatefulSet", job.namespace,
                               names.group_set(job.name, group.name))
         if worker_set is not None and not worker_set["metadata"].get("deletionTimestamp"):
             live_uids.add(worker_set["metadata"].get("uid"))
-    show_ready_workers(state, [pod for pod in pods if k8s.controller_uid(pod) in live_uids])
+    show_ready_workers(state, [pod for pod in pods if reads.controller_uid(pod) in live_uids])
 
 
 def show_ready_workers(state: Pass, pods: list[dict[str, Any]]) -> None:

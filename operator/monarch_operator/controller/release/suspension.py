@@ -4,7 +4,7 @@ job; resuming starts the current attempt's gate again."""
 from __future__ import annotations
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s
+from monarch_operator.controller.k8s import deletes, reads
 from monarch_operator.controller.release import release
 from monarch_operator.controller.spec import policy
 from monarch_operator.controller.state import attempts
@@ -24,7 +24,7 @@ def suspend(state: Pass) -> None:
     _, workers_may_go = release.stop_launcher_first(state, launcher)
     if workers_may_go:
         release.delete_worker_sets(job)
-        k8s.delete_if_present("v1", "ConfigMap", job.namespace,
+        deletes.delete_if_present("v1", "ConfigMap", job.namespace,
                               names.hostfile_configmap(job.name))
     if record.get("launchTime") and not record.get("endTime"):
         state.status.pop("attemptWorkers", None)
@@ -32,12 +32,12 @@ def suspend(state: Pass) -> None:
             state.status, endTime=state.now_text, reason=st.REASON_SUSPENDED,
             message="spec.suspend set while it ran", **{"class": policy.SUSPENDED})
         state.status = attempts.begin(state.status, attempt + 1, state.now_text, restart=False)
-    pods = release.let_go_of_stuck(state, k8s.list_pods(job.namespace,
+    pods = release.let_go_of_stuck(state, reads.list_pods(job.namespace,
                                                         {constants.LABEL_JOB: job.name}))
     release.show_ready_workers(state, pods)
     # The gate's first step made the Service, which a suspension keeps: without it nothing of
     # the job ever started (created with spec.suspend: true).
-    started = k8s.read("v1", "Service", job.namespace,
+    started = reads.read("v1", "Service", job.namespace,
                        names.group_set(job.name, job.groups[0].name)) is not None
     if not workers_may_go:
         message = (f"spec.suspend is true: launcher {launcher['metadata']['name']} saving its "
