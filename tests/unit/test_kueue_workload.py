@@ -9,8 +9,9 @@ import pytest
 
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.kueue import workload as wl
+from monarch_operator.controller.spec.rules import InvalidSpecError
 from monarch_operator.controller.spec.settings import Settings
-from monarch_operator.controller.spec.spec import InvalidSpecError, JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.controller.state import deadlines
 from monarch_operator.controller.state import status as st
 

@@ -1,5 +1,5 @@
 """When the current attempt's launcher pod is lost with its node (attempts.lost_launcher,
-launching._end_if_launcher_lost), without a cluster: only a running launcher that is not Ready
+judging._end_if_launcher_lost), without a cluster: only a running launcher that is not Ready
 on a NotReady node is lost; nodes are read only for launchers that are not Ready."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import datetime as dt
 
 import pytest
 
+from monarch_operator.controller.judge import judging
 from monarch_operator.controller.k8s import nodes
-from monarch_operator.controller.launch import launching
 from monarch_operator.controller.state import attempts, observe
 
 
@@ -59,11 +59,11 @@ def test_nodes_are_read_only_for_a_launcher_that_is_not_ready(monkeypatch):
     running = observe.LauncherOutcome(finished=False)
     state = FakePass()
     # Ready: no node read, nothing ends, no pass asked for.
-    assert launching._end_if_launcher_lost(state, running, [launcher()]) is None  # type: ignore[arg-type]
+    assert judging._end_if_launcher_lost(state, running, [launcher()]) is None  # type: ignore[arg-type]
     assert read == [] and set(state.wakes) == {None}
     # Not Ready on a node that is Ready: the node is read, the attempt goes on, and a pass is
     # asked for (a node lost before its pod was Ready gives no pod event).
-    assert launching._end_if_launcher_lost(  # type: ignore[arg-type]
+    assert judging._end_if_launcher_lost(  # type: ignore[arg-type]
         state, running, [launcher(ready="False")]) is None
     assert read == ["kwok-gpu-0"] and state.wakes[-1] == attempts.LAUNCHER_RECHECK_SECONDS
 
@@ -117,7 +117,7 @@ def test_a_lost_launcher_ends_the_attempt_as_an_infrastructure_failure(monkeypat
     running = observe.LauncherOutcome(finished=False)
     pods = [launcher(ready="False")]
     state = FakePass()
-    assert launching._end_if_launcher_lost(state, running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
+    assert judging._end_if_launcher_lost(state, running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
     assert ended == [(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                       "launcher pod j-launcher-1-abcde lost with its node kwok-gpu-0 (NotReady)",
                       running, None, pods)]
@@ -153,8 +153,8 @@ def test_a_not_ready_blip_after_a_control_plane_outage_ends_no_attempt(monkeypat
                         lambda *args: ended.append(args) or policy.INFRASTRUCTURE)
     running = observe.LauncherOutcome(finished=False)
     pods = [launcher(ready="False")]
-    assert launching._end_if_launcher_lost(state, running, pods) is None  # type: ignore[arg-type]
+    assert judging._end_if_launcher_lost(state, running, pods) is None  # type: ignore[arg-type]
     assert ended == [] and attempts.NODE_LOSS_CONFIRM_SECONDS - 2 in state.wakes
     since["kwok-gpu-0"] -= dt.timedelta(seconds=attempts.NODE_LOSS_CONFIRM_SECONDS)
-    assert launching._end_if_launcher_lost(state, running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
+    assert judging._end_if_launcher_lost(state, running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
     assert len(ended) == 1

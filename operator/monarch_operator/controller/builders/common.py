@@ -7,7 +7,8 @@ import copy
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller.spec.spec import JobSpec, resource_amounts
+from monarch_operator.controller.spec.rules import resource_amounts
+from monarch_operator.controller.spec.spec import JobSpec
 
 
 def job_labels(job: JobSpec, role: str | None = None) -> dict[str, str]:

@@ -22,8 +22,9 @@ from monarch_operator.controller.engine import jobmetrics, metrics, reconcile
 from monarch_operator.controller.engine.progress import ProgressWrites
 from monarch_operator.controller.k8s import cache, client, deletes, errors, reads, writes
 from monarch_operator.controller.k8s.cache import JobView
+from monarch_operator.controller.spec.rules import InvalidSpecError
 from monarch_operator.controller.spec.settings import Settings
-from monarch_operator.controller.spec.spec import InvalidSpecError, JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.controller.state import deadlines
 from monarch_operator.controller.state import status as st
 

@@ -234,7 +234,7 @@ def launcher_outcome(pod: dict[str, Any] | None,
             terminated.get("reason") or "")
     if phase == "Succeeded":
         # Its message too: a program that exits 0 once its launcher stopped it for a stall
-        # wrote the stall there, and the stall decides (controller/launch/launching.py).
+        # wrote the stall there, and the stall decides (controller/judge/judging.py).
         return LauncherOutcome(finished=True, succeeded=True, exit_code=exit_code or 0,
                                message="" if message == "Completed" else message)
     pod_failure = ": ".join(part for part in (status.get("reason"), status.get("message"))
