@@ -1,8 +1,8 @@
 """The controller in one direction (issue 33 item 6): its stage folders import downward only.
 
 Every module of ``monarch_operator/controller/`` is read with :mod:`ast` (nothing is imported),
-with the same reader as the launcher's rule (``test_launcher_layers``): every import counts, at
-module level, inside a function, under ``if TYPE_CHECKING:``; relative ones are resolved.
+by the same rule as the launcher's (``tests/layers.py``): every import counts, at module level,
+inside a function, under ``if TYPE_CHECKING:``; relative ones are resolved.
 """
 
 from __future__ import annotations
@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_launcher_layers import PACKAGE_ROOT, cycles, imports_of, module_name
+from tests.layers import (
+    PACKAGE_ROOT,
+    cycles,
+    imports_of,
+    layer_index,
+    module_name,
+    unplaced,
+    upward_imports,
+)
 
 CONTROLLER = "monarch_operator.controller"
 
@@ -26,24 +34,24 @@ CONTROLLER = "monarch_operator.controller"
 #   judge:    an attempt's verdict and its ending (which lets go of its launcher: release).
 #   kueue:    admission by Kueue (ends or releases a job it evicts: judge, release).
 #   gate:     the children applied, then every worker Ready (ends an attempt that cannot start).
-#   launch:   the launcher, followed to its outcome (judged by judge).
+#   launch:   the launcher started and followed (judged by the judge).
 #   engine:   the reconcile checklist over the stages, the passes, wake-ups, metrics.
 #   leader:   leader election, beside the entry points (being added in its own folder).
 #   entry:    the kopf handlers, ``monarch-operator`` itself and the package.
 # The stages that end an attempt sit below those that start one: the gate and the launch call
 # the judge to end an attempt, and the judge calls release to let its pods go.
 LAYERS: dict[str, list[str]] = {
-    "spec": ["spec"],
-    "builders": ["builders"],
-    "state": ["state"],
-    "k8s": ["k8s"],
-    "release": ["release"],
-    "judge": ["judge"],
-    "kueue": ["kueue"],
-    "gate": ["gate"],
-    "launch": ["launch"],
-    "engine": ["engine"],
-    "leader": ["leader"],
+    "spec": ["spec", "spec.*"],
+    "builders": ["builders", "builders.*"],
+    "state": ["state", "state.*"],
+    "k8s": ["k8s", "k8s.*"],
+    "release": ["release", "release.*"],
+    "judge": ["judge", "judge.*"],
+    "kueue": ["kueue", "kueue.*"],
+    "gate": ["gate", "gate.*"],
+    "launch": ["launch", "launch.*"],
+    "engine": ["engine", "engine.*"],
+    "leader": ["leader", "leader.*"],
     "entry": ["handlers", "__main__", ""],  # "" is the package itself (controller/__init__.py)
 }
 
@@ -62,6 +70,16 @@ def import_graph() -> dict[str, set[str]]:
     return {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
 
 
+def layer_of(name: str) -> int:
+    """The index of ``name``'s layer in :data:`LAYERS`.
+
+    Raises:
+        KeyError: the module is in no layer (a new folder or module must be given one).
+    """
+    return layer_index("" if name == CONTROLLER else name.removeprefix(CONTROLLER + "."),
+                       LAYERS)
+
+
 def absolute_imports(path: Path) -> set[str]:
     """Every module that ``path`` names in an absolute import (``import a.b``, ``from a.b
     import c``), anywhere in its code."""
@@ -74,42 +92,13 @@ def absolute_imports(path: Path) -> set[str]:
     return found
 
 
-def layer_of(name: str) -> int:
-    """The index of ``name``'s layer in :data:`LAYERS`.
-
-    Raises:
-        KeyError: the module is in no layer (a new folder or module must be given one).
-    """
-    local = "" if name == CONTROLLER else name.removeprefix(CONTROLLER + ".")
-    for position, members in enumerate(LAYERS.values()):
-        for member in members:
-            if local == member or (member and local.startswith(member + ".")):
-                return position
-    raise KeyError(f"{name} is in no layer of LAYERS; add it to one")
-
-
-def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    names = list(LAYERS)
-    return [
-        f"  {source} ({names[layer_of(source)]}) imports {target} ({names[layer_of(target)]})"
-        for source, targets in sorted(graph.items())
-        for target in sorted(targets)
-        if layer_of(target) > layer_of(source)
-    ]
-
-
 def test_every_module_has_a_layer() -> None:
-    missing = []
-    for name in import_graph():
-        try:
-            layer_of(name)
-        except KeyError as error:
-            missing.append(str(error))
+    missing = unplaced(import_graph(), layer_of)
     assert not missing, "\n".join(missing)
 
 
 def test_no_layer_imports_a_higher_one() -> None:
-    upward = upward_imports(import_graph())
+    upward = upward_imports(import_graph(), layer_of, list(LAYERS))
     assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
 
 
@@ -120,14 +109,11 @@ def test_no_import_circle_in_the_controller() -> None:
 
 
 def test_the_pure_layers_import_no_api_client() -> None:
-    pure = [position for position, name in enumerate(LAYERS) if name in PURE]
-    clients = ("kopf", "kubernetes")
-    found = []
-    for name, path in our_modules().items():
-        if layer_of(name) not in pure:
-            continue
-        found += [f"  {name} imports {target}" for target in sorted(absolute_imports(path))
-                  if target.split(".")[0] in clients]
+    pure = {list(LAYERS).index(name) for name in PURE}
+    found = [f"  {name} imports {target}"
+             for name, path in our_modules().items() if layer_of(name) in pure
+             for target in sorted(absolute_imports(path))
+             if target.split(".")[0] in ("kopf", "kubernetes")]
     assert not found, "a pure layer imports an API client:\n" + "\n".join(found)
 
 
@@ -139,10 +125,15 @@ def test_the_pure_layers_import_no_api_client() -> None:
         ("monarch_operator.controller.spec.spec",
          "monarch_operator.controller.k8s.cache", True),
         ("monarch_operator.controller.launch.launching",
-         "monarch_operator.controller.judge.endings", False),
+         "monarch_operator.controller.judge.judging", False),
         ("monarch_operator.controller.handlers",
          "monarch_operator.controller.engine.passes", False),
     ],
 )
 def test_the_rule_sees_an_upward_import(source: str, target: str, upward: bool) -> None:
-    assert bool(upward_imports({source: {target}})) is upward
+    assert bool(upward_imports({source: {target}}, layer_of, list(LAYERS))) is upward
+
+
+def test_a_module_outside_every_folder_has_no_layer() -> None:
+    assert unplaced([f"{CONTROLLER}.flat", f"{CONTROLLER}.spec.spec"], layer_of) == [
+        f"{CONTROLLER}.flat is in no layer; add it to one"]
