@@ -31,8 +31,9 @@ API = "monarch_operator.job"
 #                  the termination message, the reporter, progress reports and their writes.
 #   hosts:         hosts/ (host sources, placement): what the job runs on.
 #   session:       session/ (pre-flight, ssh, workers, teardown): one Monarch session.
-#   options:       the job's options as flags (options.py, sshflags.py, flagtypes.py): the
-#                  public API builds its configuration from them, the command lines add theirs.
+#   options:       the job's options as flags (options.py, sshflags.py, flagtypes.py) and the
+#                  configuration made from them (jobconfig.py): the public API builds its
+#                  configuration from them, the command lines add theirs.
 #   programs:      programs/ (the job API's engine, the built-in example, SPMD, user programs).
 #   api:           the public facades: monarch_operator.job and the package's lazy re-exports.
 #   command lines: monarch-launch (cli.py, __main__), monarch-torchrun (spmd_cli.py), the
@@ -42,7 +43,7 @@ LAYERS: dict[str, list[str]] = {
              "progress", "configmapwriter", "userentry"],
     "hosts": ["hosts", "hosts.*"],
     "session": ["session", "session.*"],
-    "options": ["options", "sshflags", "flagtypes"],
+    "options": ["options", "sshflags", "flagtypes", "jobconfig"],
     "programs": ["programs", "programs.*"],
     "api": [API, ""],  # "" is the package itself (launcher/__init__.py)
     "command lines": ["cli", "spmd_cli", "__main__", "attachworker"],
