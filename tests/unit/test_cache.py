@@ -124,7 +124,7 @@ def test_a_status_patch_after_a_spec_edit_is_not_taken_as_our_own_write():
 
 
 class FakeApi:
-    """The API's read (typed client) and create (:func:`.k8s._post`) of Secrets; records every
+    """The API's read (typed client) and create (:func:`.writes._post`) of Secrets; records every
     call."""
 
     def __init__(self, existing: dict[str, Any] | None = None) -> None:

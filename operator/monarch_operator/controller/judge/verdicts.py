@@ -207,7 +207,7 @@ def judge(launcher: dict[str, Any], finished: bool, succeeded: bool,
 def silent_nodes(snapshot: list[dict[str, Any]], worker_pods: list[dict[str, Any]],
                  heartbeats: dict[str, dt.datetime], ended: dt.datetime) -> list[str]:
     """The nodes of the attempt's workers whose kubelet has not heartbeated since the
-    launcher's end: no Lease renewal in ``heartbeats`` (:func:`.k8s.node_heartbeats`) after
+    launcher's end: no Lease renewal in ``heartbeats`` (:func:`.nodes.node_heartbeats`) after
     the second of ``ended`` (``finishedAt`` has whole seconds).
 
     A launcher that failed because a host went away (ssh exits 255, a pre-flight cannot
@@ -246,7 +246,7 @@ def nodes_down_since(snapshot: list[dict[str, Any]], worker_pods: list[dict[str,
 
     Args:
         readiness: per node, whether it is Ready and since when its ``Ready`` condition has
-            its status (:func:`.k8s.node_readiness`); None when nodes may not be read.
+            its status (:func:`.nodes.node_readiness`); None when nodes may not be read.
         ended: the launcher's ``finishedAt``; None (not reported) decides nothing.
 
     Returns:

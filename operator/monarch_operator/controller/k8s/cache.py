@@ -6,7 +6,7 @@ kopf's indexes hold the objects: :mod:`.handlers` registers one ``@kopf.index`` 
 kopf lists every indexed kind before it runs any other handler, so after a restart the cache is
 complete before the first pass; and it drops an object on its DELETED event. On kopf's event
 loop, :meth:`JobCache.view` copies one job's entries into a :class:`JobView`, which the pass (in a
-worker thread) reads and updates through :mod:`.k8s`; the indexes themselves are only ever read
+worker thread) reads and updates through the k8s layer; the indexes themselves are only ever read
 on the loop that writes them.
 
 Watch events lag behind our own writes: an object this process just created may not be indexed
@@ -14,12 +14,12 @@ yet, and one it deleted may still be. Expectations bridge the gap, as client-go'
 ``ControllerExpectations`` do (kubernetes/kubernetes ``pkg/controller/controller_utils.go``):
 what a pass created or deleted is remembered until the watch shows it, or for
 :data:`EXPECTATION_SECONDS` at most. A create that still races is answered 409, which
-:func:`.k8s.ensure` takes as "exists": the cache saves reads, it never decides that an object
+:func:`.writes.ensure` takes as "exists": the cache saves reads, it never decides that an object
 is created twice.
 
 A job deleted while a pass of it runs: the pass still holds the job in its view, and the
 watch's DELETED event comes while it creates children. :meth:`JobCache.job_deleted` marks the
-job's uid gone, so that the pass creates nothing more (:func:`.k8s.ensure` asks
+job's uid gone, so that the pass creates nothing more (:func:`.writes.ensure` asks
 :meth:`JobView.job_gone` first, and deletes what a create that raced the deletion made), and
 returns every child known of it, for the operator to delete at once: garbage collection would
 too, but only once it knows the job's kind (up to ~40 s after the CRD is installed: the
@@ -279,7 +279,7 @@ def leftover_children(job_uid: str, known: Iterable[tuple[Kind, Body]]
 @dataclass
 class JobView:
     """One job and its children for one pass: ``children[kind][name]``, updated by the pass's
-    own writes (:mod:`.k8s` calls :meth:`created` and :meth:`deleted`)."""
+    own writes (:mod:`.writes` and :mod:`.deletes` call :meth:`created` and :meth:`deleted`)."""
 
     key: JobKey
     job: Body | None

@@ -231,7 +231,7 @@ def confirmed_lost(not_ready_since: dict[str, dt.datetime | None],
 
     Args:
         not_ready_since: per node, when it stopped being Ready (aware UTC; None: Ready), as
-            :func:`.k8s.node_not_ready_since` answers.
+            :func:`.nodes.node_not_ready_since` answers.
         now: the pass's time (aware UTC).
 
     Returns:
