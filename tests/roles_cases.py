@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from monarch_operator.controller import groups as g
+from monarch_operator.controller.spec import groups as g
 
 IMAGE = "ghcr.io/monarch-operator/worker:0.1.0"
 

@@ -20,7 +20,7 @@ MINUTES = 3.0
 # Every scenario and fault, node loss included: a node that crashes under a job is seen by its
 # launcher (ssh exits 255, the pre-flight cannot connect) seconds before the node controller
 # marks it NotReady (20 s here, 50 s on a real cluster); the verdict waits for the node's
-# heartbeat (controller/verdicts.py heartbeat_hold), so the attempt is Infrastructure.
+# heartbeat (controller/judge/verdicts.py heartbeat_hold), so the attempt is Infrastructure.
 SCENARIOS = plan.SCENARIOS
 GLOBAL_FAULTS = faults.GLOBAL_FAULTS
 

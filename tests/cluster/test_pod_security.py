@@ -15,8 +15,8 @@ import yaml
 
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.localcluster.demo import SAMPLE
 from tests.chart import by_kind, render
 from tests.cluster.helpers import get_json, wait_until

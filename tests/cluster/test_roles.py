@@ -22,8 +22,8 @@ from monarch_operator import constants
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.service import build_worker_services
 from monarch_operator.controller.builders.statefulset import build_worker_statefulsets
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 from tests.cluster.helpers import get_json, running_attempt, wait_until
 from tests.roles_cases import REFUSALS, refused_job, roles_job
 

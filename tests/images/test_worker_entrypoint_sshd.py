@@ -28,9 +28,9 @@ import pytest
 
 from monarch_operator import constants, names
 from monarch_operator.controller.builders.secret import build_ssh_secret
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
-from monarch_operator.controller.sshkeys import generate_job_keys
+from monarch_operator.controller.builders.sshkeys import generate_job_keys
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.testing.loopback_sshd import SSHD, free_port
 
 ENTRYPOINT = Path(__file__).resolve().parents[2] / "images" / "worker" / "entrypoint.sh"

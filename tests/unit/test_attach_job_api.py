@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from monarch_operator.controller import attachmode
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec import attachmode
+from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.job import AttachError, AttachMesh, parse_meshes
 from monarch_operator.launcher import attachworker
 from monarch_operator.launcher.programs.attach import _namespace_and_meshes, meshes_from_env

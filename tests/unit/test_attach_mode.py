@@ -10,15 +10,16 @@ import pytest
 import yaml
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attachmode
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
 from monarch_operator.controller.builders.progress import build_progress_role
 from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
-from monarch_operator.controller.observe import why_not_ready
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import InvalidSpecError, JobSpec
+from monarch_operator.controller.spec import attachmode
+from monarch_operator.controller.spec.rules import InvalidSpecError
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state.observe import why_not_ready
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "monarchjobs.monarch-operator.dev.yaml"
 SETTINGS = Settings(cluster_domain="cluster.local")

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from monarch_operator import constants, names
-from monarch_operator.controller import attachmode, k8s
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.k8s import nodes, writes
+from monarch_operator.controller.spec import attachmode
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 from tests.unit.test_launch_pass import NAME, NAMESPACE, job_body, make_view, ready_worker, run_pass
 
 TRAINER = f"{constants.GROUP}/trainer-rank"
@@ -44,10 +45,10 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
         calls.append(("status", status))
         return {}
 
-    monkeypatch.setattr(k8s, "_post", post)
-    monkeypatch.setattr(k8s, "label_pod", label_pod)
-    monkeypatch.setattr(k8s, "patch_job_status", patch_status)
-    monkeypatch.setattr(k8s, "node_is_ready", lambda node: True)
+    monkeypatch.setattr(writes, "_post", post)
+    monkeypatch.setattr(writes, "label_pod", label_pod)
+    monkeypatch.setattr(writes, "patch_job_status", patch_status)
+    monkeypatch.setattr(nodes, "node_is_ready", lambda node: True)
     return calls
 
 

@@ -9,13 +9,13 @@ from monarch_operator.controller.builders.hostfile import build_hostfile_configm
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.secret import build_ssh_secret
 from monarch_operator.controller.builders.service import build_worker_service
+from monarch_operator.controller.builders.sshkeys import JobKeys
 from monarch_operator.controller.builders.statefulset import (
     build_worker_statefulset,
     merge_pod_template,
 )
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
-from monarch_operator.controller.sshkeys import JobKeys
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.hostfile import parse_hostfile
 
 SETTINGS = Settings()

@@ -1,4 +1,4 @@
-"""The informer-style cache (controller/cache.py) and the k8s layer reading from it.
+"""The informer-style cache (controller/k8s/cache.py) and the k8s layer reading from it.
 
 The indexes are plain dicts here, shaped as kopf's are ((namespace, job) -> the objects); that
 kopf fills them from its watches (initial list first, DELETED drops) is exercised by the cluster
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.controller import cache, k8s
+from monarch_operator.controller.k8s import cache, client, reads, writes
 
 JOB_KIND = ("monarch-operator.dev/v1alpha1", "MonarchJob")
 POD, SECRET = ("v1", "Pod"), ("v1", "Secret")
@@ -124,7 +124,7 @@ def test_a_status_patch_after_a_spec_edit_is_not_taken_as_our_own_write():
 
 
 class FakeApi:
-    """The API's read (typed client) and create (:func:`.k8s._post`) of Secrets; records every
+    """The API's read (typed client) and create (:func:`.writes._post`) of Secrets; records every
     call."""
 
     def __init__(self, existing: dict[str, Any] | None = None) -> None:
@@ -148,8 +148,8 @@ class FakeApi:
 @pytest.fixture()
 def fake_api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     api = FakeApi()
-    monkeypatch.setattr(k8s, "_api", lambda api_version, kind: (api, "namespaced_secret"))
-    monkeypatch.setattr(k8s, "_post", lambda desired: api.create_namespaced_secret(
+    monkeypatch.setattr(client, "_api", lambda api_version, kind: (api, "namespaced_secret"))
+    monkeypatch.setattr(writes, "_post", lambda desired: api.create_namespaced_secret(
         desired["metadata"]["namespace"], desired))
     return api
 
@@ -163,8 +163,8 @@ def owned_secret(uid: str) -> dict[str, Any]:
 def test_after_a_restart_the_relisted_cache_answers_without_the_api(fake_api):
     """An operator restarted: kopf's initial list filled the index; ensure() sends nothing."""
     job_cache, _, _ = make_cache(secrets=[owned_secret("s1")])
-    with k8s.reading_from(job_cache.view(KEY)):
-        observed, created = k8s.ensure(owned_secret(""), "job-uid")
+    with client.reading_from(job_cache.view(KEY)):
+        observed, created = writes.ensure(owned_secret(""), "job-uid")
     assert (observed["metadata"]["uid"], created, fake_api.calls) == ("s1", False, [])
 
 
@@ -172,16 +172,16 @@ def test_missing_from_the_cache_but_existing_is_never_created_twice(fake_api):
     """The watch has not shown it yet: the create is answered 409, the API read decides."""
     fake_api.existing = owned_secret("s1")
     job_cache, _, _ = make_cache()
-    with k8s.reading_from(job_cache.view(KEY)):
-        observed, created = k8s.ensure(owned_secret(""), "job-uid")
+    with client.reading_from(job_cache.view(KEY)):
+        observed, created = writes.ensure(owned_secret(""), "job-uid")
     assert (observed["metadata"]["uid"], created) == ("s1", False)
     assert fake_api.calls == ["create demo-ssh", "get demo-ssh"]
-    with k8s.reading_from(job_cache.view(KEY)):  # the next pass: expected, no request
-        k8s.ensure(owned_secret(""), "job-uid")
+    with client.reading_from(job_cache.view(KEY)):  # the next pass: expected, no request
+        writes.ensure(owned_secret(""), "job-uid")
     assert fake_api.calls == ["create demo-ssh", "get demo-ssh"]
 
 
 def test_outside_a_pass_reads_go_to_the_api(fake_api):
     fake_api.existing = owned_secret("s1")
-    assert k8s.read("v1", "Secret", "ns", "demo-ssh")["metadata"]["uid"] == "s1"
+    assert reads.read("v1", "Secret", "ns", "demo-ssh")["metadata"]["uid"] == "s1"
     assert fake_api.calls == ["get demo-ssh"]

@@ -1,7 +1,7 @@
 """Least privilege: the chart grants exactly the API calls the operator makes, and no ``*``.
 
 "What the operator uses" is read from the code, not written down a second time:
-- the calls in ``controller/k8s.py`` (the only module that talks to the API): the typed client's
+- the calls in ``controller/k8s/`` (the only layer that talks to the API): the typed client's
   methods (``list_namespaced_pod`` is ``list`` on ``pods``), its own JSON requests
   (``RAW_REQUESTS``) and the generic ``read``/``ensure``/``delete`` helpers, whose kinds come
   from their call sites in the other controller modules (a literal ``("apps/v1",
@@ -25,14 +25,18 @@ import pytest
 from monarch_operator import constants
 from monarch_operator.controller.builders.common import owner_reference
 from monarch_operator.controller.builders.progress import build_progress_role
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
 from tests.chart import CHART, by_kind, render
 
 CONTROLLER = Path(__file__).resolve().parents[2] / "operator" / "monarch_operator" / "controller"
+# The API layer, one module per concern (the watches' cache in it makes no request).
+K8S = CONTROLLER / "k8s"
+K8S_PACKAGE = "monarch_operator.controller.k8s"
 # Verbs of the typed client's method prefixes (kubernetes-client/python naming).
 CLIENT_VERBS = {"read": "get", "get": "get", "list": "list", "create": "create", "delete": "delete",
                 "patch": "patch", "replace": "update"}
-# k8s.py's own requests past the typed client, by the verb they are (the kind is the caller's).
+# The k8s layer's own requests past the typed client, by the verb they are (the kind is the
+# caller's).
 RAW_REQUESTS = {"_post": "create"}
 API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps", "BatchV1Api": "batch",
               "NetworkingV1Api": "networking.k8s.io", "CoordinationV1Api": "coordination.k8s.io",
@@ -76,9 +80,17 @@ def client_method_rule(api_class: str, method: str) -> Rule:
 
 
 def k8s_layer_calls() -> tuple[dict[str, set[str]], dict[str, set[Rule]]]:
-    """Per function of k8s.py: generic verbs (kind chosen by the caller) and fixed rules."""
-    tree = ast.parse((CONTROLLER / "k8s.py").read_text())
-    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    """Per function of the k8s layer: generic verbs (kind chosen by the caller) and fixed rules.
+
+    Its modules call each other's functions as ``module.function`` (``client._api``) and their
+    own by name; function names are unique across the layer."""
+    layer = {path.stem: ast.parse(path.read_text()) for path in sorted(K8S.glob("*.py"))
+             if path.name != "cache.py"}
+    functions = {node.name: node for tree in layer.values() for node in tree.body
+                 if isinstance(node, ast.FunctionDef)}
+    assert len(functions) == sum(isinstance(node, ast.FunctionDef)
+                                 for tree in layer.values() for node in tree.body), (
+        "a function name is defined twice in the k8s layer")
     generic: dict[str, set[str]] = {name: set() for name in functions}
     fixed: dict[str, set[Rule]] = {name: set() for name in functions}
     calls: dict[str, set[str]] = {name: set() for name in functions}
@@ -105,6 +117,9 @@ def k8s_layer_calls() -> tuple[dict[str, set[str]], dict[str, set[Rule]]]:
                 generic[name].add(CLIENT_VERBS[prefix])
             elif isinstance(node.func, ast.Name) and node.func.id in functions:
                 calls[name].add(node.func.id)
+            elif (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                  and node.func.value.id in layer and node.func.attr in functions):
+                calls[name].add(node.func.attr)
             elif (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Call)
                   and isinstance(node.func.value.func, ast.Attribute)
                   and node.func.value.func.attr.endswith("Api")):
@@ -140,14 +155,28 @@ def builder_kinds() -> dict[str, tuple[str, str]]:
     return kinds
 
 
-def _k8s_calls(function: ast.FunctionDef) -> list[ast.Call]:
+def k8s_names(module: ast.Module) -> set[str]:
+    """The names under which ``module`` imported the k8s layer's modules (``from
+    monarch_operator.controller.k8s import reads``, ``... import client as k8s_client``, or the
+    package itself: ``from monarch_operator.controller import k8s``)."""
+    found = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.ImportFrom) and node.module == K8S_PACKAGE:
+            found |= {alias.asname or alias.name for alias in node.names if alias.name != "cache"}
+        elif isinstance(node, ast.ImportFrom) and node.module == K8S_PACKAGE.rpartition(".")[0]:
+            found |= {alias.asname or alias.name for alias in node.names if alias.name == "k8s"}
+    return found
+
+
+def _k8s_calls(function: ast.FunctionDef, layer: set[str]) -> list[ast.Call]:
     return [node for node in ast.walk(function)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name) and node.func.value.id == "k8s"]
+            and isinstance(node.func.value, ast.Name) and node.func.value.id in layer]
 
 
 def operator_code_rules() -> set[Rule]:
-    """Rules for every ``k8s.<function>(...)`` call in the controller's other modules.
+    """Rules for every call of the k8s layer (``reads.read(...)``, ``writes.ensure(...)``) in the
+    controller's other modules.
 
     The kind of a generic call is a literal pair, a ``build_*`` call, or the parameters of a
     helper in the same module (such as ``_delete_child(api_version, kind, ...)``; none at
@@ -157,19 +186,20 @@ def operator_code_rules() -> set[Rule]:
     builders = builder_kinds()
     rules: set[Rule] = set()
     for path in CONTROLLER.rglob("*.py"):
-        if path.name == "k8s.py":
+        if path.parent == K8S:
             continue
         module = ast.parse(path.read_text())
+        layer = k8s_names(module)
         functions = [node for node in ast.walk(module) if isinstance(node, ast.FunctionDef)]
         # helper name -> (verbs, index of its apiVersion parameter, index of its kind parameter)
         helpers: dict[str, tuple[set[str], int, int]] = {}
         for function in functions:
             parameters = [arg.arg for arg in function.args.args]
-            for node in _k8s_calls(function):
+            for node in _k8s_calls(function, layer):
                 name = node.func.attr
-                if name[:1].isupper():  # raising one of k8s.py's errors: no API call
+                if name[:1].isupper():  # raising one of the layer's errors: no API call
                     continue
-                assert name in generic, f"{path.name}: k8s.{name} is not in k8s.py"
+                assert name in generic, f"{path.name}: {name} is not in the k8s layer"
                 rules |= fixed[name]
                 if not generic[name]:
                     continue
@@ -339,7 +369,7 @@ def test_namespaced_mode_grants_roles_only_in_the_watched_namespaces():
     assert operator_objects(objects, "ClusterRoleBinding") == []
     roles = operator_objects(objects, "Role")
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
-    # Without a ClusterRole the operator does without cluster-scoped reads: k8s.node_is_ready
+    # Without a ClusterRole the operator does without cluster-scoped reads: nodes.node_is_ready
     # takes a 403 on nodes as "no node information" (a lost worker is then told by its pod).
     used = {rule for rule in operator_code_rules() | kopf_rules(clusterwide=False)
             | admission_rules() if rule[:2] not in CLUSTER_SCOPED}

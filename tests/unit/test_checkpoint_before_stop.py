@@ -11,15 +11,17 @@ from typing import Any
 import pytest
 
 from monarch_operator import constants, names
-from monarch_operator.controller import checkpoints, k8s, reconcile
-from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.launcher import launcher_env
 from monarch_operator.controller.builders.statefulset import (
     WORKER_STOP_MARGIN_SECONDS,
     build_worker_statefulset,
 )
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.engine import reconcile
+from monarch_operator.controller.k8s import client, deletes, nodes, reads, writes
+from monarch_operator.controller.launch import checkpoints
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import status as st
 from monarch_operator.launcher import stoprequest
 from tests.unit.test_launch_pass import (
     job_body,
@@ -37,15 +39,16 @@ GRACE = 45
 def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """Records the pod deletions (name, grace) and other deletions a pass sends."""
     sent: dict[str, list[Any]] = {"pods": [], "deleted": []}
-    monkeypatch.setattr(k8s, "delete_pod", lambda namespace, name, force=False,
+    monkeypatch.setattr(deletes, "delete_pod", lambda namespace, name, force=False,
                         grace_seconds=None: sent["pods"].append((name, grace_seconds)) or True)
-    monkeypatch.setattr(k8s, "delete_if_present", lambda api_version, kind, namespace, name: (
+    monkeypatch.setattr(deletes, "delete_if_present", lambda api_version, kind, namespace, name: (
         sent["deleted"].append(kind) or True))
-    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
-    monkeypatch.setattr(k8s, "node_cordoned", lambda node: node == "node-0")  # being drained
-    monkeypatch.setattr(k8s, "_post", lambda desired: stored(desired, "x"))  # the hostfile
-    monkeypatch.setattr(k8s, "pod_log_tail", lambda *args, **kwargs: "")
-    monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: job_body(status))
+    monkeypatch.setattr(nodes, "node_not_ready_since", lambda node: None)
+    monkeypatch.setattr(nodes, "node_cordoned", lambda node: node == "node-0")  # being drained
+    monkeypatch.setattr(writes, "_post", lambda desired: stored(desired, "x"))  # the hostfile
+    monkeypatch.setattr(reads, "pod_log_tail", lambda *args, **kwargs: "")
+    monkeypatch.setattr(writes, "patch_job_status",
+                        lambda namespace, name, status: job_body(status))
     return sent
 
 
@@ -58,7 +61,7 @@ def suspended_body(status: dict[str, Any], grace: int) -> dict[str, Any]:
 
 def run(settings: Settings, body: dict[str, Any], launcher: dict[str, Any],
         now: dt.datetime) -> reconcile.Outcome:
-    with k8s.reading_from(make_view(settings, body["status"], [launcher])):
+    with client.reading_from(make_view(settings, body["status"], [launcher])):
         return reconcile.reconcile(body, settings, now)
 
 
@@ -141,7 +144,7 @@ def test_a_launcher_gone_before_the_pass_saw_its_end_still_gives_its_checkpoint(
     checkpoints.remember("team-a", "demo", gone)
     try:
         body = suspended_body(status, GRACE)
-        with k8s.reading_from(make_view(settings, body["status"], [])):
+        with client.reading_from(make_view(settings, body["status"], [])):
             outcome = reconcile.reconcile(body, settings,
                                           dt.datetime(2026, 12, 1, 12, 1, tzinfo=dt.UTC))
         assert outcome.status["lastCheckpoint"]["location"] == "/ckpt/9"
@@ -179,7 +182,7 @@ def run_running(settings: Settings, status: dict[str, Any], grace: int,
                 launcher: dict[str, Any], workers: list[dict[str, Any]],
                 now: dt.datetime) -> reconcile.Outcome:
     body = grace_body(status, grace)
-    with k8s.reading_from(make_view(settings, status, [launcher], worker_pods=workers,
+    with client.reading_from(make_view(settings, status, [launcher], worker_pods=workers,
                                     body=body)):
         return reconcile.reconcile(body, settings, now)
 

@@ -1,4 +1,4 @@
-"""Words from what happened (issue 32 item 4): one mapping (controller/causes.py) from what
+"""Words from what happened (issue 32 item 4): one mapping (controller/state/causes.py) from what
 Kubernetes or Kueue observed to what the status says, so that an eviction, a drain or a
 preemption of a pod is worded as what it was, never "deleted" because a deletion request came
 with it."""
@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller import causes, k8s, verdicts
-from monarch_operator.controller import status as st
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.judge import verdicts
+from monarch_operator.controller.k8s import nodes
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import causes, timestamps
+from monarch_operator.controller.state import status as st
 from tests.unit.test_launch_pass import NAME, job_body, running_status
 from tests.unit.test_verdicts import api, run_policy_pass, running_launcher, worker  # noqa: F401
 
@@ -88,10 +90,10 @@ def test_a_launcher_evicted_by_a_drain_is_worded_so_not_deleted(api, monkeypatch
     (EvictionByEvictionAPI) and a deletion request; the program exits 143 on SIGTERM. The
     attempt is LauncherLost as before, in words that say what happened."""
     read: list[str] = []
-    monkeypatch.setattr(k8s, "node_cordoned", lambda node: read.append(node) or cordoned)
+    monkeypatch.setattr(nodes, "node_cordoned", lambda node: read.append(node) or cordoned)
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     launcher = running_launcher(settings, launched, exit_code=143, ended=4)
     launcher["metadata"].update(
@@ -115,7 +117,7 @@ def test_a_launcher_evicted_by_a_drain_is_worded_so_not_deleted(api, monkeypatch
 def test_a_worker_evicted_by_its_kubelet_is_worded_so(api):  # noqa: F811
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     evicted = worker(1, phase="Failed", reason="Evicted",
                      message="The node was low on resource: ephemeral-storage.")

@@ -1,5 +1,5 @@
-"""Creates sent together (k8s.ensure_together: the hostfile ConfigMap and the launcher pod) and
-the JSON create itself (k8s._post), no cluster: the POST is faked at the HTTP layer or above.
+"""Creates sent together (writes.ensure_together: the hostfile ConfigMap and the launcher pod) and
+the JSON create itself (writes._post), no cluster: the POST is faked at the HTTP layer or above.
 
 The cluster tests cover what the API server does with them (test_generated_specs.py: an unknown
 field refused by strict field validation, naming it).
@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.controller import k8s
+from monarch_operator.controller.k8s import client as k8s_client
+from monarch_operator.controller.k8s import errors, writes
 from tests.unit.test_cache import KEY, SECRET, make_cache, obj
 
 CONFIG_MAP, POD = ("v1", "ConfigMap"), ("v1", "Pod")
@@ -28,7 +29,7 @@ def owned(kind: tuple[str, str], name: str) -> dict[str, Any]:
 
 @pytest.fixture()
 def posts(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Replaces k8s._post: each create waits until every create of the test has been sent (a
+    """Replaces writes._post: each create waits until every create of the test has been sent (a
     create sent only after another's reply never gets there: the test fails on the timeout)."""
     state: dict[str, Any] = {"sent": [], "expected": 2, "all_sent": threading.Event(),
                              "fail": {}}
@@ -45,15 +46,15 @@ def posts(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
             raise state["fail"][name]
         return {**desired, "metadata": {**desired["metadata"], "uid": f"uid-{name}"}}
 
-    monkeypatch.setattr(k8s, "_post", post)
+    monkeypatch.setattr(writes, "_post", post)
     return state
 
 
 def test_both_creates_are_on_the_wire_before_either_reply(posts):
     job_cache, _, _ = make_cache()
     job_cache.attach(CONFIG_MAP, {})
-    with k8s.reading_from(job_cache.view(KEY)):
-        (hostfile, made_hostfile), (launcher, made_launcher) = k8s.ensure_together(
+    with k8s_client.reading_from(job_cache.view(KEY)):
+        (hostfile, made_hostfile), (launcher, made_launcher) = writes.ensure_together(
             owned(CONFIG_MAP, "demo-hostfile"), owned(POD, "demo-launcher"), owner_uid="job-uid")
     assert sorted(posts["sent"]) == ["demo-hostfile", "demo-launcher"]
     assert (hostfile["metadata"]["uid"], launcher["metadata"]["uid"]) == (
@@ -70,8 +71,8 @@ def test_one_failed_create_raises_and_the_other_is_still_known(posts):
     posts["fail"]["demo-hostfile"] = ApiException(status=500, reason="etcd timeout")
     job_cache, _, _ = make_cache()
     job_cache.attach(CONFIG_MAP, {})
-    with k8s.reading_from(job_cache.view(KEY)), pytest.raises(ApiException) as raised:
-        k8s.ensure_together(owned(CONFIG_MAP, "demo-hostfile"), owned(POD, "demo-launcher"),
+    with k8s_client.reading_from(job_cache.view(KEY)), pytest.raises(ApiException) as raised:
+        writes.ensure_together(owned(CONFIG_MAP, "demo-hostfile"), owned(POD, "demo-launcher"),
                             owner_uid="job-uid")
     assert raised.value.status == 500
     view = job_cache.view(KEY)
@@ -84,8 +85,8 @@ def test_only_what_is_missing_is_created(posts):
     job_cache, _, _ = make_cache(secrets=[{**owned(SECRET, "demo-ssh"),
                                            "metadata": {**owned(SECRET, "demo-ssh")["metadata"],
                                                         "uid": "s1"}}])
-    with k8s.reading_from(job_cache.view(KEY)):
-        results = k8s.ensure_together(owned(SECRET, "demo-ssh"), owned(POD, "demo-launcher"),
+    with k8s_client.reading_from(job_cache.view(KEY)):
+        results = writes.ensure_together(owned(SECRET, "demo-ssh"), owned(POD, "demo-launcher"),
                                       owner_uid="job-uid")
     assert posts["sent"] == ["demo-launcher"]
     assert [(found["metadata"]["uid"], made) for found, made in results] == [
@@ -110,7 +111,7 @@ def http(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], list[Fa
     """The client's HTTP call, faked: records each request and answers the next reply."""
     requests: list[dict[str, Any]] = []
     replies: list[FakeResponse] = []
-    client = k8s._client()
+    client = k8s_client._client()
 
     def call_api(method: str, url: str, header_params: Any = None, body: Any = None,
                  post_params: Any = None, _request_timeout: Any = None) -> FakeResponse:
@@ -127,7 +128,7 @@ def test_post_sends_json_with_strict_field_validation_and_returns_the_stored_obj
     desired = owned(("apps/v1", "StatefulSet"), "demo-worker")
     replies.append(FakeResponse(201, {**desired, "metadata": {**desired["metadata"],
                                                               "uid": "ss1"}}))
-    created = k8s._post(desired)
+    created = writes._post(desired)
     assert created["metadata"]["uid"] == "ss1"
     [request] = requests
     assert request["method"] == "POST" and request["content_type"] == "application/json"
@@ -143,14 +144,15 @@ def test_a_refused_create_is_an_api_exception_with_the_servers_message(http):
                'unknown field "spec.nodeSelectr"')
     replies.append(FakeResponse(400, {"kind": "Status", "message": message}))
     with pytest.raises(ApiException) as raised:
-        k8s._post(owned(POD, "demo-launcher"))
+        writes._post(owned(POD, "demo-launcher"))
     assert raised.value.status == 400
-    assert k8s.api_error_message(raised.value) == message
+    assert errors.api_error_message(raised.value) == message
     replies.append(FakeResponse(400, {"kind": "Status", "message": message}))
     job_cache, _, _ = make_cache()
-    with k8s.reading_from(job_cache.view(KEY)), pytest.raises(
-            k8s.RefusedError, match='refused Pod demo-launcher: .*unknown field "spec.nodeSelectr"'):
-        k8s.ensure(owned(POD, "demo-launcher"), "job-uid")
+    refused = 'refused Pod demo-launcher: .*unknown field "spec.nodeSelectr"'
+    with k8s_client.reading_from(job_cache.view(KEY)), pytest.raises(errors.RefusedError,
+                                                                      match=refused):
+        writes.ensure(owned(POD, "demo-launcher"), "job-uid")
 
 
 FORBIDDEN_RBAC = ('statefulsets.apps "demo-worker" is forbidden: User '
@@ -169,10 +171,10 @@ POD_SECURITY = ('pods "demo-launcher" is forbidden: violates PodSecurity "restri
 
 
 @pytest.mark.parametrize(("message", "raised", "says"), [
-    (FORBIDDEN_RBAC, k8s.ForbiddenError, "refused to let the operator create Pod demo-launcher: "
+    (FORBIDDEN_RBAC, errors.ForbiddenError, "refused to let the operator create Pod demo-launcher: "
                                           "statefulsets.apps"),
-    (FORBIDDEN_OWNER, k8s.ForbiddenError, "cannot set blockOwnerDeletion"),
-    (POD_SECURITY, k8s.RefusedError, "refused Pod demo-launcher: .*violates PodSecurity"),
+    (FORBIDDEN_OWNER, errors.ForbiddenError, "cannot set blockOwnerDeletion"),
+    (POD_SECURITY, errors.RefusedError, "refused Pod demo-launcher: .*violates PodSecurity"),
     (QUOTA, ApiException, "403"),
 ], ids=["rbac", "owner-references-plugin", "pod-security", "quota"])
 def test_a_403_is_lasting_unless_it_is_a_quota(http, message, raised, says):
@@ -183,7 +185,7 @@ def test_a_403_is_lasting_unless_it_is_a_quota(http, message, raised, says):
     _, replies = http
     replies.append(FakeResponse(403, {"kind": "Status", "message": message, "code": 403}))
     job_cache, _, _ = make_cache()
-    with k8s.reading_from(job_cache.view(KEY)), pytest.raises(raised, match=says) as caught:
-        k8s.ensure(owned(POD, "demo-launcher"), "job-uid")
-    assert not isinstance(caught.value, (k8s.ForbiddenError, k8s.RefusedError)) or \
+    with k8s_client.reading_from(job_cache.view(KEY)), pytest.raises(raised, match=says) as caught:
+        writes.ensure(owned(POD, "demo-launcher"), "job-uid")
+    assert not isinstance(caught.value, (errors.ForbiddenError, errors.RefusedError)) or \
         type(caught.value) is raised

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from monarch_operator.controller import deadlines
-from monarch_operator.controller import status as st
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import deadlines
+from monarch_operator.controller.state import status as st
 
 START = "2026-01-01T00:00:00Z"
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -42,7 +42,7 @@ def test_running_or_finished_job_without_deadlines_sleeps():
 
 
 def test_a_restarted_attempt_times_its_own_gate_and_a_suspended_job_none():
-    from monarch_operator.controller import attempts
+    from monarch_operator.controller.state import attempts
 
     later = (T0 + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     restarted = attempts.begin(attempts.begin({"startTime": START}, 1, START), 2, later)

@@ -1,4 +1,4 @@
-"""``k8s.delete_exact`` deletes every kind the operator creates for a job (a job deleted while
+"""``deletes.delete_exact`` deletes every kind the operator creates for a job (a job deleted while
 its children were being created has each fresh one deleted by uid). CI found the launcher's
 ServiceAccount, Role and RoleBinding missing: ``ValueError: v1 ServiceAccount is not a kind of
 child of a job`` and a traceback in the operator's log."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 import kubernetes
 import pytest
 
-from monarch_operator.controller import k8s
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
 from monarch_operator.controller.builders.progress import (
     build_launcher_account,
@@ -17,7 +16,8 @@ from monarch_operator.controller.builders.progress import (
     build_progress_role,
 )
 from monarch_operator.controller.builders.service import build_worker_service
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.k8s import client, deletes
+from monarch_operator.controller.spec.spec import JobSpec
 
 
 class RecordingApi:
@@ -40,7 +40,7 @@ def recorded(monkeypatch) -> list[tuple[str, str, str, str]]:
     RecordingApi.calls = []
     for api in ("CoreV1Api", "AppsV1Api", "NetworkingV1Api", "RbacAuthorizationV1Api"):
         monkeypatch.setattr(kubernetes.client, api, type(api, (RecordingApi,), {}))
-    monkeypatch.setattr(k8s, "_client", lambda: None)
+    monkeypatch.setattr(client, "_client", lambda: None)
     return RecordingApi.calls
 
 
@@ -60,12 +60,12 @@ def job() -> JobSpec:
 ])
 def test_every_child_kind_is_deleted_by_uid(recorded, build, method):
     child = build(job())
-    assert k8s.delete_exact(child["apiVersion"], child["kind"], "team-a",
+    assert deletes.delete_exact(child["apiVersion"], child["kind"], "team-a",
                             child["metadata"]["name"], "uid-1")
     assert [call[1:] for call in recorded] == [(method, "team-a", child["metadata"]["name"])]
 
 
 def test_a_kind_never_created_is_refused(recorded):
     with pytest.raises(ValueError, match="v1 Node is not a kind of child of a job"):
-        k8s.delete_exact("v1", "Node", "team-a", "n", "uid-1")
+        deletes.delete_exact("v1", "Node", "team-a", "n", "uid-1")
     assert recorded == []

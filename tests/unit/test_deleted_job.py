@@ -1,7 +1,7 @@
-"""A job deleted while a pass of it runs (controller/cache.py, k8s.py, passes.py): the pass
-creates nothing more, a create that raced the deletion is undone, and the job's DELETED event
-yields exactly the deleted job's own children to delete. The cluster test of the same is
-tests/cluster/test_quick_delete.py."""
+"""A job deleted while a pass of it runs (controller/k8s/cache.py, k8s/writes.py,
+engine/passes.py): the pass creates nothing more, a create that raced the deletion is undone, and
+the job's DELETED event yields exactly the deleted job's own children to delete. The cluster
+test of the same is tests/cluster/test_quick_delete.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.controller import cache, k8s, passes
+from monarch_operator.controller.engine import passes
+from monarch_operator.controller.k8s import cache, client, deletes, errors, writes
 from tests.unit.test_cache import (
     JOB_KIND,
     KEY,
@@ -30,8 +31,8 @@ STATEFULSET = ("apps/v1", "StatefulSet")
 def fake_api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     """The typed client's read/create of Secrets, recording each call (test_cache.py's)."""
     api = FakeApi()
-    monkeypatch.setattr(k8s, "_api", lambda api_version, kind: (api, "namespaced_secret"))
-    monkeypatch.setattr(k8s, "_post", lambda desired: api.create_namespaced_secret(
+    monkeypatch.setattr(client, "_api", lambda api_version, kind: (api, "namespaced_secret"))
+    monkeypatch.setattr(writes, "_post", lambda desired: api.create_namespaced_secret(
         desired["metadata"]["namespace"], desired))
     return api
 
@@ -47,8 +48,8 @@ def test_a_pass_of_a_deleted_job_creates_nothing(fake_api: FakeApi):
     job_cache, _, _ = make_cache()
     view = job_cache.view(KEY)  # taken while the job existed
     assert job_cache.job_deleted(KEY, "job-uid") == []
-    with k8s.reading_from(view), pytest.raises(k8s.JobGoneError, match="job was deleted"):
-        k8s.ensure(owned_secret(""), "job-uid")
+    with client.reading_from(view), pytest.raises(errors.JobGoneError, match="job was deleted"):
+        writes.ensure(owned_secret(""), "job-uid")
     assert fake_api.calls == []
 
 
@@ -56,8 +57,8 @@ def test_a_namesake_created_since_is_not_taken_as_gone(fake_api: FakeApi):
     job_cache, stores, _ = make_cache()
     job_cache.job_deleted(KEY, "job-uid")
     stores["job"][KEY] = [obj(JOB_KIND, "demo", "new-uid")]  # created again, same name
-    with k8s.reading_from(job_cache.view(KEY)):
-        _, created = k8s.ensure(owned(SECRET, "demo-ssh", "", "new-uid"), "new-uid")
+    with client.reading_from(job_cache.view(KEY)):
+        _, created = writes.ensure(owned(SECRET, "demo-ssh", "", "new-uid"), "new-uid")
     assert created and fake_api.calls == ["create demo-ssh"]
 
 
@@ -75,9 +76,9 @@ def test_a_create_that_races_the_deletion_is_deleted_again(fake_api: FakeApi,
 
     deleted: list[tuple[str, ...]] = []
     monkeypatch.setattr(fake_api, "create_namespaced_secret", create_while_deleted)
-    monkeypatch.setattr(k8s, "delete_exact", lambda *args: deleted.append(args) or True)
-    with k8s.reading_from(job_cache.view(KEY)), pytest.raises(k8s.JobGoneError):
-        k8s.ensure(owned_secret(""), "job-uid")
+    monkeypatch.setattr(deletes, "delete_exact", lambda *args: deleted.append(args) or True)
+    with client.reading_from(job_cache.view(KEY)), pytest.raises(errors.JobGoneError):
+        writes.ensure(owned_secret(""), "job-uid")
     assert handed_to_handler == [[]]
     assert deleted == [("v1", "Secret", "ns", "demo-ssh", "s-new")]
     assert job_cache.view(KEY).get(SECRET, "demo-ssh") is None  # nothing expected of it
@@ -86,9 +87,9 @@ def test_a_create_that_races_the_deletion_is_deleted_again(fake_api: FakeApi,
 def test_a_create_done_before_the_deletion_is_the_handlers_to_delete(fake_api: FakeApi,
                                                                      monkeypatch):
     job_cache, _, _ = make_cache()
-    monkeypatch.setattr(k8s, "delete_exact", lambda *args: pytest.fail("deleted twice"))
-    with k8s.reading_from(job_cache.view(KEY)):
-        observed, created = k8s.ensure(owned_secret(""), "job-uid")
+    monkeypatch.setattr(deletes, "delete_exact", lambda *args: pytest.fail("deleted twice"))
+    with client.reading_from(job_cache.view(KEY)):
+        observed, created = writes.ensure(owned_secret(""), "job-uid")
     known = job_cache.job_deleted(KEY, "job-uid")  # not indexed yet: from the expectation
     assert [(kind, body["metadata"]["uid"]) for kind, body in known] == [(SECRET, "s-new")]
     assert cache.leftover_children("job-uid", known) == known
@@ -144,7 +145,7 @@ def test_delete_leftovers_deletes_each_by_uid_and_never_raises(monkeypatch, capl
             raise ApiException(status=403, reason="Forbidden")
         return kind != "ConfigMap"  # already gone
 
-    monkeypatch.setattr(k8s, "delete_exact", delete_exact)
+    monkeypatch.setattr(deletes, "delete_exact", delete_exact)
     known = [(SECRET, owned(SECRET, "demo-ssh", "s1", "job-uid")),
              (("v1", "Service"), owned(("v1", "Service"), "demo-worker", "v1", "job-uid")),
              (("v1", "ConfigMap"), owned(("v1", "ConfigMap"), "demo-hostfile", "c1", "job-uid")),
@@ -162,7 +163,7 @@ def test_a_pass_whose_job_went_stops_quietly(monkeypatch, caplog):
     runner = passes.PassRunner(passes.Settings())
 
     def gone(namespace: str, name: str) -> passes.PassReport:
-        raise k8s.JobGoneError(f"MonarchJob {namespace}/{name} was deleted")
+        raise errors.JobGoneError(f"MonarchJob {namespace}/{name} was deleted")
 
     monkeypatch.setattr(runner, "_run", gone)
     with caplog.at_level(logging.INFO, logger="monarch_operator"):

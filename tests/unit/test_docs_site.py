@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

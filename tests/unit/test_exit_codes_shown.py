@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from monarch_operator.controller import status as st
-from monarch_operator.controller import verdicts
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state import timestamps
 from tests.unit.test_launch_pass import job_body, running_status
 from tests.unit.test_verdicts import api, run_policy_pass, running_launcher, worker  # noqa: F401
 
@@ -24,7 +24,7 @@ def test_a_launcher_lost_without_an_exit_code_shows_none_not_an_earlier_one(api)
     status = running_status(settings)
     # An earlier attempt's launcher, stopped from outside, had exited 0 (not believed).
     status["launcher"] = {"exitCode": 0, "reason": "stopped"}
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     lost = running_launcher(settings, launched)
     lost["status"] = {"phase": "Failed"}  # its pod failed, no container ever ended
@@ -45,7 +45,7 @@ def test_a_launcher_stopped_after_its_attempt_ended_gives_its_exit_code_then(api
     (its end time stays the attempt's: the loss ended it), and EXIT shows it."""
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     body = {**job_body(status), "spec": {**job_body()["spec"],
                                          "runPolicy": {"infrastructureBackoffLimit": 0}}}

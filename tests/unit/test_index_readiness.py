@@ -1,5 +1,5 @@
 """A namespace that goes before kopf indexed it holds no handler back
-(controller/indexready.py): kopf's own orchestration (``spawn_missing_watchers``, then
+(controller/engine/indexready.py): kopf's own orchestration (``spawn_missing_watchers``, then
 ``terminate_redundancies`` as when the namespace is deleted) with a watch whose first list
 never ends, as when the namespace goes while its list is in flight."""
 
@@ -16,7 +16,7 @@ from kopf._cogs.clients import watching
 from kopf._cogs.structs import references
 from kopf._core.reactor import orchestration, queueing
 
-from monarch_operator.controller import indexready
+from monarch_operator.controller.engine import indexready
 
 PODS = references.Resource("", "v1", "pods", namespaced=True)
 

@@ -12,10 +12,10 @@ import urllib.request
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from monarch_operator.controller import jobmetrics, metrics
-from monarch_operator.controller import status as st
-from monarch_operator.controller.passes import PassReport, PassRunner
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.engine import jobmetrics, metrics
+from monarch_operator.controller.engine.passes import PassReport, PassRunner
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import status as st
 from tests.chart import CHART, by_kind, render
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)

@@ -13,13 +13,15 @@ from typing import Any
 import pytest
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s, reconcile
-from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.progress import build_progress_configmap
+from monarch_operator.controller.engine import reconcile
+from monarch_operator.controller.k8s import client as k8s_client
+from monarch_operator.controller.k8s import deletes, nodes, reads, writes
 from monarch_operator.controller.kueue import client
 from monarch_operator.controller.kueue import workload as wl
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import status as st
 from tests.unit.test_launch_pass import (
     NAME,
     job_body,
@@ -49,13 +51,13 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
                      "message": PREEMPTED}]}}
     monkeypatch.setattr(client, "read_workload", lambda namespace, name: workload)
     monkeypatch.setattr(client, "write_workload_status", lambda *args: True)
-    monkeypatch.setattr(k8s, "delete_pod", lambda namespace, name, force=False,
+    monkeypatch.setattr(deletes, "delete_pod", lambda namespace, name, force=False,
                         grace_seconds=None: sent["pods"].append((name, grace_seconds)) or True)
-    monkeypatch.setattr(k8s, "delete_if_present", lambda api_version, kind, namespace, name: (
+    monkeypatch.setattr(deletes, "delete_if_present", lambda api_version, kind, namespace, name: (
         sent["deleted"].append(kind) or True))
-    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
-    monkeypatch.setattr(k8s, "pod_log_tail", lambda *args, **kwargs: "")
-    monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: (
+    monkeypatch.setattr(nodes, "node_not_ready_since", lambda node: None)
+    monkeypatch.setattr(reads, "pod_log_tail", lambda *args, **kwargs: "")
+    monkeypatch.setattr(writes, "patch_job_status", lambda namespace, name, status: (
         sent["status"].append(status) or job_body(status)))
     return sent
 
@@ -88,7 +90,7 @@ def run(settings: Settings, status: dict[str, Any], launcher: dict[str, Any],
         configmap["data"] = {constants.PROGRESS_REPORT_KEY: json.dumps(report)}
         view.children[("v1", "ConfigMap")][names.progress_configmap(NAME)] = stored(
             configmap, "cm-progress")
-    with k8s.reading_from(view):
+    with k8s_client.reading_from(view):
         return reconcile.reconcile(body, settings, now)
 
 

@@ -7,12 +7,13 @@ import datetime as dt
 
 import pytest
 
-from monarch_operator.controller import deadlines
-from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
 from monarch_operator.controller.kueue import workload as wl
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import InvalidSpecError, JobSpec
+from monarch_operator.controller.spec.rules import InvalidSpecError
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import deadlines
+from monarch_operator.controller.state import status as st
 
 NOW = "2026-12-01T12:00:00Z"
 
@@ -223,9 +224,9 @@ def test_a_labelled_job_waits_saying_kueue_is_missing_when_no_workloads_are_serv
     Queued, naming the queue and how to run without Kueue, one Warning, a look every minute."""
     from kubernetes.client.rest import ApiException
 
-    from monarch_operator.controller import attempts
     from monarch_operator.controller.kueue import admission, client
-    from monarch_operator.controller.passstate import Pass
+    from monarch_operator.controller.state import attempts
+    from monarch_operator.controller.state.passstate import Pass
 
     def not_served(desired, owner_uid):
         raise ApiException(status=404, reason="Not Found")
@@ -253,9 +254,9 @@ def test_a_requeued_job_says_why_it_stopped_running_while_it_waits_again():
     """After a preemption Kueue's own message says only what the job waits for ("insufficient
     unused quota"); the Queued message keeps what ended the last attempt until it is admitted
     again (seen in CI: the eviction's words were gone by the time the pods had stopped)."""
-    from monarch_operator.controller import attempts
     from monarch_operator.controller.kueue import admission
-    from monarch_operator.controller.passstate import Pass
+    from monarch_operator.controller.state import attempts
+    from monarch_operator.controller.state.passstate import Pass
 
     status = attempts.update_current(attempts.begin({}, 1, "t0"), **{
         "class": admission.EVICTED, "reason": "EvictedPreempted",
@@ -288,9 +289,9 @@ def test_a_spec_changed_while_queued_replaces_the_workload(monkeypatch):
     """More GPUs per worker while the job waits: its Workload asks Kueue for the old amount,
     so it is deleted (one Event) and a pass soon makes the new one; a Workload holding quota,
     or one that asks for the same, is kept."""
-    from monarch_operator.controller import attempts
     from monarch_operator.controller.kueue import admission, client
-    from monarch_operator.controller.passstate import Pass
+    from monarch_operator.controller.state import attempts
+    from monarch_operator.controller.state.passstate import Pass
 
     def spec(gpus: int) -> JobSpec:
         return JobSpec.from_body({
@@ -306,9 +307,9 @@ def test_a_spec_changed_while_queued_replaces_the_workload(monkeypatch):
     monkeypatch.setattr(client, "delete_workload",
                         lambda workload: deleted.append(workload["metadata"]["uid"]))
     monkeypatch.setattr(client, "create_workload", lambda desired, owner_uid: stored)
-    from monarch_operator.controller import k8s
-    monkeypatch.setattr(k8s, "list_pods", lambda *args, **kwargs: [])  # nothing runs yet
-    monkeypatch.setattr(k8s, "delete_if_present", lambda *args, **kwargs: False)
+    from monarch_operator.controller.k8s import deletes, reads
+    monkeypatch.setattr(reads, "list_pods", lambda *args, **kwargs: [])  # nothing runs yet
+    monkeypatch.setattr(deletes, "delete_if_present", lambda *args, **kwargs: False)
     now = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
 
     same = Pass(job=spec(1), status=attempts.begin({}, 1, "t0"), now=now)
@@ -332,9 +333,9 @@ def test_a_spec_changed_while_queued_replaces_the_workload(monkeypatch):
 
 
 def test_a_launcher_without_a_flavor_under_a_tas_only_queue_is_explained():
-    from monarch_operator.controller import attempts
     from monarch_operator.controller.kueue import admission
-    from monarch_operator.controller.passstate import Pass
+    from monarch_operator.controller.state import attempts
+    from monarch_operator.controller.state.passstate import Pass
 
     state = Pass(job=job(), status={**attempts.begin({}, 1, "t0"), "queue": {}},
                  now=dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC))

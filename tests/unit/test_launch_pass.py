@@ -17,15 +17,17 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from monarch_operator import constants, names
-from monarch_operator.controller import cache, k8s, passes
-from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
 from monarch_operator.controller.builders.progress import build_progress_configmap
 from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.engine import passes
+from monarch_operator.controller.k8s import cache, nodes, reads, writes
+from monarch_operator.controller.k8s import deletes as k8s_deletes
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import status as st
 
 JOB_KIND = (f"{constants.GROUP}/{constants.VERSION}", constants.KIND)
 KINDS = [("v1", "Pod"), ("v1", "Secret"), ("v1", "Service"), ("v1", "ConfigMap"),
@@ -109,9 +111,9 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
         sent["status"].append(status)
         return job_body(status)
 
-    monkeypatch.setattr(k8s, "_post", post)
-    monkeypatch.setattr(k8s, "patch_job_status", patch_status)
-    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
+    monkeypatch.setattr(writes, "_post", post)
+    monkeypatch.setattr(writes, "patch_job_status", patch_status)
+    monkeypatch.setattr(nodes, "node_not_ready_since", lambda node: None)
     return sent
 
 
@@ -134,10 +136,10 @@ def running_status(settings: Settings) -> dict[str, Any]:
     """The status the launching pass above wrote."""
     sent: dict[str, list[Any]] = {"creates": [], "status": []}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(k8s, "_post", lambda desired: stored(desired, "x"))
-        patch.setattr(k8s, "patch_job_status",
+        patch.setattr(writes, "_post", lambda desired: stored(desired, "x"))
+        patch.setattr(writes, "patch_job_status",
                       lambda namespace, name, status: sent["status"].append(status) or {})
-        patch.setattr(k8s, "node_not_ready_since", lambda node: None)
+        patch.setattr(nodes, "node_not_ready_since", lambda node: None)
         run_pass(settings, make_view(settings))
     return sent["status"][-1]
 
@@ -200,8 +202,8 @@ def dry_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
             raise error
         return stored(desired, f"uid-{desired['metadata']['name']}")
 
-    monkeypatch.setattr(k8s, "_post", post)
-    monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: (
+    monkeypatch.setattr(writes, "_post", post)
+    monkeypatch.setattr(writes, "patch_job_status", lambda namespace, name, status: (
         sent["status"].append(status) or job_body(status)))
     return sent
 
@@ -294,14 +296,14 @@ def unrecorded_launch(settings: Settings, worker_created: str) -> tuple[dict, li
 def deletes(api, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The deletions a pass sends that ends an attempt (recorded, not sent)."""
     sent: list[str] = []
-    monkeypatch.setattr(k8s, "delete_if_present",
+    monkeypatch.setattr(k8s_deletes, "delete_if_present",
                         lambda api_version, kind, namespace, name, **_: sent.append(
                             f"{kind} {name}") or True)
-    monkeypatch.setattr(k8s, "stop_pod", lambda pod: bool(pod) and not sent.append(
+    monkeypatch.setattr(k8s_deletes, "stop_pod", lambda pod: bool(pod) and not sent.append(
         f"Pod {pod['metadata']['name']}"))
-    monkeypatch.setattr(k8s, "delete_pod", lambda namespace, name, **_: sent.append(
+    monkeypatch.setattr(k8s_deletes, "delete_pod", lambda namespace, name, **_: sent.append(
         f"Pod {name}") or True)
-    monkeypatch.setattr(k8s, "pod_log_tail", lambda *args, **kwargs: None)
+    monkeypatch.setattr(reads, "pod_log_tail", lambda *args, **kwargs: None)
     return sent
 
 

@@ -9,10 +9,11 @@ import pytest
 import yaml
 
 from monarch_operator import constants
-from monarch_operator.controller import spec as spec_module
 from monarch_operator.controller.builders.launcher import build_launcher_pod
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import InvalidSpecError, JobSpec
+from monarch_operator.controller.spec import spec as spec_module
+from monarch_operator.controller.spec.rules import InvalidSpecError
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 
 SETTINGS = Settings()
 ROOT = Path(__file__).resolve().parents[2]

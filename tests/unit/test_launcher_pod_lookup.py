@@ -4,8 +4,9 @@ batch Job, that Job's pod (generated name) by the attempt's labels."""
 
 from __future__ import annotations
 
-from monarch_operator.controller import k8s, release
-from monarch_operator.controller.cache import JobView
+from monarch_operator.controller.k8s import client
+from monarch_operator.controller.k8s.cache import JobView
+from monarch_operator.controller.release import release
 
 POD = ("v1", "Pod")
 
@@ -18,7 +19,7 @@ def pod(name: str, attempt: int, role: str = "launcher", job: str = "j") -> dict
 
 def lookup(pods: list[dict], attempt: int) -> str | None:
     view = JobView(("ns", "j"), None, {POD: {p["metadata"]["name"]: p for p in pods}})
-    with k8s.reading_from(view):
+    with client.reading_from(view):
         found = release.launcher_pod("ns", "j", attempt)
     return None if found is None else found["metadata"]["name"]
 

@@ -1,5 +1,5 @@
 """When the current attempt's launcher pod is lost with its node (attempts.lost_launcher,
-launching._end_if_launcher_lost), without a cluster: only a running launcher that is not Ready
+judging._end_if_launcher_lost), without a cluster: only a running launcher that is not Ready
 on a NotReady node is lost; nodes are read only for launchers that are not Ready."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ import datetime as dt
 
 import pytest
 
-from monarch_operator.controller import attempts, k8s, launching, observe
+from monarch_operator.controller.judge import judging
+from monarch_operator.controller.k8s import nodes
+from monarch_operator.controller.state import attempts, observe
 
 
 def launcher(ready: str = "True", node: str | None = "kwok-gpu-0", phase: str = "Running",
@@ -53,15 +55,15 @@ def test_the_lost_one_is_named_among_the_attempts_launcher_pods():
 
 def test_nodes_are_read_only_for_a_launcher_that_is_not_ready(monkeypatch):
     read: list[str] = []
-    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: read.append(node))
+    monkeypatch.setattr(nodes, "node_not_ready_since", lambda node: read.append(node))
     running = observe.LauncherOutcome(finished=False)
     state = FakePass()
     # Ready: no node read, nothing ends, no pass asked for.
-    assert launching._end_if_launcher_lost(state, running, [launcher()]) is None  # type: ignore[arg-type]
+    assert judging._end_if_launcher_lost(state, running, [launcher()]) is None  # type: ignore[arg-type]
     assert read == [] and set(state.wakes) == {None}
     # Not Ready on a node that is Ready: the node is read, the attempt goes on, and a pass is
     # asked for (a node lost before its pod was Ready gives no pod event).
-    assert launching._end_if_launcher_lost(  # type: ignore[arg-type]
+    assert judging._end_if_launcher_lost(  # type: ignore[arg-type]
         state, running, [launcher(ready="False")]) is None
     assert read == ["kwok-gpu-0"] and state.wakes[-1] == attempts.LAUNCHER_RECHECK_SECONDS
 
@@ -103,18 +105,19 @@ def test_a_launcher_not_ready_is_looked_at_again_only_for_a_while():
 
 
 def test_a_lost_launcher_ends_the_attempt_as_an_infrastructure_failure(monkeypatch):
-    from monarch_operator.controller import endings, policy
-    from monarch_operator.controller import status as st
+    from monarch_operator.controller.judge import endings
+    from monarch_operator.controller.spec import policy
+    from monarch_operator.controller.state import status as st
 
     ended: list[tuple] = []
-    monkeypatch.setattr(k8s, "node_not_ready_since",
-                        lambda node: None if node != "kwok-gpu-0" else k8s.NEVER_READY)
+    monkeypatch.setattr(nodes, "node_not_ready_since",
+                        lambda node: None if node != "kwok-gpu-0" else nodes.NEVER_READY)
     monkeypatch.setattr(endings, "end_attempt",
                         lambda *args: ended.append(args) or policy.INFRASTRUCTURE)
     running = observe.LauncherOutcome(finished=False)
     pods = [launcher(ready="False")]
     state = FakePass()
-    assert launching._end_if_launcher_lost(state, running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
+    assert judging._end_if_launcher_lost(state, running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
     assert ended == [(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                       "launcher pod j-launcher-1-abcde lost with its node kwok-gpu-0 (NotReady)",
                       running, None, pods)]
@@ -130,7 +133,7 @@ def test_a_node_is_lost_only_once_not_ready_for_the_confirmation_time():
     assert attempts.confirmed_lost({}, now) == (frozenset(), None)
     assert attempts.confirmed_lost({"a": None, "b": ago(3)}, now) == (frozenset(), confirm - 3)
     assert attempts.confirmed_lost(
-        {"a": ago(confirm), "b": ago(confirm - 5), "c": ago(1), "gone": k8s.NEVER_READY},
+        {"a": ago(confirm), "b": ago(confirm - 5), "c": ago(1), "gone": nodes.NEVER_READY},
         now) == (frozenset({"a", "gone"}), 5)
 
 
@@ -139,18 +142,19 @@ def test_a_not_ready_blip_after_a_control_plane_outage_ends_no_attempt(monkeypat
     node controller marks the nodes NotReady (and the launcher pod not Ready) until the
     kubelets' next Lease renewals; the attempt goes on and is looked at again when the node
     would count as lost. NotReady for the confirmation time, it is lost."""
-    from monarch_operator.controller import endings, policy
+    from monarch_operator.controller.judge import endings
+    from monarch_operator.controller.spec import policy
 
     state = FakePass()
     since = {"kwok-gpu-0": state.now - dt.timedelta(seconds=2)}
-    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: since.get(node))
+    monkeypatch.setattr(nodes, "node_not_ready_since", lambda node: since.get(node))
     ended: list[tuple] = []
     monkeypatch.setattr(endings, "end_attempt",
                         lambda *args: ended.append(args) or policy.INFRASTRUCTURE)
     running = observe.LauncherOutcome(finished=False)
     pods = [launcher(ready="False")]
-    assert launching._end_if_launcher_lost(state, running, pods) is None  # type: ignore[arg-type]
+    assert judging._end_if_launcher_lost(state, running, pods) is None  # type: ignore[arg-type]
     assert ended == [] and attempts.NODE_LOSS_CONFIRM_SECONDS - 2 in state.wakes
     since["kwok-gpu-0"] -= dt.timedelta(seconds=attempts.NODE_LOSS_CONFIRM_SECONDS)
-    assert launching._end_if_launcher_lost(state, running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
+    assert judging._end_if_launcher_lost(state, running, pods) == policy.INFRASTRUCTURE  # type: ignore[arg-type]
     assert len(ended) == 1

@@ -9,10 +9,10 @@ import pytest
 from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from monarch_operator.controller import metrics
 from monarch_operator.controller.__main__ import main as operator_main
-from monarch_operator.controller.passes import PassReport, PassRunner
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.engine import metrics
+from monarch_operator.controller.engine.passes import PassReport, PassRunner
+from monarch_operator.controller.spec.settings import Settings
 
 
 @pytest.fixture(scope="module")

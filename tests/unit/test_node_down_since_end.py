@@ -10,9 +10,11 @@ import datetime as dt
 
 import pytest
 
-from monarch_operator.controller import k8s, verdicts
-from monarch_operator.controller import status as st
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.judge import verdicts
+from monarch_operator.controller.k8s import client, deletes, nodes
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state import timestamps
 from tests.unit.test_launch_pass import NAME, job_body, running_status
 from tests.unit.test_verdicts import T0, api, run_policy_pass, running_launcher, worker
 
@@ -56,7 +58,7 @@ def test_only_the_attempts_workers_nodes_count_and_unknowns_decide_nothing():
 
 def failed_attempt(settings: Settings) -> tuple[dict, dict, dt.datetime]:
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     body = {**job_body(status), "spec": {**job_body()["spec"], "runPolicy": {"backoffLimit": 0}}}
     return body, running_launcher(settings, launched, exit_code=1, ended=6), launched
@@ -78,9 +80,9 @@ def test_a_failed_launcher_whose_workers_node_went_down_is_infrastructure(
                  "node-1": (node_1_back, now - dt.timedelta(seconds=2))}
     removed: list[str] = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(k8s, "node_heartbeats", lambda: beats)
-        patch.setattr(k8s, "node_readiness", lambda: readiness)
-        patch.setattr(k8s, "delete_pod", lambda namespace, name, **kwargs: removed.append(name))
+        patch.setattr(nodes, "node_heartbeats", lambda: beats)
+        patch.setattr(nodes, "node_readiness", lambda: readiness)
+        patch.setattr(deletes, "delete_pod", lambda namespace, name, **kwargs: removed.append(name))
         judged = run_policy_pass(settings, body, [worker(0), worker(1), failed], now)
     record = judged["attempts"][0]
     assert (record["class"], record["reason"]) == ("Infrastructure", reason), record
@@ -90,8 +92,8 @@ def test_a_failed_launcher_whose_workers_node_went_down_is_infrastructure(
     # The same attempt with node-1 Ready since before the launcher's end: the program's failure.
     readiness["node-1"] = (True, end - dt.timedelta(seconds=1))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(k8s, "node_heartbeats", lambda: beats)
-        patch.setattr(k8s, "node_readiness", lambda: readiness)
+        patch.setattr(nodes, "node_heartbeats", lambda: beats)
+        patch.setattr(nodes, "node_readiness", lambda: readiness)
         judged = run_policy_pass(settings, body, [worker(0), worker(1), failed], now)
     assert judged["attempts"][0]["class"] == "Application", judged["attempts"][0]
 
@@ -120,12 +122,12 @@ def test_node_readiness_is_one_list_and_a_403_ends_reads(monkeypatch):
             node("down", ("Ready", "Unknown")), node("new")])
 
     monkeypatch.setattr(kubernetes.client.CoreV1Api, "list_node", list_node)
-    monkeypatch.setattr(k8s, "_client", lambda: None)
-    k8s.forget_nodes()
+    monkeypatch.setattr(client, "_client", lambda: None)
+    nodes.forget_nodes()
     try:
-        assert k8s.node_readiness() == {"up": (True, changed), "down": (False, changed),
+        assert nodes.node_readiness() == {"up": (True, changed), "down": (False, changed),
                                         "new": (False, None)}
-        assert k8s.node_readiness() is None  # 403: the pod's own state tells from now on
-        assert k8s.node_readiness() is None and answer == ["list", "list"]
+        assert nodes.node_readiness() is None  # 403: the pod's own state tells from now on
+        assert nodes.node_readiness() is None and answer == ["list", "list"]
     finally:
-        k8s.forget_nodes()
+        nodes.forget_nodes()

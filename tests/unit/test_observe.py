@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller.observe import (
+from monarch_operator.controller.state.observe import (
     LauncherOutcome,
     create_failure,
     is_invalid_object_message,

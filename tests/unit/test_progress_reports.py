@@ -182,7 +182,7 @@ def test_the_metrics_keep_the_order_the_program_gave_them():
     """The METRIC column is the first metric the program reported (docs/progress.md), not the
     first in alphabetical order: the launcher's write keeps the report's order, and so does
     the operator's reading of it."""
-    from monarch_operator.controller import reported
+    from monarch_operator.controller.launch import reported
 
     texts: list[str] = []
     forwarder = progress.Forwarder(texts.append, interval=3600, clock=Clock(), now=lambda: WALL)

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller import attempts, k8s, recreated
-from monarch_operator.controller import status as st
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.judge import recreated
+from monarch_operator.controller.k8s import deletes, nodes, reads, writes
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import attempts
+from monarch_operator.controller.state import status as st
 from monarch_operator.launcher.session import preflight, ssh, versions
 from tests.unit.test_launch_pass import NAME, NAMESPACE, job_body, launcher_pod
 from tests.unit.test_verdicts import run_policy_pass, worker
@@ -76,14 +78,14 @@ def test_other_preflight_failures_are_left_to_the_exit_code(message, attempt, cr
 
 @pytest.fixture()
 def api(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(k8s, "_post", lambda desired, dry_run=False: desired)
-    monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: status)
-    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
-    monkeypatch.setattr(k8s, "node_heartbeats", lambda: None)  # unknown: judged at once
-    monkeypatch.setattr(k8s, "node_readiness", lambda: None)
-    monkeypatch.setattr(k8s, "stop_pod", lambda pod: True)
-    monkeypatch.setattr(k8s, "delete_if_present", lambda *args: True)
-    monkeypatch.setattr(k8s, "pod_log_tail", lambda *args: "")
+    monkeypatch.setattr(writes, "_post", lambda desired, dry_run=False: desired)
+    monkeypatch.setattr(writes, "patch_job_status", lambda namespace, name, status: status)
+    monkeypatch.setattr(nodes, "node_not_ready_since", lambda node: None)
+    monkeypatch.setattr(nodes, "node_heartbeats", lambda: None)  # unknown: judged at once
+    monkeypatch.setattr(nodes, "node_readiness", lambda: None)
+    monkeypatch.setattr(deletes, "stop_pod", lambda pod: True)
+    monkeypatch.setattr(deletes, "delete_if_present", lambda *args: True)
+    monkeypatch.setattr(reads, "pod_log_tail", lambda *args: "")
 
 
 def test_c20_attempt_after_an_infrastructure_restart_is_not_an_application_failure(api):

@@ -11,15 +11,17 @@ import pytest
 import yaml
 
 from monarch_operator import constants, names
-from monarch_operator.controller import k8s, reconcile, reported
 from monarch_operator.controller.builders.progress import (
     build_launcher_account,
     build_progress_binding,
     build_progress_configmap,
     build_progress_role,
 )
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.engine import reconcile
+from monarch_operator.controller.k8s import client
+from monarch_operator.controller.launch import reported
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 from tests.unit.test_launch_pass import NAME, NAMESPACE, job_body, make_view, stored
 from tests.unit.test_verdicts import api, running_status  # noqa: F401 - fixture
 
@@ -79,7 +81,7 @@ def test_the_pass_copies_the_report_into_status_and_the_attempts_record(api):  #
     configmap["data"] = {constants.PROGRESS_REPORT_KEY: report_text(
         step=7, totalSteps=10, runURL="https://mlflow.example/#/runs/1")}
     view.children[("v1", "ConfigMap")][names.progress_configmap(NAME)] = stored(configmap, "cm")
-    with k8s.reading_from(view):
+    with client.reading_from(view):
         outcome = reconcile.reconcile(body, settings, reported_now())
     assert outcome.status["progress"]["step"] == 7
     assert outcome.status["progress"]["percent"] == "70%"

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller import attempts, k8s, reconcile
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.engine import reconcile
+from monarch_operator.controller.k8s import client, deletes, nodes, writes
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import attempts
 from monarch_operator.launcher.programs.spmd import SpmdConfigError, restart_variables
 from monarch_operator.launcher.programs.spmd_actor import World, rank_environment
 from monarch_operator.launcher.session.environment import ALLOWED_ENV
@@ -28,14 +30,14 @@ def launched_env(status: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dic
         created.append(desired)
         return stored(desired, f"uid-{desired['metadata']['name']}")
 
-    monkeypatch.setattr(k8s, "_post", post)
-    monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, body: job_body(body))
-    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
-    monkeypatch.setattr(k8s, "stop_pod", lambda pod: False)
+    monkeypatch.setattr(writes, "_post", post)
+    monkeypatch.setattr(writes, "patch_job_status", lambda namespace, name, body: job_body(body))
+    monkeypatch.setattr(nodes, "node_not_ready_since", lambda node: None)
+    monkeypatch.setattr(deletes, "stop_pod", lambda pod: False)
     settings = Settings.from_env()
     body = {**job_body(status), "spec": {**job_body()["spec"], "runPolicy": {
         "backoffLimit": 1, "infrastructureBackoffLimit": 2}}}
-    with k8s.reading_from(make_view(settings, status)):
+    with client.reading_from(make_view(settings, status)):
         reconcile.reconcile(body, settings, NOW)
     (pod,) = [obj for obj in created if obj["kind"] == "Pod"]
     return {item["name"]: item.get("value") for item in pod["spec"]["containers"][0]["env"]}

@@ -7,9 +7,9 @@ timer, 10 minutes later."""
 
 from __future__ import annotations
 
-from monarch_operator.controller import reconcile
-from monarch_operator.controller import status as st
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.engine import reconcile
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import status as st
 from tests.unit.test_launch_pass import api, make_view, run_pass, running_status
 
 __all__ = ["api"]  # the fixture, used by name

@@ -23,8 +23,8 @@ from monarch_operator.controller.builders.statefulset import (
 )
 from monarch_operator.controller.kueue import admission
 from monarch_operator.controller.kueue import workload as wl
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.hostfile import parse_hostfile
 from monarch_operator.launcher.hosts.layout import plan_layout
 from monarch_operator.launcher.hosts.rolespecs import roles_from_json

@@ -8,8 +8,11 @@ import pytest
 import yaml
 
 from monarch_operator import names
-from monarch_operator.controller import attempts, groups, launching
-from monarch_operator.controller.spec import InvalidSpecError, JobSpec
+from monarch_operator.controller.judge import judging
+from monarch_operator.controller.spec import groups
+from monarch_operator.controller.spec.rules import InvalidSpecError
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import attempts
 from tests.roles_cases import REFUSALS, refused_job, roles_job
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "monarchjobs.monarch-operator.dev.yaml"
@@ -125,12 +128,12 @@ def test_the_group_limit_follows_the_pinned_kueue():
 def test_a_lost_worker_is_worded_with_its_group_only_in_a_job_with_groups():
     lost = [attempts.LostWorker("rl-generator-1", "deleted"),
             attempts.LostWorker("rl-reward-0", "evicted by a drain of node n1")]
-    assert launching.lost_mid_run_message(JobSpec.from_body(roles_job()), lost) == (
+    assert judging.lost_mid_run_message(JobSpec.from_body(roles_job()), lost) == (
         "worker rl-generator-1 (group generator, deleted), rl-reward-0 (group reward, evicted "
         "by a drain of node n1) lost mid-run")
     legacy = JobSpec.from_body({"metadata": {"name": "demo"}, "spec": {
         "image": "img:1", "workers": {"replicas": 2}}})
     assert legacy.group_of_pod("demo-worker-1") is None
-    assert launching.lost_mid_run_message(
+    assert judging.lost_mid_run_message(
         legacy, [attempts.LostWorker("demo-worker-1", "deleted")]) == (
         "worker demo-worker-1 (deleted) lost mid-run")

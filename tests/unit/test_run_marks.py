@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from monarch_operator.controller.builders.launcher import launcher_env
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.launcher.session.stragglers import (
     MARK_ENV,
     RunMark,

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monarch_operator.controller import attempts, policy
-from monarch_operator.controller import status as st
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec import policy
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import attempts
+from monarch_operator.controller.state import status as st
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "monarchjobs.monarch-operator.dev.yaml"
 
@@ -140,7 +141,7 @@ def test_job_labels_and_annotations_reach_the_pods_but_not_kubectls_own():
 def test_builders_pass_metadata_on_and_name_each_attempts_launcher():
     from monarch_operator.controller.builders.launcher import build_launcher_pod
     from monarch_operator.controller.builders.statefulset import build_worker_statefulset
-    from monarch_operator.controller.settings import Settings
+    from monarch_operator.controller.spec.settings import Settings
 
     body = {"metadata": {"name": "demo", "namespace": "ns", "uid": "u",
                          "labels": {"kueue.x-k8s.io/queue-name": "q",
@@ -213,8 +214,9 @@ def test_restart_back_off_grows_from_the_second_restart_and_is_capped():
 def test_a_second_restart_waits_out_its_back_off_before_the_launcher_starts():
     import datetime as dt
 
-    from monarch_operator.controller import endings, launching
-    from monarch_operator.controller.passstate import Pass
+    from monarch_operator.controller.judge import endings
+    from monarch_operator.controller.launch import launching
+    from monarch_operator.controller.state.passstate import Pass
 
     job = JobSpec.from_body({
         "metadata": {"name": "loop", "namespace": "ns", "uid": "u", "generation": 1},

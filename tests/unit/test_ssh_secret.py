@@ -8,10 +8,10 @@ from cryptography.hazmat.primitives import serialization
 from monarch_operator import constants, names
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.secret import build_ssh_secret
+from monarch_operator.controller.builders.sshkeys import generate_job_keys
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
-from monarch_operator.controller.sshkeys import generate_job_keys
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 
 SETTINGS = Settings()
 

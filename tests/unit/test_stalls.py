@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from monarch_operator import constants, names
-from monarch_operator.controller import stalls
-from monarch_operator.controller import status as st
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.judge import stalls
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state import timestamps
 from monarch_operator.launcher import progress, stopsignal
 from tests.unit.test_launch_pass import job_body
 from tests.unit.test_verdicts import (  # noqa: F401 - fixture
@@ -25,7 +26,6 @@ from tests.unit.test_verdicts import (  # noqa: F401 - fixture
     run_policy_pass,
     running_launcher,
     running_status,
-    verdicts,
     worker,
 )
 
@@ -78,7 +78,7 @@ def test_a_stalled_launcher_ends_with_the_stall_not_the_signal():
 
 def stalled_status(settings: Settings, idle: float, deadline: int = 60) -> tuple[dict, dict]:
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     status["progress"] = {"attempt": 1, "step": 120, "lastUpdatedTime": st.format_time(
         launched + dt.timedelta(seconds=10))}
     body = {**job_body(status), "spec": {**job_body()["spec"], "runPolicy": {
@@ -143,7 +143,7 @@ def failing(settings: Settings, steps: list[int | None], resets: bool = True) ->
                **({"lastStep": steps[-1]} if steps[-1] is not None else {})}
     status.update(attempts=[*records, current], attempt=len(steps),
                   failureCounts={"application": len(steps) - 1} if len(steps) > 1 else {})
-    launched = verdicts.parse(current["launchTime"])
+    launched = timestamps.parse(current["launchTime"])
     body = {**job_body(status), "spec": {**job_body()["spec"], "runPolicy": {
         "backoffLimit": backoff_limit, "progressResetsBackoff": resets}}}
     pod = running_launcher(settings, launched, exit_code=1, ended=5)

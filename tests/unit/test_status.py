@@ -1,6 +1,6 @@
 """Conditions and the phase summary."""
 
-from monarch_operator.controller import status as st
+from monarch_operator.controller.state import status as st
 
 
 def test_transition_time_kept_while_status_unchanged():

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller import k8s, progress, reconcile
-from monarch_operator.controller import status as st
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.engine import progress, reconcile
+from monarch_operator.controller.k8s import writes as k8s_writes
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import status as st
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 JOB = JobSpec.from_body({
@@ -32,7 +33,7 @@ def waiting(ready: int, message: str) -> dict[str, Any]:
 @pytest.fixture()
 def patches(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     sent: list[dict[str, Any]] = []
-    monkeypatch.setattr(k8s, "patch_job_status",
+    monkeypatch.setattr(k8s_writes, "patch_job_status",
                         lambda namespace, name, status: sent.append(status) or {})
     return sent
 

@@ -1,11 +1,13 @@
-"""When the operator stops waiting for a deleted pod and force-deletes it (controller/stuckpods.py),
-and which lost workers it deletes itself (attempts.LostWorker), without a cluster."""
+"""When the operator stops waiting for a deleted pod and force-deletes it
+(controller/release/stuckpods.py), and which lost workers it deletes itself
+(attempts.LostWorker), without a cluster."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from monarch_operator.controller import attempts, stuckpods
+from monarch_operator.controller.release import stuckpods
+from monarch_operator.controller.state import attempts
 
 DELETED_AT = "2026-11-30T12:00:00Z"  # deletionTimestamp: the end of the grace period
 DEADLINE = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
@@ -98,13 +100,13 @@ def test_the_gate_finds_workers_whose_node_is_lost(monkeypatch):
     # A not-Ready worker on a NotReady node is deleted by the gate (recreated elsewhere), not
     # waited for until Kubernetes evicts it after 300 s (seen in CI: both workers of a job on
     # the node that was lost; the second one held the next attempt for four minutes).
-    from monarch_operator.controller import gate, k8s
-
-    from monarch_operator.controller.passstate import Pass
-    from monarch_operator.controller.spec import JobSpec
+    from monarch_operator.controller.gate import gate
+    from monarch_operator.controller.k8s import nodes
+    from monarch_operator.controller.spec.spec import JobSpec
+    from monarch_operator.controller.state.passstate import Pass
 
     asked = []
-    monkeypatch.setattr(k8s, "node_is_ready", lambda node: asked.append(node) or node != "lost")
+    monkeypatch.setattr(nodes, "node_is_ready", lambda node: asked.append(node) or node != "lost")
     now = dt.datetime(2026, 11, 30, 12, 1, 0, tzinfo=dt.UTC)
     job = JobSpec.from_body({
         "metadata": {"name": "w", "namespace": "ns", "uid": "u", "generation": 1},
@@ -136,7 +138,7 @@ def test_node_ready_is_reused_for_the_memo_period_not_ready_never_and_a_403_ends
     import kubernetes
     from kubernetes.client.rest import ApiException
 
-    from monarch_operator.controller import k8s
+    from monarch_operator.controller.k8s import client, nodes
 
     reads, answers = [], {"n1": "True", "n2": "False"}
 
@@ -152,39 +154,40 @@ def test_node_ready_is_reused_for_the_memo_period_not_ready_never_and_a_403_ends
             conditions=[condition]))
 
     monkeypatch.setattr(kubernetes.client.CoreV1Api, "read_node", read_node)
-    monkeypatch.setattr(k8s, "_client", lambda: None)
+    monkeypatch.setattr(client, "_client", lambda: None)
     clock = [100.0]
-    monkeypatch.setattr(k8s.time, "monotonic", lambda: clock[0])
-    k8s.forget_nodes()
+    monkeypatch.setattr(nodes.time, "monotonic", lambda: clock[0])
+    nodes.forget_nodes()
     try:
-        assert [k8s.node_is_ready(n) for n in ("n1", "n2", "n1", "n2", "gone")] == [
+        assert [nodes.node_is_ready(n) for n in ("n1", "n2", "n1", "n2", "gone")] == [
             True, False, True, False, False]
         # Ready is reused (the repeat of n1); NotReady never is: a node that came back must
         # be seen Ready by the next pass, or a pod just scheduled on it is judged lost.
         assert reads == ["n1", "n2", "n2", "gone"]
         answers["n2"] = "True"
-        assert k8s.node_is_ready("n2") is True and reads[-1] == "n2"
+        assert nodes.node_is_ready("n2") is True and reads[-1] == "n2"
         answers["n1"] = "False"
-        clock[0] += k8s.NODE_READY_MEMO_SECONDS
-        assert k8s.node_is_ready("n1") is False and reads[-1] == "n1"
+        clock[0] += nodes.NODE_READY_MEMO_SECONDS
+        assert nodes.node_is_ready("n1") is False and reads[-1] == "n1"
         # When it stopped being Ready: the condition's last transition; a node gone, long ago.
-        assert k8s.node_not_ready_since("n1") == CHANGED
-        assert k8s.node_not_ready_since("gone") == k8s.NEVER_READY
-        assert k8s.node_not_ready_since("n2") is None
+        assert nodes.node_not_ready_since("n1") == CHANGED
+        assert nodes.node_not_ready_since("gone") == nodes.NEVER_READY
+        assert nodes.node_not_ready_since("n2") is None
         # Not allowed to read nodes: taken as Ready (the pod tells), and never asked again.
-        assert k8s.node_is_ready("secret") is True
-        assert k8s.node_is_ready("n2") is True and reads[-1] == "secret"
+        assert nodes.node_is_ready("secret") is True
+        assert nodes.node_is_ready("n2") is True and reads[-1] == "secret"
     finally:
-        k8s.forget_nodes()
+        nodes.forget_nodes()
 
 
 def test_ready_of_a_finished_job_counts_only_workers_of_a_kept_statefulset():
     # READY drops to 0/N with the ending (its StatefulSet deleted), not once more as each
     # worker pod goes: one status write instead of several per finished job.
-    from monarch_operator.controller import k8s, release
-    from monarch_operator.controller.cache import JobView
-    from monarch_operator.controller.passstate import Pass
-    from monarch_operator.controller.spec import JobSpec
+    from monarch_operator.controller.k8s import client
+    from monarch_operator.controller.k8s.cache import JobView
+    from monarch_operator.controller.release import release
+    from monarch_operator.controller.spec.spec import JobSpec
+    from monarch_operator.controller.state.passstate import Pass
 
     job = JobSpec.from_body({
         "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1},
@@ -204,7 +207,7 @@ def test_ready_of_a_finished_job_counts_only_workers_of_a_kept_statefulset():
         children = {("v1", "Pod"): {pod["metadata"]["name"]: pod for pod in pods},
                     ("apps/v1", "StatefulSet"): {"j-worker": statefulset} if statefulset else {}}
         state = Pass(job=job, status={}, now=now)
-        with k8s.reading_from(JobView(("ns", "j"), None, children)):
+        with client.reading_from(JobView(("ns", "j"), None, children)):
             release.count_ready_workers(state)
         return state.status["readyWorkers"]
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monarch_operator.controller.spec import QUANTITY_PATTERN, InvalidSpecError, JobSpec
+from monarch_operator.controller.spec.rules import QUANTITY_PATTERN, InvalidSpecError
+from monarch_operator.controller.spec.spec import JobSpec
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "monarchjobs.monarch-operator.dev.yaml"
 

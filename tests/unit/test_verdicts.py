@@ -10,9 +10,13 @@ from typing import Any
 import pytest
 
 from monarch_operator import constants
-from monarch_operator.controller import attempts, k8s, lastseen, reconcile, verdicts
-from monarch_operator.controller import status as st
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.engine import reconcile
+from monarch_operator.controller.judge import verdicts
+from monarch_operator.controller.k8s import client, deletes, reads, writes
+from monarch_operator.controller.k8s import nodes as k8s_nodes
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import attempts, lastseen, timestamps
+from monarch_operator.controller.state import status as st
 from tests.unit import test_launch_pass
 from tests.unit.test_launch_pass import (
     NAME,
@@ -150,16 +154,16 @@ def test_a_replaced_worker_counts_from_its_replacements_creation():
 @pytest.fixture()
 def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     sent: dict[str, list[Any]] = {"status": [], "deleted": []}
-    monkeypatch.setattr(k8s, "_post", lambda desired, dry_run=False: stored(desired, "x"))
-    monkeypatch.setattr(k8s, "patch_job_status", lambda namespace, name, status: (
+    monkeypatch.setattr(writes, "_post", lambda desired, dry_run=False: stored(desired, "x"))
+    monkeypatch.setattr(writes, "patch_job_status", lambda namespace, name, status: (
         sent["status"].append(status) or job_body(status)))
-    monkeypatch.setattr(k8s, "node_not_ready_since", lambda node: None)
-    monkeypatch.setattr(k8s, "node_heartbeats", lambda: None)  # unknown: judged at once
-    monkeypatch.setattr(k8s, "node_readiness", lambda: None)  # unknown: no node was down
-    monkeypatch.setattr(k8s, "stop_pod", lambda pod: bool(pod) and not sent["deleted"].append(
+    monkeypatch.setattr(k8s_nodes, "node_not_ready_since", lambda node: None)
+    monkeypatch.setattr(k8s_nodes, "node_heartbeats", lambda: None)  # unknown: judged at once
+    monkeypatch.setattr(k8s_nodes, "node_readiness", lambda: None)  # unknown: no node was down
+    monkeypatch.setattr(deletes, "stop_pod", lambda pod: bool(pod) and not sent["deleted"].append(
         pod["metadata"]["name"]))
-    monkeypatch.setattr(k8s, "delete_if_present", lambda *args: True)
-    monkeypatch.setattr(k8s, "pod_log_tail", lambda *args: "")
+    monkeypatch.setattr(deletes, "delete_if_present", lambda *args: True)
+    monkeypatch.setattr(reads, "pod_log_tail", lambda *args: "")
     return sent
 
 
@@ -197,7 +201,7 @@ def test_the_same_events_in_either_order_give_the_same_verdict(api, backoff_limi
     status = running_status(settings)
     spec_policy = {"backoffLimit": backoff_limit}
     status_with = dict(status)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     seconds = dt.timedelta(seconds=1)
 
@@ -231,14 +235,14 @@ def run_policy_pass(settings: Settings, body: dict[str, Any], pods: list[dict[st
         patch.setattr(test_launch_pass, "ready_worker", by_ordinal.__getitem__)
         view = make_view(settings, body["status"],
                          [pod for pod in pods if "-worker-" not in pod["metadata"]["name"]])
-    with k8s.reading_from(view):
+    with client.reading_from(view):
         return reconcile.reconcile(body, settings, now).status
 
 
 def test_a_launcher_deleted_mid_run_that_exits_0_is_an_infrastructure_failure(api):
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     pod = running_launcher(settings, launched, exit_code=0, ended=4)
     pod["metadata"].update(deletionTimestamp=st.format_time(launched + dt.timedelta(seconds=33)),
@@ -262,7 +266,7 @@ def test_a_launcher_gone_before_the_pass_saw_its_end_is_judged_by_its_last_state
     its own verdict (Succeeded). Deleted while it ran (it exited 0 on SIGTERM): LauncherLost."""
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     pod = running_launcher(settings, launched, exit_code=0, ended=4)
     asked = 10 if deleted_after_end else 2
@@ -291,7 +295,7 @@ def test_a_launcher_gone_unseen_or_seen_running_is_lost(api):
     state still running): the launcher was lost, as far as the operator can tell."""
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     body = {**job_body(status), "spec": {**job_body()["spec"],
                                          "runPolicy": {"infrastructureBackoffLimit": 0}}}
@@ -314,7 +318,7 @@ def test_a_launcher_gone_unseen_with_a_worker_lost_is_judged_by_the_worker(api):
     when it came back. The known loss decides (WorkerEvicted), not the unknown one."""
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     body = {**job_body(status), "spec": {**job_body()["spec"],
                                          "runPolicy": {"infrastructureBackoffLimit": 0}}}
@@ -382,7 +386,7 @@ def test_a_launcher_failed_while_a_workers_node_is_silent_waits_then_is_infrastr
     waits for the node: NotReady -> Infrastructure, a heartbeat -> the exit code decides."""
     settings = Settings.from_env()
     status = running_status(settings)
-    launched = verdicts.parse(status["attempts"][-1]["launchTime"])
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
     assert launched is not None
     body = {**job_body(status), "spec": {**job_body()["spec"],
                                          "runPolicy": {"backoffLimit": 0}}}
@@ -390,7 +394,7 @@ def test_a_launcher_failed_while_a_workers_node_is_silent_waits_then_is_infrastr
     end = launched + dt.timedelta(seconds=6)
     silent = {"node-0": end + dt.timedelta(seconds=2), "node-1": end - dt.timedelta(seconds=3)}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(k8s, "node_heartbeats", lambda: silent)
+        patch.setattr(k8s_nodes, "node_heartbeats", lambda: silent)
         held = run_policy_pass(settings, body, [worker(0), worker(1), failed],
                                end + dt.timedelta(seconds=5))
     assert held["attempts"][0].get("class") is None and not st.is_true(held, st.FAILED), held
@@ -402,10 +406,10 @@ def test_a_launcher_failed_while_a_workers_node_is_silent_waits_then_is_infrastr
     lost = worker(1)
     lost["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(k8s, "node_heartbeats", lambda: silent)
-        patch.setattr(k8s, "node_not_ready_since",
-                      lambda node: None if node != "node-1" else k8s.NEVER_READY)
-        patch.setattr(k8s, "delete_pod", lambda *args, **kwargs: True)  # the lost worker
+        patch.setattr(k8s_nodes, "node_heartbeats", lambda: silent)
+        patch.setattr(k8s_nodes, "node_not_ready_since",
+                      lambda node: None if node != "node-1" else k8s_nodes.NEVER_READY)
+        patch.setattr(deletes, "delete_pod", lambda *args, **kwargs: True)  # the lost worker
         judged = run_policy_pass(settings, {**body, "status": held}, [worker(0), lost, failed],
                                  end + dt.timedelta(seconds=25))
     record = judged["attempts"][0]
@@ -414,7 +418,7 @@ def test_a_launcher_failed_while_a_workers_node_is_silent_waits_then_is_infrastr
     # Had node-1 heartbeated after the end, the exit code would have decided.
     alive = {**silent, "node-1": end + dt.timedelta(seconds=4)}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(k8s, "node_heartbeats", lambda: alive)
+        patch.setattr(k8s_nodes, "node_heartbeats", lambda: alive)
         app = run_policy_pass(settings, {**body, "status": held}, [worker(0), worker(1), failed],
                               end + dt.timedelta(seconds=6))
     assert app["attempts"][0]["class"] == "Application", app["attempts"][0]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from monarch_operator.controller import policy, recreated
+from monarch_operator.controller.judge import recreated
+from monarch_operator.controller.spec import policy
 from monarch_operator.launcher.session import versions
 
 LAUNCHER = {"torchmonarch": "0.7.0", "torch": "2.9.1", "monarch-operator": "0.1.0",

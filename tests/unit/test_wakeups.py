@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from monarch_operator.controller.wakeups import Wakeups
+from monarch_operator.controller.engine.wakeups import Wakeups
 
 KEY = ("ns", "job")
 

@@ -14,7 +14,7 @@ import pytest
 from kopf._cogs.clients import api, watching
 from kopf._cogs.structs import references
 
-from monarch_operator.controller import watchhealth
+from monarch_operator.controller.engine import watchhealth
 
 
 class Clock:
@@ -159,7 +159,7 @@ def test_every_request_of_a_pass_is_bounded():
 
     import urllib3
 
-    from monarch_operator.controller import k8s
+    from monarch_operator.controller.k8s import client as k8s_client
 
     sent: list[Any] = []
     cleared: list[bool] = []
@@ -171,10 +171,10 @@ def test_every_request_of_a_pass_is_bounded():
 
     client = SimpleNamespace(rest_client=SimpleNamespace(
         request=request, pool_manager=SimpleNamespace(clear=lambda: cleared.append(True))))
-    k8s._bound_requests(client)  # type: ignore[arg-type]
+    k8s_client._bound_requests(client)  # type: ignore[arg-type]
     client.rest_client.request("GET", "/api/v1/nodes/n")
     client.rest_client.request("GET", "/api/v1/pods/log", _request_timeout=5)
-    assert sent == [k8s.REQUEST_TIMEOUT, 5] and not cleared
+    assert sent == [k8s_client.REQUEST_TIMEOUT, 5] and not cleared
     with pytest.raises(urllib3.exceptions.ReadTimeoutError):
         client.rest_client.request("GET", "/dead")
     assert cleared == [True], "a timeout drops the pooled connections"

@@ -102,7 +102,7 @@ configmaps above (RBAC's escalation check). */}}
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, create, delete]
-{{- /* patch: attach mode's rank labels on worker pods (controller/attachmode.py). */}}
+{{- /* patch: attach mode's rank labels on worker pods (controller/spec/attachmode.py). */}}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete, patch]

@@ -35,10 +35,8 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from monarch_operator.controller import (
-        handlers,  # noqa: F401  (registers the handlers)
-        metrics,
-    )
+    from monarch_operator.controller import handlers  # noqa: F401  (registers the handlers)
+    from monarch_operator.controller.engine import metrics
 
     if args.metrics:
         try:

@@ -17,22 +17,21 @@ from typing import Any
 import kopf
 
 from monarch_operator import constants, names
-from monarch_operator.controller import (
-    cache,
-    checkpoints,
+from monarch_operator.controller import k8s
+from monarch_operator.controller.builders.progress import ROLE_PROGRESS
+from monarch_operator.controller.engine import (
     indexready,
     jobmetrics,
-    k8s,
-    lastseen,
     metrics,
-    observe,
     passes,
     wakeups,
     watchhealth,
 )
-from monarch_operator.controller.builders.progress import ROLE_PROGRESS
+from monarch_operator.controller.k8s import cache
 from monarch_operator.controller.kueue import watch as kueue_watch
-from monarch_operator.controller.settings import Settings
+from monarch_operator.controller.launch import checkpoints
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import lastseen, observe
 
 SETTINGS = Settings.from_env()
 RUNNER = passes.PassRunner(SETTINGS)

@@ -21,15 +21,17 @@ from collections.abc import Mapping, Sequence
 
 from monarch_operator.launcher import stopguard
 from monarch_operator.launcher.flagtypes import positive_int, positive_seconds
+from monarch_operator.launcher.jobconfig import (  # noqa: F401 - re-exported: cli's names before
+    job_config_from_args,
+    resolve_hosts,
+    session_from_args,
+)
 from monarch_operator.launcher.options import (  # noqa: F401 - re-exported: cli's names before
     UsageError,
     add_host_source_flags,
     add_job_flags,
     add_output_flags,
     add_session_flags,
-    job_config_from_args,
-    resolve_hosts,
-    session_from_args,
 )
 from monarch_operator.launcher.programs.roles import ROLE_MODULES, LaunchConfig, launch
 from monarch_operator.launcher.report import Reporter

@@ -16,7 +16,7 @@ job's ``<job>-progress`` ConfigMap at most once per ``MONARCH_PROGRESS_INTERVAL_
 thread waits on a condition for a new report (nothing is polled), then for the interval since
 its last write. The last report is written when the launcher ends (:func:`close`, also at
 exit), so the final step is never lost. The operator copies it to ``status.progress``
-(``controller/reported.py``). A write that fails is said once on stderr and never fails the
+(``controller/launch/reported.py``). A write that fails is said once on stderr and never fails the
 run. Without a ConfigMap (the launcher on a hostfile) reports go nowhere but the output.
 
 **Hang detection** (``runPolicy.progressDeadlineSeconds``, ``MONARCH_PROGRESS_DEADLINE_SECONDS``):
@@ -24,7 +24,7 @@ a program that reported once and then not for that long has stalled (a collectiv
 dead peer, a stuck generator). The forwarder's thread, which waits for reports anyway, notices
 it: the launcher prints its threads' stacks, stops the run as a SIGTERM would, and ends with
 ``ProgressStalled: ...; threads: ...`` (its termination message), which the operator judges
-(``controller/stalls.py``).
+(``controller/judge/stalls.py``).
 """
 
 from __future__ import annotations

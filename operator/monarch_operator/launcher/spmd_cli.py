@@ -28,13 +28,12 @@ from collections.abc import Sequence
 
 from monarch_operator.launcher import exitcodes, stopguard
 from monarch_operator.launcher.flagtypes import port_number
+from monarch_operator.launcher.jobconfig import resolve_hosts, session_from_args
 from monarch_operator.launcher.options import (
     UsageError,
     add_host_source_flags,
     add_output_flags,
     add_session_flags,
-    resolve_hosts,
-    session_from_args,
 )
 from monarch_operator.launcher.programs.failures import report_failure
 from monarch_operator.launcher.programs.spmd import (

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from monarch_operator import constants
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.plugin import views
 
 RESOURCE = "monarchjobs.monarch-operator.dev"

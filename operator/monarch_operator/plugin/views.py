@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from monarch_operator import names
-from monarch_operator.controller import status as st
 from monarch_operator.controller.builders.hostfile import hostfile_hosts
-from monarch_operator.controller.groups import role_ordinals
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.groups import role_ordinals
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import status as st
 from monarch_operator.launcher.hosts.placement import plan_placement
 
 # A rank's output line in SPMD mode: "[role/host/rank] text" (launcher/programs/spmd_actor.py).

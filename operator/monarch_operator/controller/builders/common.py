@@ -7,7 +7,8 @@ import copy
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller.spec import JobSpec, resource_amounts
+from monarch_operator.controller.spec.rules import resource_amounts
+from monarch_operator.controller.spec.spec import JobSpec
 
 
 def job_labels(job: JobSpec, role: str | None = None) -> dict[str, str]:
@@ -110,7 +111,7 @@ def quantities_as_strings(pod_spec: dict[str, Any]) -> dict[str, Any]:
 
     ``cpu: 2`` is valid Kubernetes (a quantity may be a JSON number), but the typed client's
     models take only strings, so a user's integer once failed every reconcile before reaching
-    the API server (field case C12A). Creates now go as JSON (:func:`.k8s.ensure`); the
+    the API server (field case C12A). Creates now go as JSON (:func:`.writes.ensure`); the
     strings stay, as the API server stores and returns quantities, so that a built object reads
     as the stored one does. Covers the pod's own ``resources`` and those of its containers and
     init containers.

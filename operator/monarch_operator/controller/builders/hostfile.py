@@ -7,9 +7,9 @@ from typing import Any
 
 from monarch_operator import constants, names
 from monarch_operator.controller.builders.common import child_metadata
-from monarch_operator.controller.groups import GROUP_HOSTFILE_KEY_PREFIX, WorkerGroup
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.groups import GROUP_HOSTFILE_KEY_PREFIX, WorkerGroup
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.hostfile import Host, format_hostfile
 
 

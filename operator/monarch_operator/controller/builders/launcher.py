@@ -12,7 +12,6 @@ import json
 from typing import Any
 
 from monarch_operator import constants, names
-from monarch_operator.controller.attachmode import published_meshes
 from monarch_operator.controller.builders.common import (
     child_metadata,
     container_security_context,
@@ -26,9 +25,10 @@ from monarch_operator.controller.builders.common import (
     ssh_secret_volume,
 )
 from monarch_operator.controller.builders.statefulset import merge_pod_template
-from monarch_operator.controller.groups import roles_env_value
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec, SpmdSpec
+from monarch_operator.controller.spec.attachmode import published_meshes
+from monarch_operator.controller.spec.groups import roles_env_value
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec, SpmdSpec
 
 LAUNCHER_CONTAINER = "launcher"
 # Console scripts of this package in the launcher image (pyproject.toml [project.scripts]).

@@ -24,7 +24,7 @@ from typing import Any
 
 from monarch_operator import constants, names
 from monarch_operator.controller.builders.common import child_metadata
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
 
 
 def job_pod_selector(job: JobSpec) -> dict[str, Any]:

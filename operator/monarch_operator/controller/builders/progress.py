@@ -2,7 +2,7 @@
 
 The launcher writes the program's reports to the job's ConfigMap ``<job>-progress``
 (``launcher/progress.py``); the operator copies them to ``status.progress``
-(``controller/reported.py``). The launcher pods run as the job's own ServiceAccount
+(``controller/launch/reported.py``). The launcher pods run as the job's own ServiceAccount
 ``<job>-launcher`` (or the one ``spec.launcher.template`` names), bound by the RoleBinding
 ``<job>-progress`` to the Role ``<job>-progress``: ``get`` and ``patch`` of that one ConfigMap
 (``resourceNames``), nothing else; not the job, not its status, not another job's reports. The
@@ -17,7 +17,7 @@ from typing import Any
 
 from monarch_operator import constants, names
 from monarch_operator.controller.builders.common import child_metadata
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.spec import JobSpec
 
 ROLE_PROGRESS = "progress"  # the role label of the ConfigMap (its events wake the job)
 REPORT_KEY = constants.PROGRESS_REPORT_KEY  # the ConfigMap's key; launcher/progress.py writes it

@@ -12,9 +12,9 @@ from typing import Any
 
 from monarch_operator import constants, names
 from monarch_operator.controller.builders.common import child_metadata
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
-from monarch_operator.controller.sshkeys import JobKeys
+from monarch_operator.controller.builders.sshkeys import JobKeys
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 
 
 def worker_host_pattern(job: JobSpec, settings: Settings) -> str:

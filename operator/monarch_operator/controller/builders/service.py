@@ -7,8 +7,8 @@ from typing import Any
 from monarch_operator import constants, names
 from monarch_operator.controller.builders.common import child_metadata
 from monarch_operator.controller.builders.statefulset import group_labels
-from monarch_operator.controller.groups import WorkerGroup
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.groups import WorkerGroup
+from monarch_operator.controller.spec.spec import JobSpec
 
 
 def build_worker_services(job: JobSpec) -> list[dict[str, Any]]:

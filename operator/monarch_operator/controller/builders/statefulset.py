@@ -24,9 +24,9 @@ from monarch_operator.controller.builders.common import (
     runtime_volume,
     ssh_secret_volume,
 )
-from monarch_operator.controller.groups import WorkerGroup
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.groups import WorkerGroup
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 
 WORKER_CONTAINER = "worker"
 SSH_VOLUME = "ssh"

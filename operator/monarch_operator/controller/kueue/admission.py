@@ -26,22 +26,18 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import Histogram
 
 from monarch_operator import constants, names
-from monarch_operator.controller import (
-    attempts,
-    causes,
-    deadlines,
-    endings,
-    k8s,
-    policy,
-    release,
-)
-from monarch_operator.controller import status as st
-from monarch_operator.controller.groups import WorkerGroup
+from monarch_operator.controller.judge import endings
+from monarch_operator.controller.k8s import deletes, errors, reads
 from monarch_operator.controller.kueue import client, topology
 from monarch_operator.controller.kueue import workload as wl
-from monarch_operator.controller.passstate import Event, Pass
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.release import release
+from monarch_operator.controller.spec import policy
+from monarch_operator.controller.spec.groups import WorkerGroup
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.controller.state import attempts, causes, deadlines
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state.passstate import Event, Pass
 
 # Attempt class of an attempt stopped by Kueue (status.attempts[].class): not a failure of
 # the job, no budget spent, but a restart (RESTARTS) all the same.
@@ -89,7 +85,7 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
     once none is left an evicted Workload's quota reservation is released.
 
     Raises:
-        k8s.NotOwnedError, k8s.RefusedError: the Workload's name is taken, or it was refused.
+        errors.NotOwnedError, errors.RefusedError: the Workload's name is taken, or it was refused.
     """
     queue = queue_of(state, settings)
     if queue is None:
@@ -218,13 +214,13 @@ def _desired(state: Pass, settings: Settings, queue: str) -> dict[str, Any]:
     """The job's Workload as it should be now.
 
     Raises:
-        k8s.RefusedError: a template's topology annotation is malformed, or the priority
+        errors.RefusedError: a template's topology annotation is malformed, or the priority
             class does not exist (the job says so and waits for a fix).
     """
     try:
         return wl.build_workload(state.job, settings, queue, _priority(state.job))
     except topology.TopologyRequestError as error:
-        raise k8s.RefusedError(wl.KIND, names.workload(state.job.name, state.job.uid),
+        raise errors.RefusedError(wl.KIND, names.workload(state.job.name, state.job.uid),
                                str(error)) from None
 
 
@@ -233,7 +229,7 @@ def _priority(job: JobSpec) -> tuple[str, int] | None:
         return None
     value = client.priority_value(job.priority_class)
     if value is None:
-        raise k8s.RefusedError(wl.KIND, job.name, f"metadata.labels[{wl.LABEL_PRIORITY_CLASS}]: "
+        raise errors.RefusedError(wl.KIND, job.name, f"metadata.labels[{wl.LABEL_PRIORITY_CLASS}]: "
                                f"no WorkloadPriorityClass {job.priority_class!r}")
     return job.priority_class, value
 
@@ -269,7 +265,7 @@ def _stop(state: Pass, verdict: wl.Admission) -> int:
     stopped, workers_may_go = release.stop_launcher_first(state, launcher)
     if workers_may_go:
         stopped |= release.delete_worker_sets(job)
-        k8s.delete_if_present("v1", "ConfigMap", job.namespace,
+        deletes.delete_if_present("v1", "ConfigMap", job.namespace,
                               names.hostfile_configmap(job.name))
     # Only an attempt admitted and not yet stopped ends here: with a checkpoint grace period
     # the workers go passes after the launcher, when the next attempt (begun by this eviction,
@@ -283,7 +279,7 @@ def _stop(state: Pass, verdict: wl.Admission) -> int:
             message=why, **{"class": EVICTED})
         state.status = attempts.begin(state.status, attempt + 1, state.now_text, restart=True)
         state.events.append(Event("Warning", REASON_EVICTED, why))
-    pods = release.let_go_of_stuck(state, k8s.list_pods(job.namespace,
+    pods = release.let_go_of_stuck(state, reads.list_pods(job.namespace,
                                                         {constants.LABEL_JOB: job.name}))
     release.show_ready_workers(state, pods)  # those still there hold their GPUs
     return len(pods)

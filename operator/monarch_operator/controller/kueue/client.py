@@ -13,14 +13,15 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from monarch_operator import constants
-from monarch_operator.controller import k8s
+from monarch_operator.controller.k8s import client as k8s_client
+from monarch_operator.controller.k8s import errors, writes
 from monarch_operator.controller.kueue import workload as wl
 
 _VERSION = wl.API_VERSION.split("/")[1]
 
 
 def _api() -> kubernetes.client.CustomObjectsApi:
-    return kubernetes.client.CustomObjectsApi(k8s._client())
+    return kubernetes.client.CustomObjectsApi(k8s_client._client())
 
 
 def _get(namespace: str | None, plural: str, name: str) -> dict[str, Any] | None:
@@ -46,8 +47,8 @@ def create_workload(desired: dict[str, Any], owner_uid: str) -> dict[str, Any]:
     """Create ``desired``; an existing one of that name (409) is read instead.
 
     Raises:
-        k8s.NotOwnedError: it exists but another owner controls it.
-        k8s.RefusedError: the API server (or Kueue's webhook) refused it (400/422).
+        errors.NotOwnedError: it exists but another owner controls it.
+        errors.RefusedError: the API server (or Kueue's webhook) refused it (400/422).
         kubernetes.client.rest.ApiException: any other API error.
     """
     metadata = desired["metadata"]
@@ -56,15 +57,15 @@ def create_workload(desired: dict[str, Any], owner_uid: str) -> dict[str, Any]:
             wl.GROUP, _VERSION, metadata["namespace"], "workloads", desired)
     except ApiException as error:
         if error.status in (400, 422):
-            raise k8s.RefusedError(wl.KIND, metadata["name"],
-                                   k8s.api_error_message(error)) from error
+            raise errors.RefusedError(wl.KIND, metadata["name"],
+                                   errors.api_error_message(error)) from error
         if error.status != 409:
             raise
         found = read_workload(metadata["namespace"], metadata["name"])
         if found is None:
             raise
         created = found
-    k8s.check_owner(dict(created), owner_uid)
+    writes.check_owner(dict(created), owner_uid)
     return dict(created)
 
 

@@ -26,10 +26,10 @@ from monarch_operator import names
 from monarch_operator.controller.builders.common import job_labels, owner_reference
 from monarch_operator.controller.builders.launcher import build_launcher_pod
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
-from monarch_operator.controller.groups import WorkerGroup
 from monarch_operator.controller.kueue import topology
-from monarch_operator.controller.settings import Settings
-from monarch_operator.controller.spec import JobSpec
+from monarch_operator.controller.spec.groups import WorkerGroup
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.spec.spec import JobSpec
 
 GROUP = "kueue.x-k8s.io"
 API_VERSION = f"{GROUP}/v1beta2"

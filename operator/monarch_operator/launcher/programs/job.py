@@ -37,13 +37,8 @@ from monarch_operator.launcher.hosts.placement import (
     plan_to_dict,
 )
 from monarch_operator.launcher.hosts.rolespecs import roles_argv
-from monarch_operator.launcher.options import (
-    LAUNCH_ARGS_ENV,
-    JobConfig,
-    UsageError,
-    build_job_parser,
-    job_config_from_args,
-)
+from monarch_operator.launcher.jobconfig import LAUNCH_ARGS_ENV, JobConfig, job_config_from_args
+from monarch_operator.launcher.options import UsageError, build_job_parser
 from monarch_operator.launcher.programs.distributed import RoleGroup, form_role_groups
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.causes import monarch_loss

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from monarch_operator.launcher import exitcodes
-from monarch_operator.launcher.options import LAUNCH_ARGS_ENV
+from monarch_operator.launcher.jobconfig import LAUNCH_ARGS_ENV
 from monarch_operator.launcher.report import Reporter
 
 if TYPE_CHECKING:

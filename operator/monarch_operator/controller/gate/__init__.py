@@ -1,0 +1,2 @@
+"""The gate of an attempt: the job's children applied, then every worker Ready, or why not.
+"""
