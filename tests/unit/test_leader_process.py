@@ -98,7 +98,9 @@ def test_sigterm_stops_kopf_first_then_releases(server):
 
     api = FakeLeaseApi(server)
     api.replace = replace.__get__(api)
+    before = signal.getsignal(signal.SIGTERM)
     assert run.run_elected(election(), kopf, api=api, exit_process=pytest.fail) == 0
+    assert signal.getsignal(signal.SIGTERM) is before
     assert order == ["kopf started", "kopf stopped", "released"]
     assert server.record.holder is None and server.record.duration == 1
     assert leader_gauge() == 0

@@ -79,6 +79,7 @@ def run_elected(settings: ElectionSettings, run_kopf: Callable[[threading.Event]
         standby = StandbyHealth(liveness, lambda: {
             "leader": elector.may_write(), "identity": settings.identity,
             "holder": elector.holder, "lease": f"{settings.namespace}/{settings.name}"})
+    kopf_stop = threading.Event()
     try:
         if not elector.acquire():
             logger.info("leader election: stopped while standing by")
@@ -88,8 +89,9 @@ def run_elected(settings: ElectionSettings, run_kopf: Callable[[threading.Event]
             standby.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-    kopf_stop = threading.Event()
+    # Until kopf installs its own handlers, a signal stops kopf as soon as it starts.
+    for sig in previous:
+        signal.signal(sig, lambda *_: kopf_stop.set())
     kopf_done = threading.Event()
     lost: list[str] = []
 
@@ -116,6 +118,8 @@ def run_elected(settings: ElectionSettings, run_kopf: Callable[[threading.Event]
             renewer.join(settings.request_timeout + 1)
             if not lost:
                 elector.release()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if lost:
         logger.error("leader election lost: %s", lost[0])
         return EXIT_LOST
