@@ -164,6 +164,16 @@ def test_a_renewal_that_ends_after_the_deadline_extends_nothing(server):
     assert not a.may_write()
 
 
+def test_a_new_process_with_the_same_identity_waits_the_old_one_out(server):
+    old = elector(server, "a")
+    old.try_acquire_or_renew()
+    new = elector(server, "a")  # e.g. a fixed --leader-elect-identity, the process restarted
+    assert not new.try_acquire_or_renew() and not new.may_write()
+    server.clock.advance(LD)
+    assert new.try_acquire_or_renew() and new.may_write()
+    assert server.record.transitions == 1
+
+
 def test_the_leader_whose_lease_was_taken_stops(server):
     a, b = elector(server, "a"), elector(server, "b")
     a.try_acquire_or_renew()

@@ -133,7 +133,9 @@ class Elector:
             self._won(written, start, "created the Lease")
             return True
         self._observe(record, now)
-        mine = record.holder == self.identity
+        # Ours only if this process won it: a Lease left by an earlier process with the same
+        # identity (a fixed --leader-elect-identity) is waited out like anyone else's.
+        mine = record.holder == self.identity and self._deadline is not None
         expired = now >= self._observed_at + record.duration
         if record.holder and not mine and not expired:
             return False
