@@ -65,18 +65,23 @@ def main(argv: list[str] | None = None) -> None:
         set(pattern) & set("!*?,") for pattern in args.namespace)
 
     def run_kopf(stop_flag: threading.Event | None = None) -> None:
-        asyncio.run(
-            kopf.operator(
-                settings=settings,
-                # kopf's peering is a pause protocol without fencing: one process acts, alone
-                # or as the Lease's holder (leader/).
-                standalone=True,
-                clusterwide=not args.namespace,
-                namespaces=args.namespace,
-                liveness_endpoint=args.liveness,
-                stop_flag=stop_flag,
+        try:
+            asyncio.run(
+                kopf.operator(
+                    settings=settings,
+                    # kopf's peering is a pause protocol without fencing: one process acts,
+                    # alone or as the Lease's holder (leader/).
+                    standalone=True,
+                    clusterwide=not args.namespace,
+                    namespaces=args.namespace,
+                    liveness_endpoint=args.liveness,
+                    stop_flag=stop_flag,
+                )
             )
-        )
+        finally:
+            # kopf cancels the wait for a pass, not the pass's thread: let the passes in flight
+            # end (queued ones are dropped), so that nothing writes once the Lease is released.
+            handlers._PASS_THREADS.shutdown(wait=True, cancel_futures=True)
 
     if elect is None:
         run_kopf()
