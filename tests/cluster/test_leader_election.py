@@ -31,6 +31,7 @@ import yaml
 
 from monarch_operator import names
 from monarch_operator.controller.leader.run import EXIT_LOST
+from monarch_operator.localcluster.demo import install_crds
 from tests.cluster.helpers import (
     apply_manifest,
     job_manifest,
@@ -154,7 +155,8 @@ class Replicas:
 
 
 @pytest.fixture
-def replicas(local_cluster, chart_namespace, tmp_path) -> Iterator[Replicas]:
+def replicas(local_cluster, kubectl, chart_namespace, tmp_path) -> Iterator[Replicas]:
+    install_crds(kubectl)  # as the shared operator's fixture does (that operator is not needed)
     handle = Replicas(local_cluster, chart_namespace, tmp_path)
     try:
         yield handle
@@ -288,7 +290,9 @@ def test_a_partitioned_leader_stops_before_its_renew_deadline_and_exits(
     log = a.log()
     assert code == EXIT_LOST, log[-3000:]
     assert "could not renew the Lease within the renew deadline" in log, log[-3000:]
-    assert exited <= RD + 1.5, log[-3000:]  # the deadline counts from a renewal before it
+    # The deadline counts from a renewal before the partition; then at most STOP_GRACE (1 s)
+    # for kopf, and slack for a loaded machine.
+    assert exited <= RD + 3, log[-3000:]
     writes = audit_writes(local_cluster, audit_start, ns)
     a_w, b_w = by_user(writes, "ha-a"), by_user(writes, "ha-b")
     assert a_w and max(w["at"] for w in a_w) <= stalled_wall + 0.5
