@@ -64,20 +64,36 @@ def main(argv: list[str] | None = None) -> None:
     settings.scanning.disabled = bool(args.namespace) and not any(
         set(pattern) & set("!*?,") for pattern in args.namespace)
 
+    async def operate(stop_flag: threading.Event | None) -> None:
+        stop = asyncio.Event()
+
+        async def bridge(flag: threading.Event) -> None:
+            # kopf waits for a threading.Event in a thread of the default executor, which
+            # asyncio.run then waits for at its end: a flag never set would hang the stop.
+            while not flag.is_set():
+                await asyncio.sleep(0.1)
+            stop.set()
+
+        # Created before kopf starts: kopf cancels the loop's tasks created after its start.
+        bridging = asyncio.create_task(bridge(stop_flag)) if stop_flag is not None else None
+        try:
+            await kopf.operator(
+                settings=settings,
+                # kopf's peering is a pause protocol without fencing: one process acts,
+                # alone or as the Lease's holder (leader/).
+                standalone=True,
+                clusterwide=not args.namespace,
+                namespaces=args.namespace,
+                liveness_endpoint=args.liveness,
+                stop_flag=stop if stop_flag is not None else None,
+            )
+        finally:
+            if bridging is not None:
+                bridging.cancel()
+
     def run_kopf(stop_flag: threading.Event | None = None) -> None:
         try:
-            asyncio.run(
-                kopf.operator(
-                    settings=settings,
-                    # kopf's peering is a pause protocol without fencing: one process acts,
-                    # alone or as the Lease's holder (leader/).
-                    standalone=True,
-                    clusterwide=not args.namespace,
-                    namespaces=args.namespace,
-                    liveness_endpoint=args.liveness,
-                    stop_flag=stop_flag,
-                )
-            )
+            asyncio.run(operate(stop_flag))
         finally:
             # kopf cancels the wait for a pass, not the pass's thread: let the passes in flight
             # end (queued ones are dropped), so that nothing writes once the Lease is released.

@@ -3,8 +3,9 @@ exit when leadership ends (as controller-runtime and the MPI Operator do; docs/h
 
 - Standby: the elector tries every retry period; ``/healthz`` answers 200 (:mod:`.standby`);
   kopf is not started, so nothing is watched or written. SIGTERM ends the process (status 0).
-- Leader: kopf runs in the main thread (its own SIGTERM handling); the elector renews in a
-  thread of its own; the write fence (:mod:`.fence`) refuses every write past the deadline.
+- Leader: kopf runs in a thread, stopped through its stop flag (SIGTERM sets it); the elector
+  renews in a thread of its own; the write fence (:mod:`.fence`) refuses every write past the
+  deadline.
 - Leadership lost (renew deadline passed, another holder): the elector's thread logs why, asks
   kopf to stop and ends the process with :data:`EXIT_LOST` within :data:`STOP_GRACE` seconds,
   whether kopf has stopped or not (its writes are already refused).
@@ -39,11 +40,30 @@ def _flush_logs() -> None:
         handler.flush()
 
 
+def _run_in_thread(function: Callable[[threading.Event], None], flag: threading.Event) -> None:
+    """``function(flag)`` in a thread while this (the main) thread stays free for signals;
+    its exception is raised here."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            function(flag)
+        except BaseException as error:  # noqa: BLE001 (handed to the caller)
+            errors.append(error)
+
+    thread = threading.Thread(target=target, name="kopf")
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+    if errors:
+        raise errors[0]
+
+
 def run_elected(settings: ElectionSettings, run_kopf: Callable[[threading.Event], None],
                 liveness: str | None = None, api: LeaseApi | None = None,
                 exit_process: Callable[[int], Any] = os._exit) -> int:
-    """Campaign for the Lease of ``settings``; once leading, call ``run_kopf(stop_flag)`` in
-    this (the main) thread, where ``stop_flag`` is set when leadership is lost.
+    """Campaign for the Lease of ``settings``; once leading, call ``run_kopf(stop_flag)`` in a
+    thread, where ``stop_flag`` is set when leadership is lost or a SIGTERM/SIGINT came.
 
     ``liveness``: kopf's ``--liveness`` URL, served by :mod:`.standby` until kopf starts.
     ``api``: the Lease calls (default: the API server's, :class:`.lease.KubernetesLeaseApi`).
@@ -89,9 +109,13 @@ def run_elected(settings: ElectionSettings, run_kopf: Callable[[threading.Event]
             standby.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    # Until kopf installs its own handlers, a signal stops kopf as soon as it starts.
+    # kopf runs in a thread of its own, where it sets no signal handlers: SIGTERM and SIGINT
+    # set its stop flag here. (In the main thread kopf would take them itself, and then wait
+    # 5 s for its stop flag's waiter, a task it never cancels: the hand-over would take 5 s.)
     for sig in previous:
-        signal.signal(sig, lambda *_: kopf_stop.set())
+        signal.signal(sig, lambda signum, _frame: (
+            logger.info("leader election: %s received, stopping the operator",
+                        signal.Signals(signum).name), kopf_stop.set()))
     kopf_done = threading.Event()
     lost: list[str] = []
 
@@ -110,7 +134,7 @@ def run_elected(settings: ElectionSettings, run_kopf: Callable[[threading.Event]
     renewer = threading.Thread(target=lead, name="leader-election", daemon=True)
     renewer.start()
     try:
-        run_kopf(kopf_stop)
+        _run_in_thread(run_kopf, kopf_stop)
     finally:
         kopf_done.set()
         if not lost:
