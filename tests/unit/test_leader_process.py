@@ -195,3 +195,21 @@ def test_leader_elect_needs_a_namespace_outside_a_pod(monkeypatch, tmp_path, cap
     assert "--leader-elect-namespace" in capsys.readouterr().err
     monkeypatch.setenv(settings.NAMESPACE_ENV, "monarch-system")
     assert settings.default_namespace() == "monarch-system"
+
+
+def test_sigterm_to_the_leader_sets_kopf_s_stop_flag_in_its_thread(server):
+    """kopf runs off the main thread (it then sets no signal handlers of its own); SIGTERM
+    sets its stop flag, and the Lease is released once it returned."""
+    seen = {}
+
+    def kopf(stop_flag: threading.Event) -> None:
+        seen["main thread"] = threading.current_thread() is threading.main_thread()
+        threading.Timer(3 * RP, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        seen["stopped"] = stop_flag.wait(5)
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert run.run_elected(election(), kopf, api=FakeLeaseApi(server),
+                           exit_process=pytest.fail) == 0
+    assert seen == {"main thread": False, "stopped": True}
+    assert server.record.holder is None
+    assert signal.getsignal(signal.SIGTERM) is before
