@@ -129,8 +129,15 @@ def test_install_upgrade_with_crd_change_and_uninstall(kubectl, helm_env, chart_
     assert kubectl("get", "role,rolebinding,serviceaccount", "-n", chart_namespace,
                    "-l", f"app.kubernetes.io/instance={release}", "-o", "name").split() == [
         f"role.rbac.authorization.k8s.io/{release}-monarch-operator",
+        f"role.rbac.authorization.k8s.io/{release}-monarch-operator-leader-election",
         f"rolebinding.rbac.authorization.k8s.io/{release}-monarch-operator",
+        f"rolebinding.rbac.authorization.k8s.io/{release}-monarch-operator-leader-election",
         f"serviceaccount/{release}-monarch-operator"]
+    # Two replicas under leader election (docs/ha.md), kept available through drains.
+    assert deployment["spec"]["replicas"] == 2
+    pdb = kubectl.json("poddisruptionbudget", f"{release}-monarch-operator", "-n",
+                       chart_namespace)
+    assert pdb["spec"]["minAvailable"] == 1
     assert "upgradeProbe" not in _served_spec_fields(kubectl)
 
     # A newer chart whose CRD changed: `helm upgrade` alone leaves the CRD as it was ...
@@ -149,7 +156,8 @@ def test_install_upgrade_with_crd_change_and_uninstall(kubectl, helm_env, chart_
         "deployed", "monarch-operator-0.1.1", "3")
 
     helm("uninstall", release, "-n", chart_namespace, "--wait", env=helm_env)
-    left = kubectl("get", "deployment,role,rolebinding,serviceaccount", "-n", chart_namespace,
+    left = kubectl("get", "deployment,role,rolebinding,serviceaccount,poddisruptionbudget",
+                   "-n", chart_namespace,
                    "-l", f"app.kubernetes.io/instance={release}", "-o", "name")
     assert left == ""
     # Helm never deletes crds/: the MonarchJob CRD (and so every job) stays.

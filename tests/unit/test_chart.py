@@ -95,13 +95,21 @@ def test_each_ci_values_file_renders(values):
     assert len(by_kind(objects, "ClusterRole")) == (1 if rbac and not namespaces else 0)
     assert len(by_kind(objects, "ClusterRoleBinding")) == (1 if rbac and not namespaces else 0)
     expected_roles = sorted(namespaces) if rbac else []
-    # The helm test hook brings its own Role in the release's namespace.
-    operator_roles = [role for role in by_kind(objects, "Role")
-                      if "helm.sh/hook" not in role["metadata"].get("annotations", {})]
-    assert sorted(role["metadata"]["namespace"] for role in operator_roles) == expected_roles
-    bindings = [binding for binding in by_kind(objects, "RoleBinding")
-                if "helm.sh/hook" not in binding["metadata"].get("annotations", {})]
-    assert sorted(binding["metadata"]["namespace"] for binding in bindings) == expected_roles
+    # The helm test hook brings its own Role in the release's namespace, and so does leader
+    # election (tests/unit/test_chart_ha.py).
+    def operator_only(kind):
+        return [obj for obj in by_kind(objects, kind)
+                if "helm.sh/hook" not in obj["metadata"].get("annotations", {})
+                and not obj["metadata"]["name"].endswith("-leader-election")]
+
+    assert sorted(role["metadata"]["namespace"]
+                  for role in operator_only("Role")) == expected_roles
+    assert sorted(binding["metadata"]["namespace"]
+                  for binding in operator_only("RoleBinding")) == expected_roles
+    election = rbac and settings.get("leaderElection", {}).get("enabled", True)
+    assert [role["metadata"]["namespace"] for role in by_kind(objects, "Role")
+            if role["metadata"]["name"].endswith("-leader-election")] == (
+        ["monarch-system"] if election else [])
     [deployment] = by_kind(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     account = settings.get("serviceAccount", {})

@@ -330,8 +330,11 @@ def assert_same(granted_rules: set[Rule], used: set[Rule]) -> None:
 
 
 def operator_objects(objects: list[dict], kind: str) -> list[dict]:
+    """The objects of ``kind`` granting the reconcile loop's calls: not the helm test hook's,
+    nor leader election's (its own Role; tests/unit/test_chart_ha.py)."""
     return [obj for obj in by_kind(objects, kind)
-            if "helm.sh/hook" not in obj["metadata"].get("annotations", {})]
+            if "helm.sh/hook" not in obj["metadata"].get("annotations", {})
+            and not obj["metadata"]["name"].endswith("-leader-election")]
 
 
 def test_code_derivation_sees_the_known_calls():

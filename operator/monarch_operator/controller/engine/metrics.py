@@ -14,6 +14,10 @@ What is measured, all in the default registry (with the client's process and Pyt
   not errors and are not counted.
 - ``monarch_operator_jobs{phase}``: the MonarchJobs this operator reconciles, by the phase (the
   ``STATUS`` column) their last pass left them in; a deleted job leaves the count.
+- ``monarch_operator_leader``: 1 while this replica leads (holds the Lease, its renew deadline
+  not passed), else 0 (``--leader-elect``; without it, 0 and the replica acts alone).
+- ``monarch_operator_leader_transitions_total``: changes of the Lease's holder this replica
+  saw: its own acquisitions, releases and losses, and other replicas taking over.
 
 Naming follows the Prometheus guide "Metric and label naming" (``_total`` counters, base units).
 """
@@ -24,7 +28,7 @@ import threading
 from collections import Counter as Tally
 from collections.abc import Iterator
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -43,6 +47,10 @@ RECONCILE_WAIT = Histogram(
     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
 API_ERRORS = Counter(f"{PREFIX}_api_errors", "Kubernetes API errors that ended a pass, by HTTP "
                      "status (0: no response).", ["code"])
+LEADER = Gauge(f"{PREFIX}_leader", "1 while this replica leads (holds the leader election "
+               "Lease and its renew deadline has not passed), else 0.")
+LEADER_TRANSITIONS = Counter(f"{PREFIX}_leader_transitions", "Changes of the leader election "
+                             "Lease's holder this replica saw (its own included).")
 
 
 class JobPhases(Collector):
