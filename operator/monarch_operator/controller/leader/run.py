@@ -72,7 +72,7 @@ def run_elected(settings: ElectionSettings, run_kopf: Callable[[threading.Event]
     :data:`EXIT_LOST` when leadership was lost; kopf's own error is raised (after the
     release).
     """
-    from monarch_operator.controller import metrics
+    from monarch_operator.controller.engine import metrics
 
     if api is None:
         from monarch_operator.controller.leader.lease import KubernetesLeaseApi
