@@ -9,6 +9,7 @@ API server's audit log then shows no write refused to that account.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 SAMPLE = ROOT / "examples" / "rl_kl" / "monarchjob.yaml"
 RELEASE = "mo"
+FULLNAME = f"{RELEASE}-monarch-operator"  # the chart's fullname: Deployment, Lease, account
 
 
 def run_sample_job(kubectl, namespace: str, state_dir: Path) -> tuple[dict, str]:
@@ -99,12 +101,14 @@ def test_sample_job_succeeds_under_the_charts_service_account(
 
 def test_sample_job_succeeds_with_the_operator_as_the_charts_pod(
         kubectl, helm_env, chart_namespace, local_cluster):
-    """The chart's Deployment runs the operator as a pod from the operator image on a real
-    node (its kubelet mounts the ServiceAccount token; the ``kubernetes`` Service leads to the
-    API server); `helm test` finds
-    it healthy; the rl_kl job reaches Succeeded under it. The namespace enforces the Pod
-    Security "restricted" level, so the operator, `helm test` and job pods all pass it."""
-    account = f"{RELEASE}-monarch-operator"
+    """The chart's Deployment runs the operator as pods from the operator image on the real
+    nodes (their kubelets mount the ServiceAccount token; the ``kubernetes`` Service leads to
+    the API server): two replicas by default, one holding the release's Lease. `helm test` finds
+    both healthy (the standby too). The rl_kl job is applied, and once it runs the leading pod
+    is force-deleted (field case C32): the standby takes the Lease and the job still reaches
+    Succeeded with one attempt and no restart. The namespace enforces the Pod Security
+    "restricted" level, so the operator, `helm test` and job pods all pass it."""
+    account = FULLNAME
     user = f"system:serviceaccount:{chart_namespace}:{account}"
     kubectl("label", "namespace", chart_namespace,
             *(f"pod-security.kubernetes.io/{mode}=restricted"
@@ -116,21 +120,60 @@ def test_sample_job_succeeds_with_the_operator_as_the_charts_pod(
     try:
         assert installed.returncode == 0, (installed.stderr, operator_pod_report(
             kubectl, local_cluster, chart_namespace))
-        [pod] = kubectl.json("pods", "-n", chart_namespace, "-l",
-                             f"app.kubernetes.io/instance={RELEASE}")["items"]
-        assert pod["spec"]["serviceAccountName"] == account
-        assert pod["status"]["phase"] == "Running", pod["status"]
+        pods = kubectl.json("pods", "-n", chart_namespace, "-l",
+                            f"app.kubernetes.io/instance={RELEASE}")["items"]
+        assert len(pods) == 2, [pod["metadata"]["name"] for pod in pods]
+        for pod in pods:
+            assert pod["spec"]["serviceAccountName"] == account
+            assert pod["status"]["phase"] == "Running", pod["status"]
+        names = {pod["metadata"]["name"] for pod in pods}
+        leader = wait_for_holder(kubectl, chart_namespace, names, timeout=60)
         # Without --logs: helm v3.22 deletes a hook-succeeded test pod before reading its logs
         # (helm/helm#9098). The test pod succeeds only if every operator pod answers healthz.
         tested = helm("test", RELEASE, "-n", chart_namespace, env=helm_env)
         assert "Phase:          Succeeded" in tested.stdout, tested.stdout
-        run_sample_job(kubectl, chart_namespace, local_cluster.state_dir)
-        # The children were made by the pod's ServiceAccount, and nothing was refused to it.
+        kubectl("apply", "-n", chart_namespace, "-f", str(SAMPLE))
+        name = yaml.safe_load(SAMPLE.read_text())["metadata"]["name"]
+        wait_for_phase(kubectl, chart_namespace, name, ("Running", "Succeeded", "Failed"),
+                       timeout=300)
+        killed = time.monotonic()
+        kubectl("delete", "pod", leader, "-n", chart_namespace, "--grace-period=0", "--force")
+        successor = wait_for_holder(kubectl, chart_namespace, names - {leader}, timeout=60)
+        print(f"leader {leader} force-deleted; {successor} leads after "
+              f"{time.monotonic() - killed:.1f}s")
+        job = wait_for_phase(kubectl, chart_namespace, name, ("Succeeded", "Failed"),
+                             timeout=420)
+        log = launcher_log(kubectl, local_cluster.state_dir, chart_namespace, name)
+        assert job["status"]["phase"] == "Succeeded", log[-4000:]
+        assert "rl_kl: done" in log
+        assert job["status"].get("restarts", 0) == 0, job["status"]
+        assert len(job["status"].get("attempts", [])) == 1, job["status"]
+        # The children were made by the pods' ServiceAccount, and nothing was refused to it.
         assert refused_requests(local_cluster.audit_log, audit_start, user) == []
         assert creators(local_cluster.audit_log, audit_start, chart_namespace, "statefulsets") \
             == {user}
     finally:
         helm("uninstall", RELEASE, "-n", chart_namespace, "--wait", env=helm_env, check=False)
+
+
+def wait_for_holder(kubectl, namespace: str, pods: set[str], timeout: float) -> str:
+    """The pod of ``pods`` that holds the release's Lease (named as the release's objects,
+    :data:`FULLNAME`; ``holderIdentity`` is ``<pod name>_<suffix>``, docs/ha.md), polled every
+    0.5 s. Raises TimeoutError naming the holder last seen."""
+    deadline = time.monotonic() + timeout
+    holder = None
+    while time.monotonic() < deadline:
+        try:
+            lease = kubectl.json("lease", FULLNAME, "-n", namespace)
+        except RuntimeError:  # not created yet
+            lease = {}
+        holder = (lease.get("spec") or {}).get("holderIdentity") or ""
+        for pod in pods:
+            if holder.startswith(f"{pod}_"):
+                return pod
+        time.sleep(0.5)
+    raise TimeoutError(f"no pod of {sorted(pods)} holds Lease {FULLNAME} within {timeout:g}s; "
+                       f"holder {holder!r}")
 
 
 def operator_pod_report(kubectl, local_cluster, namespace: str) -> str:
