@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from monarch_operator.launcher.session.fanout import RetryPolicy, run_on_hosts
-from monarch_operator.launcher.session.ssh import SshSettings, ssh_runner
+from monarch_operator.launcher.session.ssh import COMMAND_LIMIT_S, SshSettings, ssh_runner
 
 RECORD_DIR = "~/.cache/monarch-launch"
 _PREFIX = "exit-"
@@ -100,7 +100,8 @@ def parse_records(text: str) -> list[ExitRecord]:
 
 
 def collect(
-    addresses: Mapping[str, str], ssh: SshSettings, run_id: str, timeout_s: float = 10.0
+    addresses: Mapping[str, str], ssh: SshSettings, run_id: str,
+    timeout_s: float = COMMAND_LIMIT_S,
 ) -> list[ExitRecord]:
     """Read and delete this run's exit records on ``addresses`` over ssh, in parallel.
 

@@ -50,6 +50,7 @@ from monarch_operator.launcher.session.fanout import (
 from monarch_operator.launcher.session.network import NetworkCheckError, probe_sshd, resolve_host
 from monarch_operator.launcher.session import causes, versions
 from monarch_operator.launcher.session.ssh import (
+    COMMAND_LIMIT_S,
     SshSettings,
     host_key_failure,
     ssh_args,
@@ -291,7 +292,7 @@ class PreflightSettings:
     run_id: str = "run"
     modules: tuple[str, ...] = ("monarch",)
     clean_stale: bool = True
-    ssh_timeout_s: float = 20.0
+    ssh_timeout_s: float = COMMAND_LIMIT_S
     tcp_timeout_s: float = 3.0
     run_mark: RunMark | None = None
 
@@ -514,7 +515,7 @@ def run_preflight(
 
 
 def remove_private_env_files(
-    addresses: Mapping[str, str], settings: PreflightSettings, timeout_s: float = 5.0
+    addresses: Mapping[str, str], settings: PreflightSettings, timeout_s: float | None = None
 ) -> str | None:
     """Delete this run's private env files on ``addresses`` (``{host: address}``), within the
     ssh limits (:func:`launcher.session.fanout.run_on_hosts`).
@@ -522,12 +523,20 @@ def remove_private_env_files(
     A worker deletes its file when it starts; this covers hosts whose worker never started
     (another host failed pre-flight, attach failed), so no token is left on disk.
 
+    Args:
+        addresses: ``{host name: address}``.
+        settings: the run's pre-flight settings (login, run id, private variables).
+        timeout_s: limit of one attempt on one host, seconds; None: the pre-flight's own
+            ``settings.ssh_timeout_s`` (:data:`launcher.session.ssh.COMMAND_LIMIT_S`).
+
     Returns:
         None when every file is gone (or there were none), else one warning line naming each
         host not reached, why, and the file left there.
     """
     if not settings.private_environment or not addresses:
         return None
+    if timeout_s is None:  # the pre-flight's own limit per ssh command
+        timeout_s = settings.ssh_timeout_s
     targets = {address: host for host, address in addresses.items()}
 
     def command(address: str) -> str:

@@ -47,6 +47,15 @@ ALIVE_INTERVAL_S = 15
 ALIVE_COUNT_MAX = 4
 
 
+# Wall limit of one short command over ssh (a login and a few file operations), seconds: the
+# pre-flight's checks, the removal of private env files, the reading of exit records. ssh's
+# own ConnectTimeout (5 s, below) covers only the TCP connect and the banner; key exchange and
+# authentication of many logins at once on a loaded host take longer (CI, 64 hosts behind 4
+# sshd on 2 cores: 4 removals gave no answer within a 5 s limit while the same hosts had just
+# answered pre-flight). Every such command gets this one limit, never less.
+COMMAND_LIMIT_S = 20.0
+
+
 @dataclass(frozen=True)
 class SshSettings:
     """How to log in to every host and check its host key.
