@@ -26,6 +26,11 @@ from tests.parallel import (  # noqa: F401  (hooks: parallel workers, phase tabl
 
 # Every namespace but the chart tests' (kopf pattern): those run the chart's own operator.
 OPERATOR_NAMESPACES = (f"!{CHART_NAMESPACE_PREFIX}*",)
+# The tests' operators renew their watch streams every 10 s instead of 30 (the setting exists for
+# this): a broken stream is cut after 20 s and /healthz fails after 30 s, and a quiet window that
+# must span renewals (C5) is a third as long. The default is tested in tests/unit.
+WATCH_RENEW_SECONDS = 10
+OPERATOR_ENV = {"MONARCH_OPERATOR_WATCH_RENEW_SECONDS": str(WATCH_RENEW_SECONDS)}
 
 
 def run_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
@@ -68,7 +73,8 @@ class OperatorProcess:
     def start(self, **extra_env: str) -> None:
         self.stop()
         self.extra_env = dict(extra_env)
-        self.process = start_operator(self.cluster.state_dir, {**self.cluster.env(), **extra_env},
+        self.process = start_operator(self.cluster.state_dir,
+                                      {**self.cluster.env(), **OPERATOR_ENV, **extra_env},
                                       namespaces=OPERATOR_NAMESPACES, stop_with_owner=True)
 
     def stop(self) -> int | None:

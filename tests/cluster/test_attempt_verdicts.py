@@ -32,6 +32,11 @@ from tests.cluster.test_lost_workers import on_nodes
 
 pytestmark = pytest.mark.cluster
 ROLE = "monarch-operator.dev/role"
+# Attempt 1 runs until the operator stops it (a lost worker, a suspend); a later attempt runs
+# 3 s (longer than the 2 s that assert_attempts_truthful requires of an attempt) and succeeds.
+UNTIL_STOPPED_FIRST = 'if [ "$MONARCH_ATTEMPT" = 1 ]; then exec sleep 600; fi; sleep 3'
+# How long an attempt runs before the test disturbs it (mid-run, past the 2 s rule).
+MID_RUN_SECONDS = 3
 
 
 def restarting_events(kubectl, namespace: str, name: str) -> int:
@@ -87,9 +92,9 @@ def test_c19b_a_deleted_worker_is_one_infrastructure_failure(kubectl, namespace)
     with PodLog(kubectl, namespace, "c19b") as log:
         apply_manifest(kubectl, namespace, job_manifest(
             "c19b", runPolicy={"backoffLimit": 0, "infrastructureBackoffLimit": 3},
-            launcher={"command": ["sh", "-c", "sleep 20"]}))
+            launcher={"command": ["sh", "-c", UNTIL_STOPPED_FIRST]}))
         running_attempt(kubectl, namespace, "c19b", 1)
-        time.sleep(8)
+        time.sleep(MID_RUN_SECONDS)
         kubectl("delete", "pod", "c19b-worker-1", "-n", namespace, "--wait=false")
         status = wait_phase(kubectl, namespace, "c19b", "Succeeded", timeout=180)
     assert status["restartCount"] == 1
@@ -104,11 +109,15 @@ def test_c19b_a_deleted_worker_is_one_infrastructure_failure(kubectl, namespace)
 def test_c19c_suspend_and_resume_is_no_failure(kubectl, namespace):
     with PodLog(kubectl, namespace, "c19c") as log:
         apply_manifest(kubectl, namespace, job_manifest(
-            "c19c", launcher={"command": ["sh", "-c", "sleep 30"]}))
+            "c19c", launcher={"command": ["sh", "-c", UNTIL_STOPPED_FIRST]}))
         running_attempt(kubectl, namespace, "c19c", 1)
-        time.sleep(8)
+        time.sleep(MID_RUN_SECONDS)
         suspend(kubectl, namespace, "c19c", True)
-        time.sleep(7)
+        # Resumed once the suspension is done: Suspended, and the first launcher gone.
+        wait_phase(kubectl, namespace, "c19c", "Suspended", timeout=60)
+        wait_until(lambda: not [pod for pod in job_pods(kubectl, namespace, "c19c")
+                                if pod["metadata"]["labels"].get(ROLE) == "launcher"], 60,
+                   "the suspended attempt's launcher gone")
         suspend(kubectl, namespace, "c19c", False)
         status = wait_phase(kubectl, namespace, "c19c", "Succeeded", timeout=180)
     assert status.get("restartCount", 0) == 0

@@ -189,3 +189,28 @@ def test_a_403_is_lasting_unless_it_is_a_quota(http, message, raised, says):
         writes.ensure(owned(POD, "demo-launcher"), "job-uid")
     assert not isinstance(caught.value, (errors.ForbiddenError, errors.RefusedError)) or \
         type(caught.value) is raised
+
+
+def test_a_foreign_object_in_the_way_is_looked_up_again_at_every_pass(monkeypatch):
+    """C6: a Secret of the job's name that the job does not control (409, read) is not put in
+    the view as if created: the watches select the job's label and never confirm it, so the
+    view would answer the next passes with it for EXPECTATION_SECONDS after its deletion."""
+    foreign = obj(SECRET, "demo-ssh", "foreign-uid")
+    in_the_api: dict[str, Any] = {"demo-ssh": foreign}
+
+    def post(desired: dict[str, Any]) -> dict[str, Any]:
+        if desired["metadata"]["name"] in in_the_api:
+            raise ApiException(status=409, reason="AlreadyExists")
+        return {**desired, "metadata": {**desired["metadata"], "uid": "uid-ours"}}
+
+    monkeypatch.setattr(writes, "_post", post)
+    monkeypatch.setattr(writes.reads, "_read_api",
+                        lambda api_version, kind, namespace, name: in_the_api.get(name))
+    job_cache, _, _ = make_cache()
+    with k8s_client.reading_from(job_cache.view(KEY)), pytest.raises(errors.NotOwnedError):
+        writes.ensure(owned(SECRET, "demo-ssh"), owner_uid="job-uid")
+    assert job_cache.view(KEY).get(SECRET, "demo-ssh") is None, "not expected by the view"
+    del in_the_api["demo-ssh"]  # the user deletes it; the next pass (5 s later) creates ours
+    with k8s_client.reading_from(job_cache.view(KEY)):
+        (found, made) = writes.ensure(owned(SECRET, "demo-ssh"), owner_uid="job-uid")
+    assert made and found["metadata"]["uid"] == "uid-ours"

@@ -15,6 +15,7 @@ from kopf._cogs.clients import api, watching
 from kopf._cogs.structs import references
 
 from monarch_operator.controller.engine import watchhealth
+from monarch_operator.controller.spec.settings import Settings
 
 
 class Clock:
@@ -178,3 +179,36 @@ def test_every_request_of_a_pass_is_bounded():
     with pytest.raises(urllib3.exceptions.ReadTimeoutError):
         client.rest_client.request("GET", "/dead")
     assert cleared == [True], "a timeout drops the pooled connections"
+
+
+def test_a_lowered_renewal_shortens_every_time_that_follows_from_it():
+    """MONARCH_OPERATOR_WATCH_RENEW_SECONDS (the tests' clusters use 10): the stall cut, the
+    backstop and /healthz's limit move with the renewal; 30 gives the documented 40/50/70."""
+    assert (watchhealth.DEFAULT_TIMES.stall, watchhealth.DEFAULT_TIMES.inactivity,
+            watchhealth.DEFAULT_TIMES.unhealthy_after) == (40.0, 50.0, 70.0)
+    settings = kopf.OperatorSettings()
+    clock = Clock()
+    health = watchhealth.StreamHealth(clock)
+    watchhealth.configure(settings, watchhealth.WatchTimes(10), health)
+    assert (settings.watching.server_timeout, settings.watching.client_timeout,
+            settings.watching.inactivity_timeout) == (10, 20.0, 30.0)
+    health.started("pods in 'a'")
+    clock.now += 29
+    assert health.not_working() == {}
+    clock.now += 1
+    assert list(health.not_working()) == ["pods in 'a'"], "30 s = two renewals and the margin"
+
+
+@pytest.mark.parametrize("value", ["4", "301", "10.5", "ten", ""])
+def test_a_watch_renewal_out_of_range_is_refused_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv("MONARCH_OPERATOR_WATCH_RENEW_SECONDS", value)
+    with pytest.raises(ValueError, match=r"MONARCH_OPERATOR_WATCH_RENEW_SECONDS=.*whole "
+                                         r"seconds, 5-300"):
+        Settings.from_env()
+
+
+def test_a_watch_renewal_in_range_is_read(monkeypatch):
+    monkeypatch.delenv("MONARCH_OPERATOR_WATCH_RENEW_SECONDS", raising=False)
+    assert Settings.from_env().watch_renew_seconds == watchhealth.RENEW_SECONDS
+    monkeypatch.setenv("MONARCH_OPERATOR_WATCH_RENEW_SECONDS", "10")
+    assert Settings.from_env().watch_renew_seconds == 10

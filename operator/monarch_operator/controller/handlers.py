@@ -139,7 +139,7 @@ def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     kueue_watch.configure(settings, _CHILD_SELECTOR)
     # Every watch request bounded; streams that die or go silent re-established, named in the
     # log, and /healthz failing while one cannot be (field case C18).
-    watchhealth.configure(settings)
+    watchhealth.configure(settings, watchhealth.WatchTimes(SETTINGS.watch_renew_seconds))
     watchhealth.install()
     # A namespace that goes before kopf indexed it never holds every handler back.
     indexready.install()

@@ -11,8 +11,10 @@ open, gives no error: kopf would wait on it until its inactivity timeout. So:
 - each stream is *working* while it delivers: an event, a bookmark, or the API server's own end
   of the request; the log says when a stream broke and when it was re-established, naming it;
 - a ``@kopf.on.probe`` fails ``/healthz`` (``--liveness``) while a stream has not worked for
-  :data:`UNHEALTHY_AFTER_SECONDS`, so that the kubelet restarts an operator that cannot get its
-  streams back (a watcher task that died for good counts too).
+  :data:`UNHEALTHY_AFTER_SECONDS` (all three follow from the renewal period,
+  ``MONARCH_OPERATOR_WATCH_RENEW_SECONDS``: :class:`WatchTimes`), so that the kubelet
+  restarts an operator that cannot get its streams back (a watcher task that died for good
+  counts too).
 
 kopf offers no hook on its streams, so :func:`install` wraps two of its functions
 (``kopf._cogs.clients.watching.infinite_watch``, one per stream, and
@@ -38,18 +40,47 @@ logger = logging.getLogger("monarch_operator")
 
 # The API server ends each watch request after this long (a cacher sends a bookmark just
 # before): a working stream shows it works at least this often. Whole seconds: kopf sends it
-# as the request's timeoutSeconds, which the API server parses as an integer.
+# as the request's timeoutSeconds, which the API server parses as an integer. The default of
+# Settings.watch_renew_seconds; the times below follow from it (:class:`WatchTimes`).
 RENEW_SECONDS = 30
-# A watch request open this long (no end from the server) is cut: its connection is dead.
-STALL_SECONDS = RENEW_SECONDS + 10.0
-# kopf's reconnection of a stream that delivered nothing for this long (a backstop only).
-INACTIVITY_SECONDS = STALL_SECONDS + 10.0
+# A watch request open this long past its renewal (no end from the server) is cut: its
+# connection is dead.
+STALL_MARGIN_SECONDS = 10.0
 # TCP connect, and every other request of kopf (lists, Events): bounded as well.
 CONNECT_SECONDS = 10.0
 REQUEST_SECONDS = 60.0
-# /healthz fails while a stream has not worked for this long: under the 2 minutes C18 allows
-# with kopf's 10 s cache of probe results, well over two renewals of a working stream.
-UNHEALTHY_AFTER_SECONDS = 70.0
+
+
+@dataclass(frozen=True)
+class WatchTimes:
+    """The watch times that follow from the renewal period ``renew`` (seconds).
+
+    ``stall``: a request open this long is cut; ``inactivity``: kopf's own reconnection of a
+    stream that delivered nothing this long (a backstop only); ``unhealthy_after``: ``/healthz``
+    fails while a stream has not worked this long, well over two renewals of a working stream
+    (70 s at the default 30: under the 2 minutes C18 allows with kopf's 10 s cache of probe
+    results).
+    """
+
+    renew: int = RENEW_SECONDS
+
+    @property
+    def stall(self) -> float:
+        return self.renew + STALL_MARGIN_SECONDS
+
+    @property
+    def inactivity(self) -> float:
+        return self.stall + STALL_MARGIN_SECONDS
+
+    @property
+    def unhealthy_after(self) -> float:
+        return 2 * self.renew + STALL_MARGIN_SECONDS
+
+
+DEFAULT_TIMES = WatchTimes()
+STALL_SECONDS = DEFAULT_TIMES.stall
+INACTIVITY_SECONDS = DEFAULT_TIMES.inactivity
+UNHEALTHY_AFTER_SECONDS = DEFAULT_TIMES.unhealthy_after
 
 
 @dataclass
@@ -64,8 +95,11 @@ class _Stream:
 class StreamHealth:
     """Which watch streams work; thread-safe (the probe may read it from another thread)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 unhealthy_after: float = UNHEALTHY_AFTER_SECONDS) -> None:
         self._clock = clock
+        # Seconds without working that make a stream not working (:meth:`not_working`).
+        self.unhealthy_after = unhealthy_after
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
 
@@ -110,9 +144,10 @@ class StreamHealth:
         if first:
             logger.warning("watch stream %s broke (%r); re-establishing it", name, error)
 
-    def not_working(self, limit: float = UNHEALTHY_AFTER_SECONDS) -> dict[str, str]:
-        """``{stream: why}`` of the streams that have not worked for ``limit`` seconds, or
-        whose watcher died."""
+    def not_working(self, limit: float | None = None) -> dict[str, str]:
+        """``{stream: why}`` of the streams that have not worked for ``limit`` seconds
+        (:attr:`unhealthy_after` when None), or whose watcher died."""
+        limit = self.unhealthy_after if limit is None else limit
         now = self._clock()
         with self._lock:
             return {name: (f"ended for good: {stream.error}" if stream.dead else
@@ -139,12 +174,16 @@ def stream_name(resource: Any, namespace: str | None) -> str:
     return f"{resource.plural}{group} {where}"
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
-    """Bound kopf's watch requests and its other requests (see the module docstring)."""
-    settings.watching.server_timeout = RENEW_SECONDS
-    settings.watching.client_timeout = STALL_SECONDS
+def configure(settings: kopf.OperatorSettings, times: WatchTimes = DEFAULT_TIMES,
+              health: StreamHealth | None = None) -> None:
+    """Bound kopf's watch requests and its other requests (see the module docstring) by
+    ``times``, and make ``health`` (the process's :data:`HEALTH` when None) judge streams by
+    them."""
+    settings.watching.server_timeout = times.renew
+    settings.watching.client_timeout = times.stall
     settings.watching.connect_timeout = CONNECT_SECONDS
-    settings.watching.inactivity_timeout = INACTIVITY_SECONDS
+    settings.watching.inactivity_timeout = times.inactivity
+    (HEALTH if health is None else health).unhealthy_after = times.unhealthy_after
     settings.networking.request_timeout = REQUEST_SECONDS
     settings.networking.connect_timeout = CONNECT_SECONDS
 

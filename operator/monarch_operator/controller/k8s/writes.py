@@ -125,7 +125,7 @@ def ensure_together(*desired: dict[str, Any], owner_uid: str) -> list[tuple[dict
     failures: list[Exception] = []
     for index, reply in zip(missing, replies, strict=True):
         try:
-            observed[index], created[index] = _settle(desired[index], reply)
+            observed[index], created[index] = _settle(desired[index], reply, owner_uid)
         except Exception as error:
             failures.append(error)
     if failures:
@@ -155,7 +155,7 @@ def create_all(*desired: dict[str, Any], owner_uid: str) -> list[tuple[dict[str,
     failures: list[Exception] = []
     for obj, reply in zip(desired, replies, strict=True):
         try:
-            results.append(_settle(obj, reply))
+            results.append(_settle(obj, reply, owner_uid))
         except Exception as error:
             failures.append(error)
     if failures:
@@ -215,10 +215,17 @@ def _attempt(desired: dict[str, Any]) -> dict[str, Any] | Exception:
         return error
 
 
-def _settle(desired: dict[str, Any], reply: dict[str, Any] | Exception
+def _settle(desired: dict[str, Any], reply: dict[str, Any] | Exception, owner_uid: str
             ) -> tuple[dict[str, Any], bool]:
     """What a create's ``reply`` (the object created, or the error raised) means for ``desired``:
-    ``(observed, created)``; tells the pass's view. Raises as :func:`ensure` does."""
+    ``(observed, created)``; tells the pass's view of an object the job controls. Raises as
+    :func:`ensure` does.
+
+    An object in the way that the job does not control (409, then read) is not told to the
+    view: the watches select the job's label and would never confirm it, so the view would
+    answer every later pass with it for :data:`.cache.EXPECTATION_SECONDS` after it was
+    deleted (a job blocked by a foreign Secret went on a minute after it went, not at the next
+    look, ``engine/reconcile.NOT_OWNED_RETRY_SECONDS``)."""
     api_version, kind = desired["apiVersion"], desired["kind"]
     namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
     created = not isinstance(reply, Exception)
@@ -237,6 +244,8 @@ def _settle(desired: dict[str, Any], reply: dict[str, Any] | Exception
         if found is None:  # deleted between the 409 and the read; next pass retries
             raise reply
         observed = found
+        if reads.controller_uid(found) != owner_uid:
+            return observed, False  # not ours: the caller's check_owner says so
     pass_view = client._local.view
     if pass_view is not None and not pass_view.created((api_version, kind), observed):
         if created:  # the job went while we created it: nobody else knows of this one

@@ -20,32 +20,44 @@ class Settings:
         kueue: Kueue runs on the cluster: a job without the queue label goes to its
             namespace's ``default`` LocalQueue when there is one (one read per new job; the
             chart's ``kueue.enabled``). A labelled job is queued either way.
+        watch_renew_seconds: seconds after which the API server ends each watch request and
+            the stream is renewed (``engine/watchhealth.py``: the stall cut, the reconnection
+            backstop and ``/healthz``'s limit follow from it). 30 unless lowered, as the tests'
+            clusters do to hear sooner of a broken stream.
     """
 
     cluster_domain: str = "cluster.local"
     worker_user_id: int = 1000
     network_policy: bool = True
     kueue: bool = False
+    watch_renew_seconds: int = 30
 
     @classmethod
     def from_env(cls) -> Settings:
         """Read ``MONARCH_OPERATOR_CLUSTER_DOMAIN``, ``MONARCH_OPERATOR_WORKER_UID`` and
         ``MONARCH_OPERATOR_NETWORK_POLICY`` and ``MONARCH_OPERATOR_KUEUE`` (``true`` or
-        ``false``); unset ones keep the defaults above.
+        ``false``), ``MONARCH_OPERATOR_WATCH_RENEW_SECONDS``; unset ones keep the defaults
+        above.
 
         Raises:
             ValueError: a ``MONARCH_OPERATOR_WORKER_UID`` that is not a non-root uid
-                (1-2147483647), or a ``MONARCH_OPERATOR_NETWORK_POLICY`` other than
-                ``true``/``false``; the message names the variable and the rule.
+                (1-2147483647), a ``MONARCH_OPERATOR_NETWORK_POLICY`` other than
+                ``true``/``false``, or a ``MONARCH_OPERATOR_WATCH_RENEW_SECONDS`` that is not
+                a whole number of seconds in 5-300; the message names the variable and the rule.
         """
         return cls(
             cluster_domain=os.environ.get("MONARCH_OPERATOR_CLUSTER_DOMAIN", cls.cluster_domain),
             worker_user_id=_non_root_uid("MONARCH_OPERATOR_WORKER_UID", cls.worker_user_id),
             network_policy=_boolean("MONARCH_OPERATOR_NETWORK_POLICY", cls.network_policy),
             kueue=_boolean("MONARCH_OPERATOR_KUEUE", cls.kueue),
+            watch_renew_seconds=_whole_seconds("MONARCH_OPERATOR_WATCH_RENEW_SECONDS",
+                                               cls.watch_renew_seconds, WATCH_RENEW_RANGE),
         )
 
 
+# Watch renewal: under 5 s the renewals are most of the operator's requests; over 300 s a
+# broken stream would go unnoticed for longer than a liveness probe should allow.
+WATCH_RENEW_RANGE = (5, 300)
 # The largest runAsUser the Kubernetes API accepts (a 32-bit signed int).
 MAX_UID = 2147483647
 
@@ -69,3 +81,13 @@ def _boolean(variable: str, default: bool) -> bool:
     if value.lower() not in ("true", "false"):
         raise ValueError(f"{variable}={value!r}: must be true or false")
     return value.lower() == "true"
+
+
+def _whole_seconds(variable: str, default: int, bounds: tuple[int, int]) -> int:
+    value = os.environ.get(variable)
+    if value is None:
+        return default
+    low, high = bounds
+    if not value.strip().isdigit() or not low <= int(value) <= high:
+        raise ValueError(f"{variable}={value!r}: must be whole seconds, {low}-{high}")
+    return int(value)

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from monarch_operator.launcher.session import waiting
+
 # ioctl requests of Linux's netdevice(7): an interface's IPv4 address and netmask.
 _SIOCGIFADDR = 0x8915
 _SIOCGIFNETMASK = 0x891B
@@ -176,11 +178,11 @@ def form_role_groups(
         addresses = tuple(role_addresses[role])
         master = addresses[0]
         first = probe.slice(hosts=0, gpus=0)
-        port = first.free_port.call_one(master, tuple(taken.get(master, ()))).get(
-            timeout=timeout_s)
+        port = waiting.get(first.free_port.call_one(master, tuple(taken.get(master, ()))),
+                           timeout_s)
         taken.setdefault(master, set()).add(port)
         group = RoleGroup(role, master, port, world_sizes[role], local_world_sizes[role])
-        probe.join_group.call(group, addresses).get(timeout=timeout_s)
+        waiting.get(probe.join_group.call(group, addresses), timeout_s)
         groups[role] = group
     return groups
 

@@ -41,6 +41,7 @@ from monarch_operator.launcher.jobconfig import LAUNCH_ARGS_ENV, JobConfig, job_
 from monarch_operator.launcher.options import UsageError, build_job_parser
 from monarch_operator.launcher.programs.distributed import RoleGroup, form_role_groups
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session import waiting
 from monarch_operator.launcher.session.causes import monarch_loss
 from monarch_operator.launcher.session.exitrecords import ExitRecord, collect
 from monarch_operator.launcher.session.lifecycle import (
@@ -361,7 +362,7 @@ class Job:
         )
         self._probes[role.role] = probe
         infos = sorted(
-            probe.identify.call().get(timeout=IDENTIFY_TIMEOUT_S).values(),
+            waiting.get(probe.identify.call(), IDENTIFY_TIMEOUT_S).values(),
             key=lambda info: info.rank,
         )
         for info in infos:
@@ -401,14 +402,16 @@ class Job:
     # -- failures ---------------------------------------------------------------------------
 
     def get(self, future: Any, timeout: float | None = None) -> Any:
-        """``future.get(timeout)``, with Monarch's errors turned into :class:`RankFailure`.
+        """``future.get(timeout)``, with Monarch's errors turned into :class:`RankFailure`;
+        waited for in slices (:func:`.session.waiting.get`), so that a stop or a lost worker
+        interrupts the wait at once.
 
         Raises:
             RankFailure: a rank raised, exited or was killed (see :meth:`failure`).
             TimeoutError: the call did not finish in ``timeout`` seconds.
         """
         try:
-            return future.get(timeout=timeout)
+            return waiting.get(future, timeout)
         except Exception as error:
             failure = self.failure(error)
             if failure is not None:

@@ -38,6 +38,7 @@ from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.hosts.placement import is_loopback_name
 from monarch_operator.launcher.hosts.sources import resolve_host_source
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session import waiting
 from monarch_operator.launcher.session.causes import monarch_loss
 from monarch_operator.launcher.session.lifecycle import (
     FaultRecorder,
@@ -377,9 +378,10 @@ class SpmdLauncher:
                 **self._restarts,  # type: ignore[arg-type]
             )
             probe = procs.spawn("spmd_probe", SpmdRank, world)
-            port = self._master_port or probe.slice(hosts=0, **{LOCAL_LABEL: 0}).free_port.call_one(
-                addresses[names[0]]
-            ).get(timeout=self.session.attach_timeout_s)
+            port = self._master_port or waiting.get(
+                probe.slice(hosts=0, **{LOCAL_LABEL: 0}).free_port.call_one(addresses[names[0]]),
+                self.session.attach_timeout_s,
+            )
             world = dataclasses.replace(world, master_port=port)
             self._ranks = procs.spawn("spmd_rank", SpmdRank, world)
             self._control = procs.spawn("spmd_control", SpmdControl)

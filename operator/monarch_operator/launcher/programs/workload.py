@@ -28,6 +28,8 @@ import torch.distributed as dist
 import torch.nn.functional as functional
 from monarch.actor import Actor, current_rank, current_size, endpoint
 
+from monarch_operator.launcher.session import waiting
+
 if TYPE_CHECKING:
     # Not exported from monarch.actor in torchmonarch 0.7.0; used for annotations only.
     from monarch_operator.launcher.session.monarch_compat import ActorMesh
@@ -200,8 +202,8 @@ def prepare(
         timeout_s: limit for each call, seconds.
     """
     rank0 = trainer.slice(hosts=0, gpus=0)
-    port = rank0.free_port.call_one(trainer_addresses[0]).get(timeout=timeout_s)
-    trainer.init_group.call(trainer_addresses, port).get(timeout=timeout_s)
+    port = waiting.get(rank0.free_port.call_one(trainer_addresses[0]), timeout_s)
+    waiting.get(trainer.init_group.call(trainer_addresses, port), timeout_s)
     ref.load.call(rank0.state_dict.call_one().get(timeout=timeout_s)).get(timeout=timeout_s)
 
 
@@ -221,8 +223,8 @@ def run_steps(
     """
     for step in range(1, steps + 1):
         inputs, labels = make_batch(step)
-        trainer_results = _by_rank(trainer.step.call(step, inputs, labels).get(timeout=timeout_s))
-        ref_shards = _by_rank(ref.logprobs.call(inputs).get(timeout=timeout_s))
+        trainer_results = _by_rank(waiting.get(trainer.step.call(step, inputs, labels), timeout_s))
+        ref_shards = _by_rank(waiting.get(ref.logprobs.call(inputs), timeout_s))
         policy = trainer_results[0].logprobs
         for other in trainer_results[1:]:
             if not torch.allclose(policy, other.logprobs, atol=1e-6):
