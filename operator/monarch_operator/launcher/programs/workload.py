@@ -204,7 +204,7 @@ def prepare(
     rank0 = trainer.slice(hosts=0, gpus=0)
     port = waiting.get(rank0.free_port.call_one(trainer_addresses[0]), timeout_s)
     waiting.get(trainer.init_group.call(trainer_addresses, port), timeout_s)
-    ref.load.call(rank0.state_dict.call_one().get(timeout=timeout_s)).get(timeout=timeout_s)
+    waiting.get(ref.load.call(waiting.get(rank0.state_dict.call_one(), timeout_s)), timeout_s)
 
 
 def _by_rank(values: Any) -> list[Any]:
