@@ -175,8 +175,9 @@ def describe(found: HardwareLine) -> str:
 # The launcher's words for a rank failure it classed by such a line (see describe), and how
 # the operator finds them again in its termination message: "... [GPUHardwareError on host H:
 # hardware error (ECCUncorrectable): <line>]".
+# The line may hold brackets itself ("rank 0[0]"): the mark ends at the text's last one.
 MARKER = re.compile(rf"\[{REASON} on host (?P<host>[^:\s]+): hardware error \((?P<pattern>[^)]+)\):"
-                    r" (?P<line>[^\]]*)\]")
+                    r" (?P<line>.*)\]")
 
 
 def marker(host: str, found: HardwareLine) -> str:
