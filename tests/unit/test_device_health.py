@@ -213,3 +213,57 @@ def test_a_programs_own_failure_is_left_to_the_exit_code(
     launcher = {"metadata": {"name": "demo-launcher-1", "namespace": "team-a"}}
     assert hardware.end_if_hardware_error(state, outcome, [launcher]) == (False, None)
     assert "class" not in state.status["attempts"][0]
+
+
+def launcher_pod(finished_at: str | None, exit_code: int = 1, message: str = "") -> dict:
+    state: dict[str, Any] = ({"terminated": {"exitCode": exit_code, "finishedAt": finished_at,
+                                             "message": message, "reason": "Error"}}
+                             if finished_at else {"running": {}})
+    return {"metadata": {"name": "demo-launcher-1", "namespace": "team-a", "uid": "l"},
+            "spec": {"nodeName": "node-0"},
+            "status": {"phase": "Failed" if finished_at else "Running",
+                       "containerStatuses": [{"name": "launcher", "state": state}]}}
+
+
+@pytest.fixture
+def nodes_fine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node Ready, heartbeating, not cordoned."""
+    from monarch_operator.controller.judge import judging
+
+    far = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    monkeypatch.setattr(judging.k8s_nodes, "node_not_ready_since", lambda node: None)
+    monkeypatch.setattr(judging.k8s_nodes, "node_readiness",
+                        lambda: {"node-0": (True, None), "node-1": (True, None)})
+    monkeypatch.setattr(judging.k8s_nodes, "node_heartbeats",
+                        lambda: {"node-0": far, "node-1": far})
+    monkeypatch.setattr(judging.k8s_nodes, "node_cordoned", lambda node: False)
+
+
+@pytest.mark.parametrize("finished_at", [None, "2026-12-04T10:04:00Z"])
+def test_the_judge_ends_a_running_or_failed_attempt_on_an_unhealthy_device(
+        api: dict[str, list[Any]], nodes_fine: None, finished_at: str | None) -> None:
+    from monarch_operator.controller.judge import judging
+
+    state = running_pass(job())
+    launcher = launcher_pod(finished_at, message="trainer rank 2 (host demo-worker-1, local "
+                                                 "rank 0): exited with code 1")
+    restarted = judging.judge_launcher(state, launcher, observe.launcher_outcome(launcher),
+                                       c34_pods("Unhealthy"), state.status["attempts"][0])
+    assert restarted == policy.INFRASTRUCTURE
+    assert state.status["attempts"][0]["reason"] == st.REASON_GPU_UNHEALTHY
+    assert api["deleted"] == ["demo-worker-1"]
+
+
+def test_the_judge_leaves_a_programs_failure_to_the_exit_code(
+        api: dict[str, list[Any]], nodes_fine: None) -> None:
+    from monarch_operator.controller.judge import judging
+
+    state = running_pass(job())
+    launcher = launcher_pod("2026-12-04T10:04:00Z", message="trainer rank 0 (host "
+                            "demo-worker-0, local rank 0): raised ValueError: boom")
+    restarted = judging.judge_launcher(state, launcher, observe.launcher_outcome(launcher),
+                                       c34_pods("Healthy"), state.status["attempts"][0])
+    assert restarted is None  # backoffLimit 0: the job failed
+    record = state.status["attempts"][0]
+    assert (record["class"], record["reason"]) == (policy.APPLICATION, st.REASON_LAUNCHER_FAILED)
+    assert api["deleted"] == []
