@@ -6,7 +6,10 @@ with the ResourceHealthStatus gate, shows it in the pod's ``allocatedResourcesSt
 first attempt's launcher sleeps; the operator ends that attempt as Infrastructure/GPUUnhealthy
 naming node, pod and device, recreates only that worker (the kubelet never allocates the bad
 device again), and the second attempt runs the built-in Monarch job to Succeeded without
-spending the application budget.
+spending the application budget. Then the same rank error with no device reported Unhealthy:
+a real rank (``monarch-torchrun``) prints PyTorch's uncorrectable-ECC line and exits 1; the
+attempt is Infrastructure from the message (GPUHardwareError), naming host and rank, and every
+worker keeps its pod.
 """
 
 from __future__ import annotations
@@ -82,3 +85,33 @@ def test_c34_a_gpu_marked_unhealthy_mid_run_moves_its_worker_and_the_job_succeed
     assert not (moved["spec"]["nodeName"] == node and bad in gpus_of(moved)), moved["status"]
     assert allocatable["nvidia.com/gpu"] == "3", allocatable
     assert "monarch-launch: succeeded" in log, log[-3000:]
+
+
+ECC = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+# Attempt 1: rank 1 (on c34m-worker-1) prints the ECC line and exits 1; attempt 2 all ranks
+# exit 0. $MONARCH_ATTEMPT is the launcher's, expanded before the ranks start.
+RANK_FAILS_FIRST = (
+    'exec monarch-torchrun --nproc-per-node 1 --no-python sh -c "'
+    'if [ \\$RANK = 1 ] && [ $MONARCH_ATTEMPT = 1 ]; then echo \'' + ECC + '\' >&2; exit 1; fi; '
+    'echo rank \\$RANK ok"')
+
+
+def test_c34_the_same_rank_error_without_device_health_is_infrastructure_from_the_message(
+        kubectl, namespace, local_cluster):
+    body = yaml.safe_load(c34_job())
+    body["metadata"]["name"] = "c34m"
+    body["spec"]["launcher"] = {"command": ["sh", "-c", RANK_FAILS_FIRST]}
+    with PodWatch(kubectl, namespace, "c34m") as watch:
+        kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(body))
+        status = wait_phase(kubectl, namespace, "c34m", "Succeeded", timeout=TIMEOUT)
+    log = launcher_log(kubectl, local_cluster.state_dir, namespace, "c34m")
+    first, last = status["attempts"][0], status["attempts"][-1]
+    assert (first["class"], first["reason"]) == ("Infrastructure", "GPUHardwareError"), first
+    assert first["rank"] == 1 and first["host"].startswith("c34m-worker-1"), first
+    assert first["message"].startswith("hardware error (ECCUncorrectable) on host c34m-worker-1"), (
+        first)
+    assert ECC in first["message"], first
+    assert last["class"] == "Succeeded" and len(status["attempts"]) == 2, (status, log[-3000:])
+    assert "application" not in status.get("failureCounts", {}), status["failureCounts"]
+    seen = watch.pods_seen()  # which device is to blame is not known: every worker is kept
+    assert (seen["c34m-worker-0"], seen["c34m-worker-1"]) == (1, 1), watch.uids
