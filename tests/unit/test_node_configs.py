@@ -93,3 +93,27 @@ def test_an_empty_iptables_table_counts_as_none():
     assert _iptables_rules(empty) == _iptables_rules("") == []
     left = "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -s 10.244.0.0/16 -j ACCEPT\nCOMMIT\n"
     assert _iptables_rules(left) == ["*filter", "-A FORWARD -s 10.244.0.0/16 -j ACCEPT"]
+
+
+def test_device_health_shows_in_pod_status_on_the_kubelets_and_the_api_server(tmp_path: Path):
+    """KEP-4680's gate (docs/gpu-health.md): the kubelet fills allocatedResourcesStatus, the
+    API server drops the field unless it is on too."""
+    config = configs.kubelet_config(NODES[0], tmp_path, "/mlc-node-0")
+    assert config["featureGates"] == {"ResourceHealthStatus": True}
+    assert configs.feature_gates_flag() == "--feature-gates=ResourceHealthStatus=true"
+
+
+def test_the_fake_gpu_plugin_reads_the_unhealthy_devices_from_its_nodes_file(tmp_path: Path):
+    from monarch_operator.localcluster.node.node import RealNode
+
+    node = RealNode(NODES[1], tmp_path / "node-1", tmp_path / "images", tmp_path / "logs",
+                    tmp_path / "bin", 4)
+    node.state_dir.mkdir(parents=True)
+    node.set_unhealthy_gpus(["1", "3"])
+    assert node.gpu_health_file.read_text() == "1\n3\n"
+    node.set_unhealthy_gpus([])
+    assert node.gpu_health_file.read_text() == ""
+    started: list[list[str]] = []
+    node.pids["holder"] = 1
+    node.start_kubelet(lambda name, command: started.append(command) or 1)
+    assert f"-health-file={node.gpu_health_file}" in started[-1]

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from monarch_operator import constants
+from monarch_operator import constants, hwerrors
 from monarch_operator.hostfile import Host
 from monarch_operator.launcher.hosts.layout import RoleSpec
 from monarch_operator.launcher.hosts.rolespecs import RolesFormatError, choose_roles
@@ -101,6 +101,12 @@ def session_from_args(
         extra = parse_env_items(args.env, environ)
     except EnvSpecError as error:
         raise UsageError(str(error)) from None
+    try:
+        in_env = hwerrors.from_env(environ)
+        hardware = (*in_env, *hwerrors.patterns(getattr(args, "hardware_error_pattern", None)
+                                                or (), True, "--hardware-error-pattern"))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     if args.ssh_key and not os.path.isfile(os.path.expanduser(args.ssh_key)):
         raise UsageError(f"--ssh-key {args.ssh_key}: no such file")
     if args.known_hosts and not os.path.isfile(os.path.expanduser(args.known_hosts)):
@@ -125,6 +131,7 @@ def session_from_args(
         modules=modules,
         host_addresses=host_addresses,
         dns_stable_s=args.dns_stable,
+        hardware_patterns=hardware,
     )
 
 

@@ -230,6 +230,15 @@ def add_session_flags(parser: argparse.ArgumentParser) -> None:
         metavar="KEY[=VALUE]",
         help="set KEY for every worker (repeatable); without =VALUE, copy it from here",
     )
+    monarch.add_argument(
+        "--hardware-error-pattern",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="a failed rank whose output has a line matching REGEX (Python re) failed for its "
+        "hardware (GPUHardwareError; repeatable); added to the built-in list and to env "
+        "MONARCH_HARDWARE_ERRORS (docs/gpu-health.md)",
+    )
 
 
 def add_output_flags(group: argparse._ArgumentGroup) -> None:

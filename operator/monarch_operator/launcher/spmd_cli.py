@@ -26,6 +26,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from monarch_operator import hwerrors
 from monarch_operator.launcher import exitcodes, stopguard
 from monarch_operator.launcher.flagtypes import port_number
 from monarch_operator.launcher.jobconfig import resolve_hosts, session_from_args
@@ -35,7 +36,11 @@ from monarch_operator.launcher.options import (
     add_output_flags,
     add_session_flags,
 )
-from monarch_operator.launcher.programs.failures import report_failure
+from monarch_operator.launcher.programs.failures import (
+    hardware_fields,
+    hardware_line,
+    report_failure,
+)
 from monarch_operator.launcher.programs.spmd import (
     NPROC_KEYWORDS,
     SPMD_MODULES,
@@ -255,9 +260,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "monarch-torchrun") -> i
         with launcher:
             outcomes = launcher.run_command(argv_per_rank)
     except SpmdRunError as error:
+        first = error.failures[0]
+        found = hardware_line(launcher.recorder, first.host, [first.error])
         return reporter.result(
             error.exit_code,
-            one_line(str(error), 2000),
+            one_line(str(error), 2000)
+            + (f" {hwerrors.marker(first.host, found)}" if found else ""),
+            **hardware_fields(first.host, first.rank, found),
             failures=[
                 {
                     "rank": f.rank,

@@ -34,6 +34,7 @@ from typing import Any
 
 from monarch_operator.localcluster import certs, nodestate
 from monarch_operator.localcluster.binaries import ensure_binaries, ensure_node_binaries
+from monarch_operator.localcluster.node import configs as node_configs
 from monarch_operator.localcluster.node import network as node_network
 from monarch_operator.localcluster.node import nodes as real_nodes_mod
 from monarch_operator.localcluster.orphans import stop_with_parent
@@ -372,6 +373,20 @@ class LocalCluster:
         real.adopt(record.get("pids", {}))
         return real
 
+    def set_unhealthy_gpus(self, node: str, ids: list[str]) -> None:
+        """Have real node ``node``'s fake GPU plugin report its devices ``ids`` Unhealthy and
+        every other one Healthy (``[]``: all Healthy); see
+        :meth:`.node.RealNode.set_unhealthy_gpus`.
+
+        Raises:
+            ValueError: the cluster has no real nodes.
+            KeyError: it has none named ``node``.
+        """
+        real = self._recorded_real_nodes()
+        if real is None:
+            raise ValueError("set_unhealthy_gpus: this cluster has no real nodes")
+        real.node(node).set_unhealthy_gpus(ids)
+
     @contextlib.contextmanager
     def node_lost(self, node: str, mode: str = nodestate.CRASH, wait: bool = True
                   ) -> Iterator[None]:
@@ -470,6 +485,7 @@ class LocalCluster:
                 # Real nodes' pods reach the API server through the ``kubernetes`` Service.
                 *(() if self.real_nodes else ("--endpoint-reconciler-type=none",)),
                 "--enable-priority-and-fairness=false",
+                node_configs.feature_gates_flag(),
                 f"--audit-policy-file={self.state_dir / 'audit-policy.json'}",
                 f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
                 "--audit-log-maxsize=200", "--audit-log-maxbackup=1"]

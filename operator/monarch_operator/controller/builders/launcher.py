@@ -11,7 +11,7 @@ import copy
 import json
 from typing import Any
 
-from monarch_operator import constants, names
+from monarch_operator import constants, hwerrors, names
 from monarch_operator.controller.builders.common import (
     child_metadata,
     container_security_context,
@@ -138,6 +138,8 @@ def launcher_env(job: JobSpec, attempt: int = 1, restart_count: int = 0,
     if job.run_policy.progress_deadline_seconds is not None:
         env.append({"name": constants.ENV_PROGRESS_DEADLINE,
                     "value": str(job.run_policy.progress_deadline_seconds)})
+    if job.run_policy.hardware_errors_env:  # the launcher names the host of a hardware fault
+        env.append({"name": hwerrors.ENV, "value": job.run_policy.hardware_errors_env})
     env.append({"name": constants.ENV_CLIENT_ADDRESS, "value": "tcp://$(POD_IP):0"})
     env.append(runtime_env())
     if job.attach:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch_operator.controller.judge import endings, recreated, stalls, verdicts
+from monarch_operator.controller.judge import endings, hardware, recreated, stalls, verdicts
 from monarch_operator.controller.k8s import nodes as k8s_nodes
 from monarch_operator.controller.release import release
 from monarch_operator.controller.spec import policy
@@ -106,6 +106,9 @@ def judge_launcher(state: Pass, launcher: dict[str, Any], outcome: observe.Launc
         endings.succeed(state, outcome)
         return None
     if not outcome.finished:
+        ended, restarted = hardware.end_if_unhealthy(state, worker_pods, outcome, pods)
+        if ended:  # a device turned Unhealthy mid-run: its worker is replaced (C34)
+            return restarted
         return _end_if_stalled(state, outcome, pods) or _end_if_launcher_lost(state, outcome, pods)
     if outcome.exit_code is None:  # no container ever ended: the pod itself was lost
         return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
@@ -120,6 +123,11 @@ def judge_launcher(state: Pass, launcher: dict[str, Any], outcome: observe.Launc
                                    f"{outcome.exit_code})", outcome, down, pods)
     if _awaiting_heartbeats(state, launcher, outcome, worker_pods, snapshot):
         return None
+    for end_if in (lambda: hardware.end_if_unhealthy(state, worker_pods, outcome, pods),
+                   lambda: hardware.end_if_hardware_error(state, outcome, pods)):
+        ended, restarted = end_if()
+        if ended:  # the hardware failed, not the program (C34): never the Application budget
+            return restarted
     unreachable = recreated.recreated_workers_unreachable(
         outcome.message, job.name, attempt, record, worker_pods)
     if unreachable:  # the program never ran: not its failure (C20)

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from monarch_operator import hwerrors
+
 # Failure classes (status.attempts[].class).
 APPLICATION = "Application"
 INFRASTRUCTURE = "Infrastructure"
@@ -76,11 +78,22 @@ class RunPolicy:
     progress_deadline_seconds: int | None = None
     # An application failure after progress since the previous failure spends no budget.
     progress_resets_backoff: bool = False
+    # Output lines that make a failure Infrastructure (GPUHardwareError): the defaults plus
+    # spec.runPolicy.hardwareErrors (monarch_operator/hwerrors.py); ``hardware_errors_env``
+    # that field for the launcher's environment ("" when unset).
+    hardware_patterns: tuple[hwerrors.Pattern, ...] = hwerrors.DEFAULT_PATTERNS
+    hardware_errors_env: str = ""
 
     @classmethod
     def from_spec(cls, run_policy: dict[str, Any] | None) -> RunPolicy:
-        """Build from ``spec.runPolicy`` (``None`` or ``{}``: all defaults)."""
+        """Build from ``spec.runPolicy`` (``None`` or ``{}``: all defaults).
+
+        Raises:
+            ValueError: ``spec.runPolicy.hardwareErrors`` is not valid (the message names the
+                field: :func:`monarch_operator.hwerrors.from_spec`).
+        """
         run_policy = run_policy or {}
+        hardware_errors = dict(run_policy.get("hardwareErrors") or {})
         rules = []
         for rule in (run_policy.get("podFailurePolicy") or {}).get("rules") or []:
             on_exit = rule.get("onExitCodes") or {}
@@ -98,6 +111,8 @@ class RunPolicy:
             progress_deadline_seconds=(None if run_policy.get("progressDeadlineSeconds") is None
                                        else int(run_policy["progressDeadlineSeconds"])),
             progress_resets_backoff=bool(run_policy.get("progressResetsBackoff", False)),
+            hardware_patterns=hwerrors.from_spec(hardware_errors),
+            hardware_errors_env=hwerrors.to_env(hardware_errors),
         )
 
 

@@ -175,6 +175,10 @@ class JobSpec:
             raise InvalidSpecError(str(error)) from error
         trainer = meshes.get("trainer") or {}
         ref = meshes.get("ref") or {}
+        try:
+            run_policy = RunPolicy.from_spec(spec.get("runPolicy"))
+        except ValueError as error:
+            raise InvalidSpecError(str(error)) from error
         return cls(
             name=metadata["name"],
             namespace=metadata.get("namespace", "default"),
@@ -202,7 +206,7 @@ class JobSpec:
             ref_gpus=_optional_int(ref.get("gpus")),
             spmd=_spmd(spec.get("spmd")),
             suspend=bool(spec.get("suspend", False)),
-            run_policy=RunPolicy.from_spec(spec.get("runPolicy")),
+            run_policy=run_policy,
             pod_labels=_passed_on(metadata.get("labels")),
             pod_annotations=_passed_on(metadata.get("annotations")),
             active_deadline_seconds=_optional_int(spec.get("activeDeadlineSeconds")),

@@ -53,7 +53,9 @@ class LostWorker:
     ``evicted by a drain of node n1`` ...).
 
     ``node_lost``: its node is not Ready and it is not either; nobody else deletes such a pod
-    soon (taint-based eviction waits 300 s), so the operator does, to have it recreated.
+    soon (taint-based eviction waits 300 s), so the operator does, to have it recreated. Also
+    set for a worker whose device turned Unhealthy (``GPUUnhealthy``, judge/hardware.py): its
+    pod is recreated so that it gets another device.
     """
 
     name: str

@@ -55,6 +55,11 @@ REASON_WORKER_RESTARTED = "WorkerRestarted"
 REASON_LAUNCHER_LOST = "LauncherLost"
 # The launcher's pre-flight could not reach workers recreated for the attempt (C20).
 REASON_WORKER_UNREACHABLE = "WorkerUnreachable"
+# A device of a worker turned Unhealthy (KEP-4680 allocatedResourcesStatus), or a rank's
+# output named a hardware fault (monarch_operator/hwerrors.py): Infrastructure
+# (controller/judge/hardware.py, docs/gpu-health.md).
+REASON_GPU_UNHEALTHY = "GPUUnhealthy"
+REASON_GPU_HARDWARE_ERROR = "GPUHardwareError"
 # runPolicy.progressDeadlineSeconds (controller/judge/stalls.py)
 REASON_PROGRESS_STALLED = "ProgressStalled"
 # A podFailurePolicy rule with action FailJob matched the launcher's exit code.

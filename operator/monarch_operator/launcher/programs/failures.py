@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from monarch_operator import hwerrors
 from monarch_operator.launcher import exitcodes, stopsignal
 from monarch_operator.launcher.programs.job import RankFailure
 from monarch_operator.launcher.report import Reporter
@@ -52,13 +54,15 @@ def report_failure(
     if isinstance(error, RankFailure):
         if error.traceback and not reporter.quiet:
             reporter.warning(f"remote traceback of {error.summary}:\n{error.traceback.rstrip()}")
+        found = hardware_line(recorder, error.host, [error.what, error.traceback, error.detail])
         return reporter.result(
             error.exit_code,
-            error.summary,
+            error.summary + (f" {hwerrors.marker(error.host, found)}" if found else ""),
             role=error.role,
             rank=error.rank,
             host=error.host,
             local_rank=error.local_rank,
+            **hardware_fields(error.host, error.rank, found),
         )
     if isinstance(error, PreflightError):
         hosts = [
@@ -94,3 +98,37 @@ def report_failure(
         time.sleep(0.1)
         code = exitcodes.exit_code_for_failure([*recorder.reports, str(error)])
     return reporter.result(code, reason)
+
+
+def hardware_line(
+    recorder: FaultRecorder, host: str, texts: Sequence[str]
+) -> hwerrors.HardwareLine | None:
+    """The first line that means a hardware fault (``recorder.hardware_patterns``) in a failed
+    rank's own ``texts`` (how it failed, its traceback, Monarch's words), else in the last
+    lines its ``host``'s worker printed (``recorder.output_of``); None when there is none.
+
+    Args:
+        recorder: the launch's recorder (its patterns and the workers' output tails).
+        host: the failed rank's host name, as the launcher was given it.
+        texts: the failure's own words, several lines each.
+    """
+    found = hwerrors.find(texts, recorder.hardware_patterns)
+    if found is None and recorder.output_of is not None:
+        try:
+            found = hwerrors.find(recorder.output_of(host), recorder.hardware_patterns)
+        except Exception:  # noqa: BLE001 - its output cannot be read: judged by the rest
+            found = None
+    return found
+
+
+def hardware_fields(host: str, rank: int, found: hwerrors.HardwareLine | None) -> dict[str, Any]:
+    """The result's fields for a rank failure found to be a hardware fault (``{}`` when not):
+    ``failure_class`` Infrastructure, ``failure_reason`` :data:`~monarch_operator.hwerrors.REASON`
+    and ``hardware`` (host, rank, pattern, line)."""
+    if found is None:
+        return {}
+    return {
+        "failure_class": "Infrastructure",
+        "failure_reason": hwerrors.REASON,
+        "hardware": {"host": host, "rank": rank, "pattern": found.pattern, "line": found.line},
+    }

@@ -317,7 +317,7 @@ class Job:
             install_fault_hook(self.recorder)
             meshes = [(mesh.name, mesh.hosts) for mesh in self.plan.meshes]
             self.host_meshes = stack.enter_context(
-                started_job(self.session, meshes, self.addresses, self.reporter)
+                started_job(self.session, meshes, self.addresses, self.reporter, self.recorder)
             )
             for role in self.plan.roles:
                 self._procs[role.role] = self._spawn_role(role)

@@ -359,7 +359,8 @@ class SpmdLauncher:
         stack = contextlib.ExitStack()
         try:
             host_meshes = stack.enter_context(
-                started_job(self.session, [(SPMD_MESH, names)], addresses, self.reporter)
+                started_job(self.session, [(SPMD_MESH, names)], addresses, self.reporter,
+                            self.recorder)
             )
             procs = host_meshes[SPMD_MESH].spawn_procs(
                 per_host={LOCAL_LABEL: self.nproc_per_node}, name=self._role

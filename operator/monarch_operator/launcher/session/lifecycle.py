@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from monarch_operator.launcher import exitcodes, progress, stopsignal, stoprequest
+from monarch_operator import hwerrors
+from monarch_operator.launcher import exitcodes, progress, stoprequest, stopsignal
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.diagnose import SSH_SESSION_FAILED
 from monarch_operator.launcher.session.dnswait import DEFAULT_STABLE_S, wait_for_addresses
@@ -108,6 +109,8 @@ class SessionConfig:
         host_addresses: ``{host name: IPv4 address it has now}``; each such name must resolve
             to it for ``dns_stable_s`` seconds before the pre-flight (:mod:`.dnswait`).
         dns_stable_s: see ``host_addresses``, seconds.
+        hardware_patterns: output lines that mean a hardware fault
+            (:mod:`monarch_operator.hwerrors`).
     """
 
     ssh: SshSettings
@@ -122,6 +125,7 @@ class SessionConfig:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     host_addresses: Mapping[str, str] = field(default_factory=dict)
     dns_stable_s: float = DEFAULT_STABLE_S
+    hardware_patterns: tuple[hwerrors.Pattern, ...] = hwerrors.DEFAULT_PATTERNS
 
 
 class Terminated(BaseException):
@@ -213,6 +217,10 @@ class FaultRecorder:
     def __init__(self, reporter: Reporter) -> None:
         self.reports: list[str] = []
         self._reporter = reporter
+        # The last lines a host's worker printed (by host name), once its session started: a
+        # rank's last words before it failed (:mod:`launcher.programs.failures`).
+        self.output_of: Callable[[str], list[str]] | None = None
+        self.hardware_patterns: tuple[hwerrors.Pattern, ...] = hwerrors.DEFAULT_PATTERNS
 
     def __call__(self, failure: MeshFailure) -> None:
         report = failure.report()
@@ -319,6 +327,7 @@ def started_job(
     meshes: Sequence[tuple[str, Sequence[str]]],
     addresses: Mapping[str, str],
     reporter: Reporter,
+    recorder: FaultRecorder | None = None,
 ) -> Iterator[dict[str, HostMesh]]:
     """Start one worker per host over ssh; yield ``{mesh name: HostMesh}`` once all attached.
 
@@ -327,6 +336,8 @@ def started_job(
         meshes: ``(mesh name, host names)`` pairs; no host in two meshes.
         addresses: ``{host name: IPv4 address}`` from :func:`check_hosts`.
         reporter: for progress lines and teardown warnings.
+        recorder: gets the workers' output tails and ``config.hardware_patterns`` (a failed
+            rank's last words are checked for a hardware fault).
 
     Raises:
         Whatever Monarch raises while attaching (e.g. TimeoutError); teardown has run by then.
@@ -357,6 +368,9 @@ def started_job(
     # Must follow SSHJob(), which enables the hostname-based tcp transport; that transport panics
     # when the hostname resolves only to loopback, and enabling another one before SSHJob() is
     # refused ("Only one transport type may be enabled").
+    if recorder is not None:
+        recorder.hardware_patterns = config.hardware_patterns
+        recorder.output_of = lambda host: job.output_tail(addresses.get(host, host))
     host_meshes: dict[str, HostMesh] = {}
     watch = _WorkerWatch(job, names, config.ssh)
     try:

@@ -101,6 +101,17 @@ def cni_config(node: NodeAddresses) -> dict[str, object]:
     }
 
 
+# Feature gates set on the kubelets and the API server: ResourceHealthStatus shows device
+# health in pod status (allocatedResourcesStatus); the API server drops the field without it.
+FEATURE_GATES = {"ResourceHealthStatus": True}
+
+
+def feature_gates_flag() -> str:
+    """``--feature-gates=...`` for the API server: :data:`FEATURE_GATES`."""
+    return "--feature-gates=" + ",".join(
+        f"{gate}={'true' if on else 'false'}" for gate, on in sorted(FEATURE_GATES.items()))
+
+
 def kubelet_config(node: NodeAddresses, pki: Path, cgroup_root: str) -> dict[str, object]:
     """The node's ``KubeletConfiguration`` (kubelet.config.k8s.io/v1beta1).
 
@@ -146,6 +157,9 @@ def kubelet_config(node: NodeAddresses, pki: Path, cgroup_root: str) -> dict[str
                          "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
         "maxPods": 110,
         "shutdownGracePeriod": "0s",
+        # KEP-4680: the health of a pod's devices in its status (allocatedResourcesStatus);
+        # beta and on by default in 1.36, named so that it stays on (docs/gpu-health.md).
+        "featureGates": dict(FEATURE_GATES),
     }
 
 

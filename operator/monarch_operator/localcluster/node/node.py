@@ -32,6 +32,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # and removed again by teardown when we created them).
 BINDS = {"kubelet": "/var/lib/kubelet", "cni": "/var/lib/cni", "run": "/run/containerd",
          "pod-logs": "/var/log/pods", "container-logs": "/var/log/containers"}
+# The file in a node's folder that lists its Unhealthy fake GPUs (RealNode.set_unhealthy_gpus).
+GPU_HEALTH_FILE = "gpu-unhealthy"
 COMPONENTS = ("containerd", "kubelet", "kube-proxy", "kube-router", "gpu-plugin")
 
 Progress = Callable[[str], None]
@@ -93,9 +95,25 @@ class RealNode:
             server, pki / "ca.crt", pki / "kube-proxy.crt", pki / "kube-proxy.key"))
         (self.state_dir / "kube-router.kubeconfig").write_text(configs.kubeconfig(
             server, pki / "ca.crt", pki / "kube-router.crt", pki / "kube-router.key"))
+        self.set_unhealthy_gpus([])  # every device Healthy at start
         (self.state_dir / "kube-proxy.yaml").write_text(json.dumps(
             configs.kube_proxy_config(self.addresses, self.state_dir / "kube-proxy.kubeconfig"),
             indent=2))
+
+    @property
+    def gpu_health_file(self) -> Path:
+        """The fake GPU plugin's test hook: the ids of the devices it reports Unhealthy."""
+        return self.state_dir / GPU_HEALTH_FILE
+
+    def set_unhealthy_gpus(self, ids: list[str]) -> None:
+        """Have the node's fake GPU plugin report the devices ``ids`` (``"0"``, ``"1"`` ...)
+        Unhealthy and every other one Healthy, within about a second (it reads the file every
+        500 ms and sends the change on ListAndWatch; the kubelet drops them from allocatable
+        and, with the ResourceHealthStatus gate, shows them in the pod status). ``[]``: all
+        Healthy again."""
+        scratch = self.gpu_health_file.with_suffix(".tmp")
+        scratch.write_text("\n".join(ids) + ("\n" if ids else ""))
+        scratch.replace(self.gpu_health_file)  # the plugin never reads half a list
 
     def make_cgroups(self) -> None:
         """Create ``/mlc-<node>`` in every hierarchy (cpuset: with its parent's CPUs and memory
@@ -159,7 +177,7 @@ class RealNode:
             str(bins / "kube-proxy"), f"--config={self.state_dir / 'kube-proxy.yaml'}"))
         self.pids["gpu-plugin"] = start(f"{self.name}-gpu-plugin", self.enter(
             str(bins / "fake-gpu-plugin"), f"-count={self.gpus}",
-            f"-dir={configs.DEVICE_PLUGIN_DIR}"))
+            f"-dir={configs.DEVICE_PLUGIN_DIR}", f"-health-file={self.gpu_health_file}"))
 
     def start_firewall(self, start: Callable[[str, list[str]], int]) -> None:
         """Start kube-router's NetworkPolicy firewall. Only once the kubelet has registered

@@ -7,6 +7,13 @@
 // plugin, Allocate tells each container which devices it got: NVIDIA_VISIBLE_DEVICES=<ids>, comma
 // separated in the kubelet's order. It registers with the kubelet and registers again whenever
 // the kubelet restarts (the kubelet removes every plugin socket when it starts).
+//
+// Test hook (issue 35, field case C34): with -health-file, the devices whose ids that file lists
+// (comma or whitespace separated) are Unhealthy, all others Healthy; the file is read every
+// 500 ms and every change is sent on ListAndWatch, as NVIDIA's plugin does after a critical Xid.
+// The kubelet then drops those devices from the node's allocatable (never allocating them again)
+// and, with the ResourceHealthStatus gate, shows them in the pod's
+// status.containerStatuses[].allocatedResourcesStatus. A missing or empty file: all Healthy.
 package main
 
 import (
@@ -20,6 +27,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,21 +38,79 @@ import (
 
 type plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
+	env string
+
+	mu      sync.Mutex
 	devices []*pluginapi.Device
-	env     string
+	changed chan struct{} // closed (and replaced) whenever devices change
+}
+
+// snapshot returns a copy of the device list and the channel closed at its next change.
+func (p *plugin) snapshot() ([]*pluginapi.Device, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	devices := make([]*pluginapi.Device, len(p.devices))
+	for i, d := range p.devices {
+		devices[i] = &pluginapi.Device{ID: d.ID, Health: d.Health}
+	}
+	return devices, p.changed
+}
+
+// setUnhealthy marks the devices in unhealthy Unhealthy and all others Healthy; it wakes every
+// ListAndWatch stream when anything changed and returns whether it did.
+func (p *plugin) setUnhealthy(unhealthy map[string]bool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	changed := false
+	for _, d := range p.devices {
+		health := pluginapi.Healthy
+		if unhealthy[d.ID] {
+			health = pluginapi.Unhealthy
+		}
+		if d.Health != health {
+			d.Health = health
+			changed = true
+		}
+	}
+	if changed {
+		close(p.changed)
+		p.changed = make(chan struct{})
+	}
+	return changed
+}
+
+// readHealthFile returns the device ids listed in path (none when it is missing).
+func readHealthFile(path string) map[string]bool {
+	ids := map[string]bool{}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ids
+	}
+	for _, id := range strings.FieldsFunc(string(data), func(r rune) bool {
+		return r == ',' || r == ' ' || r == '\n' || r == '\t' || r == '\r'
+	}) {
+		ids[id] = true
+	}
+	return ids
 }
 
 func (p *plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
 	return &pluginapi.DevicePluginOptions{}, nil
 }
 
-// ListAndWatch sends the device list once; the devices never change or fail.
+// ListAndWatch sends the whole device list, then again after every change of health.
 func (p *plugin) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
-	if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: p.devices}); err != nil {
-		return err
+	for {
+		devices, changed := p.snapshot()
+		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: devices}); err != nil {
+			return err
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-changed:
+		}
 	}
-	<-stream.Context().Done()
-	return nil
 }
 
 func (p *plugin) GetPreferredAllocation(context.Context, *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
@@ -102,9 +168,10 @@ func main() {
 	count := flag.Int("count", 8, "devices to advertise")
 	dir := flag.String("dir", pluginapi.DevicePluginPath, "the kubelet's device plugin folder")
 	env := flag.String("env", "NVIDIA_VISIBLE_DEVICES", "variable that names a container's devices")
+	healthFile := flag.String("health-file", "", "test hook: a file listing the ids of Unhealthy devices")
 	flag.Parse()
 
-	p := &plugin{env: *env}
+	p := &plugin{env: *env, changed: make(chan struct{})}
 	for i := 0; i < *count; i++ {
 		p.devices = append(p.devices, &pluginapi.Device{ID: strconv.Itoa(i), Health: pluginapi.Healthy})
 	}
@@ -141,6 +208,12 @@ func main() {
 			_ = os.Remove(socket)
 			return
 		case <-tick.C:
+			if *healthFile != "" {
+				unhealthy := readHealthFile(*healthFile)
+				if p.setUnhealthy(unhealthy) {
+					log.Printf("health changed: unhealthy %v", unhealthy)
+				}
+			}
 		}
 	}
 }
