@@ -162,8 +162,9 @@ def _archive(name: str, content: str) -> Path:
 
 def check_free_space(folder: Path, need_gib: float = MIN_FREE_GIB,
                      usage: Callable[[Path], Any] = shutil.disk_usage,
-                     replaced: list[Path] | None = None) -> None:
-    """Refuse to start a build that the disk holding ``folder`` cannot take.
+                     replaced: list[Path] | None = None, needed_for: str = "a build") -> None:
+    """Refuse to start a build (or what ``needed_for`` names) that the disk holding ``folder``
+    cannot take.
 
     Args:
         folder: where the build writes (the image cache); ``usage(folder).free`` is in bytes.
@@ -172,6 +173,7 @@ def check_free_space(folder: Path, need_gib: float = MIN_FREE_GIB,
             one (:func:`_export`): their bytes count as free. A changed worker image on a disk
             with 9 GiB free and its 6 GB archive to replace is a build that fits (stop 39's CI
             refused it).
+        needed_for: what needs the space, for the message.
 
     Raises:
         RuntimeError: less than ``need_gib`` free, counting ``replaced``; the message says how
@@ -182,7 +184,7 @@ def check_free_space(folder: Path, need_gib: float = MIN_FREE_GIB,
     if free_gib + reclaimable < need_gib:
         also = f" (and {reclaimable:.1f} GiB in archives it replaces)" if reclaimable else ""
         raise RuntimeError(disk_advice(folder, f"only {free_gib:.1f} GiB free on the disk of "
-                                               f"{folder}{also}, a build needs about "
+                                               f"{folder}{also}, {needed_for} needs about "
                                                f"{need_gib:.0f}"))
 
 

@@ -211,6 +211,12 @@ class RealNode:
                                    f"{timeout:.0f}s; end of {log}:\n{tail}")
             time.sleep(0.2)
 
+    def needs_import(self, archive: Path) -> bool:
+        """Whether :meth:`import_image` would import ``archive`` (not imported before into the
+        kept root)."""
+        record = self.images_root / "monarch-imported.json"
+        return archive.name not in (json.loads(record.read_text()) if record.exists() else [])
+
     def import_image(self, archive: Path, progress: Progress) -> None:
         """Import a docker-archive into the node's containerd unless this very archive (its
         file name carries its content hash) was imported before into the kept root.

@@ -19,8 +19,10 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from monarch_operator.localcluster import certs
+from monarch_operator.localcluster.images import check_free_space
 from monarch_operator.localcluster.node import addons, network
 from monarch_operator.localcluster.node import node as nodemod
 from monarch_operator.localcluster.node.network import NodeAddresses
@@ -189,6 +191,8 @@ class RealNodes:
                 OWNER.write_text(json.dumps({"state_dir": str(self.state_dir),
                                              "pid": node.pids["holder"]}))
             node.start_components(start)
+        check_import_space([(node.images_root, archive) for node in self.nodes
+                            for archive in images.values() if node.needs_import(archive)])
         # One thread per node, each importing the archives in turn: images share layers, and
         # one containerd ingests a shared blob once (a second writer waits on its lock).
         def import_all(node: nodemod.RealNode) -> None:
@@ -369,3 +373,37 @@ def wait(check: Callable[[], list[str]], what: str, timeout: float, progress: Pr
             progress(f"waiting for {what} ({now - started:.0f}s): {'; '.join(problems)}")
             said = now
         time.sleep(0.5)
+
+
+# Besides the archives' size, what an import may need on top (containerd's metadata, a
+# kubelet's logs) and what the machine should keep free, in GiB.
+IMPORT_MARGIN_GIB = 2.0
+
+
+def check_import_space(imports: list[tuple[Path, Path]],
+                       usage: Callable[[Path], Any] = shutil.disk_usage) -> None:
+    """Refuse to import images into the nodes' containerd when the disk cannot take them, before
+    any import starts: a disk that fills up during ``ctr images import`` leaves half-imported
+    layers behind and a traceback (a newcomer's first demo on a small disk).
+
+    Args:
+        imports: ``(the node's containerd root, archive)`` per import to come; each unpacks
+            about its archive's size (``--discard-unpacked-layers`` keeps no blob copy).
+        usage: ``shutil.disk_usage``'s kind (for tests).
+
+    Raises:
+        RuntimeError: less free space than the archives' total and :data:`IMPORT_MARGIN_GIB`
+            on a disk that holds a node's root; the message says how much and what may be
+            deleted (:func:`.images.disk_advice`).
+    """
+    need: dict[int, tuple[Path, float]] = {}
+    for root, archive in imports:
+        folder = root if root.exists() else root.parent
+        while not folder.exists():
+            folder = folder.parent
+        device = folder.stat().st_dev
+        _, total = need.get(device, (folder, 0.0))
+        need[device] = (folder, total + archive.stat().st_size / 2**30)
+    for folder, gib in need.values():
+        check_free_space(folder, need_gib=gib + IMPORT_MARGIN_GIB, usage=usage,
+                         needed_for="importing the images into the real nodes")
