@@ -84,3 +84,29 @@ def test_a_cluster_without_real_nodes_never_tears_down_the_machines(tmp_path, mo
     assert calls == []
     cluster_mod.LocalCluster(tmp_path / "real", real_nodes=2).down(quiet=True)
     assert calls == [(tmp_path / "real").resolve()]
+
+
+def test_a_refusal_comes_before_anything_is_built(host, tmp_path, monkeypatch):
+    """LocalCluster.up checks the claim before it builds binaries and images (minutes, and
+    6 GB of disk, spent for nothing otherwise), and says how to wait rather than only to stop
+    someone else's cluster; asked to wait, or with no other holder, it goes on."""
+    from monarch_operator.localcluster import cluster as cluster_mod
+
+    built: list[str] = []
+    monkeypatch.setattr(cluster_mod, "ensure_binaries", lambda: built.append("binaries"))
+    monkeypatch.delenv(nodes.WAIT_ENV, raising=False)
+    holder = held_by_another(host, tmp_path / "first")
+    try:
+        local = cluster_mod.LocalCluster(tmp_path / "second", real_nodes=2)
+        with pytest.raises(RuntimeError) as refused:
+            local.up(progress=lambda line: None)
+        assert built == [], "refused after building"
+        message = str(refused.value)
+        assert str(tmp_path / "first") in message and f"pid {holder.pid}" in message
+        assert "someone else's" in message and f"{nodes.WAIT_ENV}=SECONDS" in message
+        nodes.check_unclaimed(tmp_path / "second", wait_s=60)  # asked to wait: later
+        nodes.check_unclaimed(tmp_path / "first", wait_s=0)  # its own cluster again
+    finally:
+        holder.kill()
+        holder.wait()
+    nodes.check_unclaimed(tmp_path / "second", wait_s=0)  # the holder is gone

@@ -161,6 +161,9 @@ class LocalCluster:
             progress(f"local cluster already running ({self.kubeconfig})")
             return
         started = time.monotonic()
+        wait_s = float(os.environ.get(real_nodes_mod.WAIT_ENV, "0"))
+        if self.real_nodes:  # before the images are built: minutes lost to a refusal otherwise
+            real_nodes_mod.check_unclaimed(self.state_dir, wait_s)
         bin_dir = ensure_binaries()
         node_bin, archives = self._real_node_inputs(progress)
         self.down(quiet=True)
@@ -182,8 +185,7 @@ class LocalCluster:
         real = self._real_nodes(node_bin)
         try:
             if real is not None:
-                real.prepare_host(progress, float(os.environ.get(
-                    real_nodes_mod.WAIT_ENV, "0")))
+                real.prepare_host(progress, wait_s)
             pids["etcd"] = self._start("etcd", self._etcd_args(bin_dir, ports))
             self._save(pids, ports)
             self._wait_http(f"http://127.0.0.1:{ports['etcd']}/health", "etcd", pids)

@@ -62,6 +62,28 @@ def owner() -> dict[str, object] | None:
         return None
 
 
+def held_message(running: dict[str, object]) -> str:
+    """Why a cluster with real nodes cannot start while ``running`` (:func:`owner`) holds them."""
+    return (f"a local cluster with real nodes already runs on this machine (state dir "
+            f"{running['state_dir']}, held by pid {running['pid']}); one fits a machine. If it "
+            f"is yours, stop it: monarch-localcluster --dir {running['state_dir']} down; if it "
+            f"is someone else's (a test run, a benchmark), wait for it, or set {WAIT_ENV}="
+            f"SECONDS to wait here")
+
+
+def check_unclaimed(state_dir: Path, wait_s: float) -> None:
+    """Refuse at once, before anything is built, when another live cluster holds the real
+    nodes and nobody asked to wait (``wait_s`` 0); :meth:`RealNodes.prepare_host` claims them
+    later under the lock.
+
+    Raises:
+        RuntimeError: :func:`held_message`.
+    """
+    running = owner()
+    if wait_s <= 0 and running is not None and Path(str(running["state_dir"])) != state_dir:
+        raise RuntimeError(held_message(running))
+
+
 class RealNodes:
     """The real nodes of one local cluster.
 
@@ -127,10 +149,7 @@ class RealNodes:
                                                  "pid": os.getpid()}))
                     break
             if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    f"a local cluster with real nodes already runs on this machine (state dir "
-                    f"{running['state_dir']}); stop it first: monarch-localcluster --dir "
-                    f"{running['state_dir']} down (or set {WAIT_ENV} to wait for it)")
+                raise RuntimeError(held_message(running))
             if time.monotonic() >= next_note:
                 progress(f"waiting for the cluster with real nodes in {running['state_dir']} "
                          f"to go ({deadline - time.monotonic():.0f} s left)")
