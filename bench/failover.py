@@ -108,7 +108,8 @@ def operator_pid(pod: str) -> int:
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            if b"monarch_operator.controller" not in cmdline:
+            # The chart's image runs the console script; by hand it is `-m ...controller`.
+            if b"monarch-operator" not in cmdline and b"monarch_operator.controller" not in cmdline:
                 continue
             if wanted in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                 return int(entry)

@@ -5,7 +5,9 @@ timeout and fails."""
 
 from __future__ import annotations
 
+import heapq
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from monarch_operator.controller.leader.lease import LeaseConflict, LeaseRecord, micro_time
@@ -88,3 +90,48 @@ class RealClock:
     def advance(self, seconds: float) -> bool:
         time.sleep(seconds)
         return False
+
+
+class ScheduledClock(FakeClock):
+    """A :class:`FakeClock` that runs callbacks at their times as it is advanced (another
+    replica's renewals, a release), in time order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.due: list[tuple[float, int, Callable[[], None]]] = []
+
+    def at(self, moment: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self.due, (moment, len(self.due), action))
+
+    def advance(self, seconds: float) -> bool:
+        end = self.now + max(0.0, seconds)
+        while self.due and self.due[0][0] <= end:
+            moment, _, action = heapq.heappop(self.due)
+            self.now = max(self.now, moment)
+            action()
+        self.now = end
+        return False
+
+    def next_due(self) -> float | None:
+        return self.due[0][0] if self.due else None
+
+
+@dataclass
+class FakeWatchingLeaseApi(FakeLeaseApi):
+    """A :class:`FakeLeaseApi` with ``watch_change`` over a :class:`ScheduledClock`: the clock
+    runs to the first scheduled action that changes the Lease, within the timeout."""
+
+    watches: list[float] = field(default_factory=list)
+
+    def watch_change(self, resource_version: str, timeout: float) -> LeaseRecord | None:
+        clock = self.server.clock
+        assert isinstance(clock, ScheduledClock)
+        self.watches.append(timeout)
+        end = clock.now + timeout
+        while (moment := clock.next_due()) is not None and moment <= end:
+            clock.advance(moment - clock.now)
+            record = self.server.record
+            if record is not None and record.resource_version != resource_version:
+                return record
+        clock.advance(end - clock.now)
+        return None

@@ -12,7 +12,13 @@ import pytest
 from monarch_operator.controller.leader.elector import Elector, boottime
 from monarch_operator.controller.leader.lease import LeaseConflict, micro_time
 from monarch_operator.controller.leader.settings import ElectionSettings, validate
-from tests.leaderfakes import FakeClock, FakeLeaseApi, FakeServer
+from tests.leaderfakes import (
+    FakeClock,
+    FakeLeaseApi,
+    FakeServer,
+    FakeWatchingLeaseApi,
+    ScheduledClock,
+)
 
 LD, RD, RP = 15.0, 10.0, 2.0
 
@@ -258,3 +264,52 @@ def test_micro_time_has_six_fractional_digits_and_utc():
 def test_boottime_never_goes_back():
     first = boottime()
     assert boottime() >= first
+
+
+def killed_leader(server: FakeServer, last_renewal: float) -> Elector:
+    """Replica ``a`` leads from now and renews every retry period until ``last_renewal``
+    (clock), then says nothing more (SIGKILL)."""
+    a = elector(server, "a")
+    assert a.try_acquire_or_renew()
+    moment = server.clock.now + RP
+    while moment <= last_renewal:
+        server.clock.at(moment, a.try_acquire_or_renew)
+        moment += RP
+    return a
+
+
+@pytest.mark.parametrize("watching", [True, False])
+def test_a_watching_standby_takes_over_a_lease_duration_after_the_last_renewal(watching):
+    """C32's kill -9: the standby that watches the Lease sees the last renewal when it
+    happens and tries at the expiry itself, so it leads lease_duration after that renewal;
+    one that only reads every retry period observes it up to a retry period late and tries
+    up to one later again (what the failover bench measured: 15-17 s)."""
+    server = FakeServer(ScheduledClock())
+    start = server.clock.now
+    killed_leader(server, last_renewal=start + 3 * RP)
+    api = (FakeWatchingLeaseApi if watching else FakeLeaseApi)(server)
+    server.clock.advance(0.1)
+    b = Elector(api, settings("b"), clock=server.clock, wait=server.clock.advance)
+    assert b.acquire()
+    took_over = server.writes[-1][0] - (start + 3 * RP)
+    if watching:
+        assert LD <= took_over < LD + 0.01, took_over
+        assert api.watches and min(api.watches) >= 1.0  # no watch shorter than the server's
+    else:
+        assert LD + 0.1 <= took_over <= LD + 2 * RP, took_over
+    assert server.record.holder == "b" and server.record.transitions == 1
+
+
+def test_a_watching_standby_takes_a_released_lease_when_it_is_released():
+    """A SIGTERM'd leader's release is seen by the watch at once, not at the next try."""
+    server = FakeServer(ScheduledClock())
+    a = elector(server, "a")
+    assert a.try_acquire_or_renew()
+    released_at = server.clock.now + 0.7
+    server.clock.at(released_at, a.release)
+    b = Elector(FakeWatchingLeaseApi(server), settings("b"), clock=server.clock,
+                wait=server.clock.advance)
+    server.clock.at(server.clock.now + 0.5, a.try_acquire_or_renew)  # a renewal first
+    assert b.acquire()
+    assert server.record.holder == "b"
+    assert server.writes[-1][0] == pytest.approx(released_at), "taken at the release"

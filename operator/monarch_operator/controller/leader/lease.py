@@ -52,6 +52,13 @@ class LeaseApi(Protocol):
                 transitions: int, acquired: bool, timeout: float) -> LeaseRecord: ...
 
 
+class WatchingLeaseApi(LeaseApi, Protocol):
+    """A :class:`LeaseApi` that can also wait for the Lease's next change: a standby then sees
+    each renewal when it happens, not at its next read (:meth:`.Elector.acquire`)."""
+
+    def watch_change(self, resource_version: str, timeout: float) -> LeaseRecord | None: ...
+
+
 def micro_time(moment: dt.datetime | None = None) -> str:
     """``2026-12-04T17:55:00.000000Z``: a MicroTime as the API server parses it (UTC)."""
     moment = moment or dt.datetime.now(dt.UTC)
@@ -153,6 +160,34 @@ class KubernetesLeaseApi:
                                     f"resourceVersion {previous.resource_version}") from error
             raise
         return self._reply(response)
+
+    def watch_change(self, resource_version: str, timeout: float) -> LeaseRecord | None:
+        """Wait up to ``timeout`` seconds for the Lease to change after ``resource_version``
+        (one watch request, ended by the API server after the whole seconds of ``timeout``,
+        bounded by the client a second later).
+
+        Returns:
+            The Lease as the first change left it, or ``None``: no change in time, the Lease
+            deleted, or the watch could not start from that version (410: read it anew).
+
+        Raises:
+            The API client's errors (a timeout, a refused connection).
+        """
+        from kubernetes import watch
+
+        stream = watch.Watch()
+        try:
+            for event in stream.stream(
+                    self._api.list_namespaced_lease, self.namespace,
+                    field_selector=f"metadata.name={self.name}",
+                    resource_version=resource_version, timeout_seconds=max(1, int(timeout)),
+                    _request_timeout=timeout + 1):
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    return record_of(event["raw_object"])
+                return None  # DELETED, or an ERROR (410 Gone)
+        finally:
+            stream.stop()
+        return None
 
     def close(self) -> None:
         """Close the client's connection pool."""
