@@ -31,6 +31,19 @@ OPERATOR_NAMESPACES = (f"!{CHART_NAMESPACE_PREFIX}*",)
 # must span renewals (C5) is a third as long. The default is tested in tests/unit.
 WATCH_RENEW_SECONDS = 10
 OPERATOR_ENV = {"MONARCH_OPERATOR_WATCH_RENEW_SECONDS": str(WATCH_RENEW_SECONDS)}
+# On simulated nodes they also force-delete a pod stuck past its grace period (its node lost)
+# after 3 s, not 15: the node-loss tests wait that long for each lost pod, and the node agent
+# reports a container's end at once. Real kubelets keep the default (one slowed by load may
+# take seconds to report an end, and a pod force-deleted meanwhile would leave its processes).
+FORCE_DELETE_AFTER_SECONDS = 3
+
+
+def operator_env(cluster: LocalCluster) -> dict[str, str]:
+    """The environment the tests' operators get on ``cluster`` (see above)."""
+    if cluster.real_nodes:
+        return dict(OPERATOR_ENV)
+    return {**OPERATOR_ENV,
+            "MONARCH_OPERATOR_FORCE_DELETE_AFTER_SECONDS": str(FORCE_DELETE_AFTER_SECONDS)}
 
 
 def run_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
@@ -74,7 +87,8 @@ class OperatorProcess:
         self.stop()
         self.extra_env = dict(extra_env)
         self.process = start_operator(self.cluster.state_dir,
-                                      {**self.cluster.env(), **OPERATOR_ENV, **extra_env},
+                                      {**self.cluster.env(), **operator_env(self.cluster),
+                                       **extra_env},
                                       namespaces=OPERATOR_NAMESPACES, stop_with_owner=True)
 
     def stop(self) -> int | None:

@@ -39,7 +39,7 @@ from tests.cluster.helpers import (
     wait_until,
 )
 from tests.cluster.tcpproxy import TcpProxy
-from tests.conftest import OPERATOR_ENV, OPERATOR_NAMESPACES
+from tests.conftest import OPERATOR_NAMESPACES, operator_env
 
 pytestmark = pytest.mark.cluster
 
@@ -101,7 +101,7 @@ def proxied_operator(local_cluster, operator_process, namespace,
             process = subprocess.Popen(
                 [sys.executable, "-m", "monarch_operator.controller", f"--liveness={health_url}",
                  *(f"--namespace={pattern}" for pattern in OPERATOR_NAMESPACES)],
-                env={**os.environ, **local_cluster.env(), **OPERATOR_ENV,
+                env={**os.environ, **local_cluster.env(), **operator_env(local_cluster),
                      "KUBECONFIG": str(kubeconfig)},
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
 from monarch_operator.controller.release import stuckpods
 from monarch_operator.controller.state import attempts
 
@@ -32,6 +34,26 @@ def test_a_deleted_pod_is_awaited_through_its_grace_period_then_overdue():
     assert stuckpods.is_overdue(pod, at(bound)) and not stuckpods.is_awaited(pod, at(bound))
     assert stuckpods.seconds_until_overdue([pod], at(-5)) == bound + 5
     assert stuckpods.seconds_until_overdue([pod], at(bound + 30)) == 0.0
+
+
+def test_a_lowered_setting_moves_the_force_deletion(monkeypatch):
+    """MONARCH_OPERATOR_FORCE_DELETE_AFTER_SECONDS (the tests' clusters use 3): the pass's
+    bound comes from the settings, the default stays 15 s."""
+    from monarch_operator.controller.spec.settings import Settings
+    from monarch_operator.controller.state.passstate import Pass
+
+    pod = deleting()
+    assert stuckpods.is_awaited(pod, at(2), after=3) and stuckpods.is_overdue(pod, at(3), after=3)
+    assert stuckpods.seconds_until_overdue([pod], at(1), after=3) == 2
+    monkeypatch.setenv("MONARCH_OPERATOR_FORCE_DELETE_AFTER_SECONDS", "3")
+    assert Settings.from_env().force_delete_after_seconds == 3
+    monkeypatch.delenv("MONARCH_OPERATOR_FORCE_DELETE_AFTER_SECONDS")
+    assert Settings.from_env().force_delete_after_seconds == stuckpods.FORCE_DELETE_AFTER_SECONDS
+    assert Pass.force_delete_after == stuckpods.FORCE_DELETE_AFTER_SECONDS
+    for bad in ("0", "3601", "2.5", "soon"):
+        monkeypatch.setenv("MONARCH_OPERATOR_FORCE_DELETE_AFTER_SECONDS", bad)
+        with pytest.raises(ValueError, match="FORCE_DELETE_AFTER_SECONDS=.*1-3600"):
+            Settings.from_env()
 
 
 def test_deletion_timestamps_as_the_api_server_and_the_client_write_them():

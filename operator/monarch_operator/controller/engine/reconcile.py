@@ -89,7 +89,8 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
     """
     job = JobSpec.from_body(body)
     previous = dict(body.get("status") or {})
-    state = Pass(job=job, status=dict(previous), now=now)
+    state = Pass(job=job, status=dict(previous), now=now,
+                 force_delete_after=float(settings.force_delete_after_seconds))
     state.status.setdefault("startTime", state.now_text)
     retry_after = None
     if not st.is_finished(state.status) and state.status.get("attempt") is None:

@@ -141,7 +141,7 @@ def _waiting_for_earlier_launcher(state: Pass) -> bool:
         metadata = waiting[0]["metadata"]
         deadline = stuckpods.deletion_deadline(waiting[0])
         until = ("" if deadline is None else ", force-deleted "
-                 f"{int(stuckpods.FORCE_DELETE_AFTER_SECONDS)}s after its grace period ends "
+                 f"{state.force_delete_after:g}s after its grace period ends "
                  f"({deadline.strftime('%H:%M:%SZ')}) if it has not")
         earlier = metadata.get("labels", {}).get(constants.LABEL_ATTEMPT)
         # Same reason as before (Restarting, or JobSuspended after a resume): only the words.

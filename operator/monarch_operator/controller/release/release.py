@@ -85,7 +85,7 @@ def let_go_of_stuck(state: Pass, pods: list[dict[str, Any]]) -> list[dict[str, A
     job = state.job
     kept = []
     for pod in pods:
-        if not stuckpods.is_overdue(pod, state.now):
+        if not stuckpods.is_overdue(pod, state.now, state.force_delete_after):
             kept.append(pod)
             continue
         name = pod["metadata"]["name"]
@@ -100,7 +100,7 @@ def let_go_of_stuck(state: Pass, pods: list[dict[str, Any]]) -> list[dict[str, A
         record = attempts.current(state.status) or {}
         state.status = attempts.update_current(
             state.status, forceDeletedPods=[*record.get("forceDeletedPods", []), name])
-    state.wake_in(stuckpods.seconds_until_overdue(kept, state.now))
+    state.wake_in(stuckpods.seconds_until_overdue(kept, state.now, state.force_delete_after))
     return kept
 
 

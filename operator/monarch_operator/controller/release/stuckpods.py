@@ -19,10 +19,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from monarch_operator.controller.spec.settings import Settings
+
 # How long past the end of its grace period a deleted pod may still exist before it is
 # force-deleted: a live kubelet kills the containers at the end of the grace period and reports
 # within seconds, so a pod still there this much later has nobody to end it.
-FORCE_DELETE_AFTER_SECONDS = 15.0
+FORCE_DELETE_AFTER_SECONDS = float(Settings.force_delete_after_seconds)  # the default
 
 
 def deletion_deadline(pod: dict[str, Any]) -> dt.datetime | None:
@@ -49,26 +51,30 @@ def is_force_deleted(pod: dict[str, Any]) -> bool:
         "deletionGracePeriodSeconds") == 0
 
 
-def is_overdue(pod: dict[str, Any], now: dt.datetime) -> bool:
-    """Whether the pod is being deleted, not yet force-deleted, and still exists
-    :data:`FORCE_DELETE_AFTER_SECONDS` after its grace period ended: nothing will end it, so it
-    is to be force-deleted."""
+def is_overdue(pod: dict[str, Any], now: dt.datetime,
+               after: float = FORCE_DELETE_AFTER_SECONDS) -> bool:
+    """Whether the pod is being deleted, not yet force-deleted, and still exists ``after``
+    seconds (:data:`FORCE_DELETE_AFTER_SECONDS` unless the operator's settings say otherwise)
+    after its grace period ended: nothing will end it, so it is to be force-deleted."""
     deadline = deletion_deadline(pod)
     return (deadline is not None and not is_force_deleted(pod)
-            and (now - deadline).total_seconds() >= FORCE_DELETE_AFTER_SECONDS)
+            and (now - deadline).total_seconds() >= after)
 
 
-def is_awaited(pod: dict[str, Any], now: dt.datetime) -> bool:
-    """Whether the pod is being deleted and still within its grace period plus
-    :data:`FORCE_DELETE_AFTER_SECONDS`: worth waiting for (its kubelet may still end it)."""
+def is_awaited(pod: dict[str, Any], now: dt.datetime,
+               after: float = FORCE_DELETE_AFTER_SECONDS) -> bool:
+    """Whether the pod is being deleted and still within its grace period plus ``after``
+    seconds: worth waiting for (its kubelet may still end it)."""
     return (deletion_deadline(pod) is not None and not is_force_deleted(pod)
-            and not is_overdue(pod, now))
+            and not is_overdue(pod, now, after))
 
 
-def seconds_until_overdue(pods: list[dict[str, Any]], now: dt.datetime) -> float | None:
+def seconds_until_overdue(pods: list[dict[str, Any]], now: dt.datetime,
+                          after: float = FORCE_DELETE_AFTER_SECONDS) -> float | None:
     """Seconds from ``now`` until the first of ``pods`` that is being deleted (and not yet
-    force-deleted) becomes overdue, 0 when one already is; None when there is none."""
-    waits = [(deadline - now).total_seconds() + FORCE_DELETE_AFTER_SECONDS
+    force-deleted) becomes overdue (``after`` seconds past its grace period), 0 when one
+    already is; None when there is none."""
+    waits = [(deadline - now).total_seconds() + after
              for pod in pods if not is_force_deleted(pod)
              and (deadline := deletion_deadline(pod)) is not None]
     return max(min(waits), 0.0) if waits else None

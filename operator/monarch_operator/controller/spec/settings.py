@@ -24,6 +24,9 @@ class Settings:
             the stream is renewed (``engine/watchhealth.py``: the stall cut, the reconnection
             backstop and ``/healthz``'s limit follow from it). 30 unless lowered, as the tests'
             clusters do to hear sooner of a broken stream.
+        force_delete_after_seconds: how long after its grace period ended a pod still being
+            deleted (its node lost, a finalizer) is force-deleted (``release/stuckpods.py``).
+            15 unless lowered, as the tests' clusters do.
     """
 
     cluster_domain: str = "cluster.local"
@@ -31,19 +34,22 @@ class Settings:
     network_policy: bool = True
     kueue: bool = False
     watch_renew_seconds: int = 30
+    force_delete_after_seconds: int = 15
 
     @classmethod
     def from_env(cls) -> Settings:
         """Read ``MONARCH_OPERATOR_CLUSTER_DOMAIN``, ``MONARCH_OPERATOR_WORKER_UID`` and
         ``MONARCH_OPERATOR_NETWORK_POLICY`` and ``MONARCH_OPERATOR_KUEUE`` (``true`` or
-        ``false``), ``MONARCH_OPERATOR_WATCH_RENEW_SECONDS``; unset ones keep the defaults
-        above.
+        ``false``), ``MONARCH_OPERATOR_WATCH_RENEW_SECONDS``,
+        ``MONARCH_OPERATOR_FORCE_DELETE_AFTER_SECONDS``; unset ones keep the defaults above.
 
         Raises:
             ValueError: a ``MONARCH_OPERATOR_WORKER_UID`` that is not a non-root uid
                 (1-2147483647), a ``MONARCH_OPERATOR_NETWORK_POLICY`` other than
-                ``true``/``false``, or a ``MONARCH_OPERATOR_WATCH_RENEW_SECONDS`` that is not
-                a whole number of seconds in 5-300; the message names the variable and the rule.
+                ``true``/``false``, a ``MONARCH_OPERATOR_WATCH_RENEW_SECONDS`` that is not
+                a whole number of seconds in 5-300, or a
+                ``MONARCH_OPERATOR_FORCE_DELETE_AFTER_SECONDS`` not in 1-3600; the message
+                names the variable and the rule.
         """
         return cls(
             cluster_domain=os.environ.get("MONARCH_OPERATOR_CLUSTER_DOMAIN", cls.cluster_domain),
@@ -52,12 +58,18 @@ class Settings:
             kueue=_boolean("MONARCH_OPERATOR_KUEUE", cls.kueue),
             watch_renew_seconds=_whole_seconds("MONARCH_OPERATOR_WATCH_RENEW_SECONDS",
                                                cls.watch_renew_seconds, WATCH_RENEW_RANGE),
+            force_delete_after_seconds=_whole_seconds(
+                "MONARCH_OPERATOR_FORCE_DELETE_AFTER_SECONDS", cls.force_delete_after_seconds,
+                FORCE_DELETE_RANGE),
         )
 
 
 # Watch renewal: under 5 s the renewals are most of the operator's requests; over 300 s a
 # broken stream would go unnoticed for longer than a liveness probe should allow.
 WATCH_RENEW_RANGE = (5, 300)
+# Force deletion of a pod stuck past its grace period: at least a second (its kubelet may still
+# report its end), at most an hour.
+FORCE_DELETE_RANGE = (1, 3600)
 # The largest runAsUser the Kubernetes API accepts (a 32-bit signed int).
 MAX_UID = 2147483647
 

@@ -8,6 +8,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.controller.state import status as st
 
@@ -30,6 +31,8 @@ class Pass:
     now: dt.datetime
     events: list[Event] = field(default_factory=list)
     wake_after: float | None = None  # seconds until a pass is needed (reconcile.Outcome)
+    # Settings.force_delete_after_seconds, for the pass's look at pods stuck terminating.
+    force_delete_after: float = float(Settings.force_delete_after_seconds)
 
     def wake_in(self, seconds: float | None) -> None:
         """Ask for a pass ``seconds`` from now (the earliest asked for wins); None: nothing."""
