@@ -117,3 +117,19 @@ def test_the_fake_gpu_plugin_reads_the_unhealthy_devices_from_its_nodes_file(tmp
     node.pids["holder"] = 1
     node.start_kubelet(lambda name, command: started.append(command) or 1)
     assert f"-health-file={node.gpu_health_file}" in started[-1]
+
+
+def test_the_node_starts_the_gpu_plugin_of_its_own_checkout():
+    """binaries.gpu_plugin_name hashes the plugin's source as build-binaries.sh does, so a node
+    starts the build of this checkout's plugin, whatever the shared ``fake-gpu-plugin`` link
+    points at (another checkout on the machine moves it)."""
+    import subprocess
+
+    from monarch_operator.localcluster import binaries
+
+    source = binaries.GPU_PLUGIN_SOURCE
+    shell = subprocess.run(["bash", "-c", 'cat go.mod go.sum *.go | sha256sum | cut -c1-12'],
+                           cwd=source, capture_output=True, text=True, check=True).stdout.strip()
+    assert binaries.gpu_plugin_name() == f"fake-gpu-plugin-{shell}"
+    script = (binaries.BUILD_SCRIPT).read_text()
+    assert 'cat "$src/go.mod" "$src/go.sum" "$src"/*.go | sha256sum | cut -c1-12' in script

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -54,6 +55,22 @@ def ensure_helm() -> Path:
 
 NODE_NAMES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr", "coredns",
               "kube-router", "fake-gpu-plugin")
+GPU_PLUGIN_SOURCE = Path(__file__).with_name("node") / "gpuplugin"
+
+
+def gpu_plugin_name(source: Path = GPU_PLUGIN_SOURCE) -> str:
+    """The file name of the fake GPU plugin built from this checkout's source:
+    ``fake-gpu-plugin-<hash>``, the hash as ``build-binaries.sh`` takes it (sha256 of go.mod,
+    go.sum and the .go files in name order, 12 hex digits).
+
+    The node starts this name, not the ``fake-gpu-plugin`` link: checkouts of other versions
+    on the machine share the binary folder and point the link at their own build (a node came
+    up with a plugin without the health hook its tests set).
+    """
+    digest = hashlib.sha256()
+    for path in [source / "go.mod", source / "go.sum", *sorted(source.glob("*.go"))]:
+        digest.update(path.read_bytes())
+    return f"fake-gpu-plugin-{digest.hexdigest()[:12]}"
 
 
 def ensure_node_binaries() -> Path:
@@ -74,7 +91,8 @@ def ensure_node_binaries() -> Path:
         raise RuntimeError(f"building the node binaries failed (exit {result.returncode}); see "
                            f"the Go output above. Script: {BUILD_SCRIPT} node")
     bin_dir = Path(result.stdout.strip().splitlines()[-1])
-    missing = [name for name in NODE_NAMES if not os.access(bin_dir / name, os.X_OK)]
+    missing = [name for name in (*NODE_NAMES, gpu_plugin_name())
+               if not os.access(bin_dir / name, os.X_OK)]
     if missing:
         raise RuntimeError(f"build finished but {missing} are missing in {bin_dir}")
     return bin_dir

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from monarch_operator.localcluster import binaries
 from monarch_operator.localcluster.node import configs, network
 from monarch_operator.localcluster.node.network import NodeAddresses
 
@@ -176,7 +177,7 @@ class RealNode:
         self.pids["kube-proxy"] = start(f"{self.name}-kube-proxy", self.enter(
             str(bins / "kube-proxy"), f"--config={self.state_dir / 'kube-proxy.yaml'}"))
         self.pids["gpu-plugin"] = start(f"{self.name}-gpu-plugin", self.enter(
-            str(bins / "fake-gpu-plugin"), f"-count={self.gpus}",
+            str(bins / binaries.gpu_plugin_name()), f"-count={self.gpus}",
             f"-dir={configs.DEVICE_PLUGIN_DIR}", f"-health-file={self.gpu_health_file}"))
 
     def start_firewall(self, start: Callable[[str, list[str]], int]) -> None:
