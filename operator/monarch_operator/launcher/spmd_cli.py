@@ -229,6 +229,7 @@ def launcher_from_args(args: argparse.Namespace, reporter: Reporter) -> SpmdLaun
         run_id=args.rdzv_id,
         role=args.role,
         reporter=reporter,
+        stack_dumps=True,
     )
 
 

@@ -37,6 +37,7 @@ from monarch_operator.hostfile import Host
 from monarch_operator.launcher import exitcodes
 from monarch_operator.launcher.hosts.placement import is_loopback_name
 from monarch_operator.launcher.hosts.sources import resolve_host_source
+from monarch_operator.launcher.programs import spmdstacks
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.causes import monarch_loss
 from monarch_operator.launcher.session.lifecycle import (
@@ -49,6 +50,7 @@ from monarch_operator.launcher.session.lifecycle import (
     signals_deferred,
     started_job,
 )
+from monarch_operator.launcher.session.rankstacks import stacks_dir
 from monarch_operator.launcher.session.ssh import SshSettings
 
 if TYPE_CHECKING:
@@ -290,8 +292,11 @@ class SpmdLauncher:
         role: str = "spmd",
         reporter: Reporter | None = None,
         prefix_output: bool = True,
+        stack_dumps: bool = False,
     ) -> None:
-        """Plan the run; nothing connects yet.
+        """Plan the run; nothing connects yet. ``stack_dumps``: every rank's stack is taken
+        before a stalled run is stopped and on SIGUSR1 (:mod:`.spmdstacks`; the command line's
+        choice: it sets a signal handler, so only from the main thread).
 
         Raises:
             SpmdConfigError: see :func:`plan_spmd`.
@@ -318,6 +323,8 @@ class SpmdLauncher:
         self._control: Any = None
         self._broken: str | None = None
         self._lost_hosts: set[str] = set()
+        self._stack_dumps = stack_dumps
+        self._uninstall_stacks: Callable[[], None] | None = None
 
     def describe(self) -> list[str]:
         """Lines describing the plan, printed before start."""
@@ -374,6 +381,7 @@ class SpmdLauncher:
                 role=self._role,
                 prefix_output=self._prefix_output,
                 cwd=os.getcwd(),
+                stacks_dir=stacks_dir(self.session.run_id),
                 **self._restarts,  # type: ignore[arg-type]
             )
             probe = procs.spawn("spmd_probe", SpmdRank, world)
@@ -386,6 +394,9 @@ class SpmdLauncher:
             self.reporter.progress(
                 f"{self.world_size} ranks ready, MASTER_ADDR={master_addr} MASTER_PORT={port}"
             )
+            if self._stack_dumps:
+                self._uninstall_stacks = spmdstacks.install(
+                    self.session, addresses, stacks_dir(self.session.run_id))
         except BaseException:
             stack.close()
             raise
@@ -400,6 +411,9 @@ class SpmdLauncher:
         """
         stack, self._stack = self._stack, None
         control, self._ranks, self._control = self._control, None, None
+        uninstall, self._uninstall_stacks = self._uninstall_stacks, None
+        if uninstall is not None:
+            uninstall()
         try:
             if control is not None:
                 self._stop_scripts(control)

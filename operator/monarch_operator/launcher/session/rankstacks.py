@@ -107,6 +107,12 @@ def stacks_dir(run_id: str) -> str:
     return f"/tmp/monarch-stacks-{_SAFE.sub('_', run_id)[:64]}"
 
 
+def host_dir(folder: str, host: str) -> str:
+    """One host's folder under :func:`stacks_dir`: ``<folder>/<host>`` (hosts that share a
+    /tmp, as loopback hosts do, keep their ranks apart)."""
+    return f"{folder}/{_SAFE.sub('_', host)[:128]}"
+
+
 def wrap_argv(argv: Sequence[str]) -> list[str]:
     """``argv`` with :data:`BOOTSTRAP` in front of the script: ``[python, script, ...]`` becomes
     ``[python, -c, BOOTSTRAP, script, ...]``, ``[python, -m, mod, ...]`` becomes ``[python, -c,
@@ -149,10 +155,12 @@ done
 
 def collect(settings: SshSettings, targets: Mapping[str, str], folder: str,
             concurrency: int = 10) -> dict[str, CommandResult]:
-    """Run :func:`collect_script` on every host over ssh; ``targets``: ``{address: host
-    name}``. Returns ``{host name: result}`` (``exit_status`` None: no answer within
-    :data:`COLLECT_LIMIT_S`). Never raises for a host that fails."""
-    script = collect_script(folder)
-    runner = ssh_runner(settings, lambda _address: f"sh -c {shlex.quote(script)}",
+    """Run :func:`collect_script` on every host over ssh, on its :func:`host_dir` of
+    ``folder``; ``targets``: ``{address: host name}``. Returns ``{host name: result}``
+    (``exit_status`` None: no answer within :data:`COLLECT_LIMIT_S`). Never raises for a host
+    that fails."""
+    scripts = {address: collect_script(host_dir(folder, host))
+               for address, host in targets.items()}
+    runner = ssh_runner(settings, lambda address: f"sh -c {shlex.quote(scripts[address])}",
                         COLLECT_LIMIT_S)
     return run_on_hosts(targets, runner, concurrency=concurrency)

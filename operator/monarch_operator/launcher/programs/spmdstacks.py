@@ -1,0 +1,110 @@
+"""Every rank's stack in SPMD mode (issue 35): before a stalled run is stopped, and on SIGUSR1.
+
+:class:`.spmd.SpmdLauncher` starts every Python rank with the stack bootstrap
+(:mod:`launcher.session.rankstacks`); :func:`install` then registers
+
+- with :mod:`launcher.progress` a taker of every rank's stack that runs before a run that
+  stalled (``MONARCH_PROGRESS_DEADLINE_SECONDS`` / ``runPolicy.progressDeadlineSeconds``) is
+  stopped: the final message names the odd rank out and each rank gets one line in the
+  attempt's record;
+- a SIGUSR1 handler: the launcher takes every rank's stack and prints them, and the run goes on
+  (``kill -USR1 <launcher>`` standalone; ``kubectl monarch stacks JOB`` on a MonarchJob).
+
+Both print the whole dumps between :data:`BEGIN` and :data:`END` lines on stderr, which is the
+launcher's log (``kubectl monarch logs``, ``kubectl monarch stacks``).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from monarch_operator.launcher import progress
+from monarch_operator.launcher.session import rankstacks, stackdumps
+from monarch_operator.launcher.session.lifecycle import SessionConfig
+
+ON_DEMAND_SIGNAL = signal.SIGUSR1
+BEGIN = "==== monarch stacks begin ===="
+END = "==== monarch stacks end ===="
+
+
+@dataclass
+class StackReport:
+    """Every rank's dump (``dumps``), the odd one out (``odd``, "" when none), and the hosts
+    that gave nothing (``silent``: host -> why)."""
+
+    dumps: list[stackdumps.RankDump]
+    odd: str
+    silent: dict[str, str] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        """One bounded line per rank (:func:`.stackdumps.summary_lines`), then one per silent
+        host."""
+        return [*stackdumps.summary_lines(self.dumps),
+                *(f"host {host}: {why}" for host, why in sorted(self.silent.items()))]
+
+
+def take_stacks(session: SessionConfig, addresses: Mapping[str, str], folder: str) -> StackReport:
+    """Every rank's stack and flight recorder on the hosts ``addresses`` (``{host name:
+    address}``) over ssh; nothing is stopped."""
+    results = rankstacks.collect(session.ssh, {address: host for host, address in
+                                               addresses.items()}, folder)
+    dumps: list[stackdumps.RankDump] = []
+    silent: dict[str, str] = {}
+    for host, result in results.items():
+        found = stackdumps.parse_host_output(host, result.stdout)
+        dumps.extend(found)
+        if result.exit_status != 0 or not found:
+            why = ("no answer within the time limit" if result.exit_status is None
+                   else f"ssh exit {result.exit_status}: {result.stderr.strip()[:160]}"
+                   if result.exit_status else "no rank running")
+            silent[host] = why
+    dumps.sort(key=lambda dump: dump.rank)
+    return StackReport(dumps, stackdumps.odd_one_out(dumps), silent)
+
+
+def print_report(report: StackReport, why: str) -> None:
+    """The summary lines and the whole dumps on stderr (see the module doc)."""
+    head = f"monarch-launch: stacks of every rank ({why})"
+    lines = [head + (f": {report.odd}" if report.odd else ""),
+             *(f"monarch-launch:   {line}" for line in report.lines()),
+             BEGIN, stackdumps.full_text(report.dumps), END]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def install(session: SessionConfig, addresses: Mapping[str, str],
+            folder: str) -> Callable[[], None]:
+    """Register the stall taker and the SIGUSR1 handler (see the module doc); call in the
+    launcher's main thread once its ranks' hosts are known. Returns what unregisters both
+    (the earlier SIGUSR1 handler back)."""
+    busy = threading.Lock()
+
+    def on_stall() -> tuple[str, list[str]] | None:
+        report = take_stacks(session, addresses, folder)
+        print_report(report, "the run stalled")
+        return (report.odd, report.lines()) if report.dumps else None
+
+    def on_demand() -> None:
+        try:
+            print_report(take_stacks(session, addresses, folder), "on request")
+        except Exception as error:  # noqa: BLE001 - a failed dump never ends the run
+            print(f"monarch-launch: could not take the ranks' stacks: {error}", file=sys.stderr,
+                  flush=True)
+        finally:
+            busy.release()
+
+    def handler(_signum: int, _frame: object) -> None:
+        if busy.acquire(blocking=False):  # one dump at a time; the ssh runs off the main thread
+            threading.Thread(target=on_demand, name="rank-stacks", daemon=True).start()
+
+    progress.set_stall_stacks(on_stall)
+    previous = signal.signal(ON_DEMAND_SIGNAL, handler)
+
+    def uninstall() -> None:
+        progress.set_stall_stacks(None)
+        signal.signal(ON_DEMAND_SIGNAL, previous)
+
+    return uninstall
