@@ -128,3 +128,26 @@ def test_logs_of_a_job_without_its_launcher_pod_say_why(monkeypatch, capsys, sta
     err = capsys.readouterr().err
     assert err.startswith(said), err
     assert "NotFound" not in err
+
+
+def test_stacks_shows_the_kept_dump_or_the_last_recorded_rank_lines():
+    from monarch_operator import constants
+    from monarch_operator.controller.builders import launcher
+    from monarch_operator.plugin import cli, stacks
+
+    assert cli.LAUNCHER_CONTAINER == launcher.LAUNCHER_CONTAINER
+    dump = f"{constants.STACKS_DUMP_HEADER} attempt=2 time=T (on request)\nrank 0 ...\n"
+    assert stacks.stored_dump({"data": {constants.STACKS_DUMP_KEY: dump}}) == dump
+    assert stacks.dump_header(dump) == (f"{constants.STACKS_DUMP_HEADER} attempt=2 time=T "
+                                        "(on request)")
+    assert stacks.stored_dump({"data": {"progress.json": "{}"}}) == ""
+    assert stacks.stored_dump(None) == "" and stacks.dump_header("") == ""
+    job = body()
+    assert stacks.recorded_lines(job) == []
+    job["status"] = {"attempts": [
+        {"number": 1, "message": "ProgressStalled: rank 2 on h is not in all_reduce #3",
+         "stacks": ["rank 0 on h: in all_reduce #3 at train.py:20 main"]},
+        {"number": 2, "message": "running"}]}
+    assert stacks.recorded_lines(job) == [
+        "attempt 1: ProgressStalled: rank 2 on h is not in all_reduce #3",
+        "  rank 0 on h: in all_reduce #3 at train.py:20 main"]

@@ -64,6 +64,7 @@ _in_launcher = False  # this process starts the workers (mark_launcher): never p
 # set_stall_stacks: () -> (odd one out, one line per rank), or None when none could be taken.
 _stall_stacks: Callable[[], tuple[str, list[str]] | None] | None = None
 MAX_STALL_MESSAGE = 3600  # characters: a termination message holds 4096 bytes
+MAX_STACKS_DUMP = 512 * 1024  # characters of a stack dump kept in the ConfigMap (1 MiB limit)
 
 
 def mark_launcher() -> None:
@@ -416,6 +417,19 @@ def close() -> None:
         forwarder, _forwarder, _closed = _forwarder, None, True
     if forwarder is not None:
         forwarder.close()
+
+
+def store_stacks(text: str) -> bool:
+    """Keep ``text`` (every rank's stack dump) in the job's ConfigMap under
+    :data:`constants.STACKS_DUMP_KEY`, at most :data:`MAX_STACKS_DUMP` characters (its end cut);
+    False without a MonarchJob (standalone: the dump is in the output only)."""
+    writer = _writer
+    if writer is None:
+        return False
+    if len(text) > MAX_STACKS_DUMP:
+        text = text[:MAX_STACKS_DUMP] + "\n... (cut: the whole dump is in the launcher's log)\n"
+    writer.write_key(constants.STACKS_DUMP_KEY, text)
+    return True
 
 
 def end_if_job_gone() -> None:

@@ -11,17 +11,22 @@
   (``kill -USR1 <launcher>`` standalone; ``kubectl monarch stacks JOB`` on a MonarchJob).
 
 Both print the whole dumps between :data:`BEGIN` and :data:`END` lines on stderr, which is the
-launcher's log (``kubectl monarch logs``, ``kubectl monarch stacks``).
+launcher's log (``kubectl monarch logs``); in a MonarchJob's launcher they also go to the job's
+``<job>-progress`` ConfigMap (key ``stacks.txt``, the last dump), which lives as long as the
+job: ``kubectl monarch stacks`` shows it after the pods are gone.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from monarch_operator import constants
 from monarch_operator.launcher import progress
 from monarch_operator.launcher.session import rankstacks, stackdumps
 from monarch_operator.launcher.session.lifecycle import SessionConfig
@@ -67,12 +72,18 @@ def take_stacks(session: SessionConfig, addresses: Mapping[str, str], folder: st
 
 
 def print_report(report: StackReport, why: str) -> None:
-    """The summary lines and the whole dumps on stderr (see the module doc)."""
+    """The summary lines and the whole dumps on stderr, and in a MonarchJob's ConfigMap
+    (:func:`.progress.store_stacks`; see the module doc)."""
     head = f"monarch-launch: stacks of every rank ({why})"
     lines = [head + (f": {report.odd}" if report.odd else ""),
              *(f"monarch-launch:   {line}" for line in report.lines()),
              BEGIN, stackdumps.full_text(report.dumps), END]
     print("\n".join(lines), file=sys.stderr, flush=True)
+    attempt = os.environ.get(constants.ENV_ATTEMPT, "")
+    moment = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    progress.store_stacks("\n".join([
+        f"{constants.STACKS_DUMP_HEADER} attempt={attempt or '-'} time={moment} ({why})",
+        *lines, ""]))
 
 
 def install(session: SessionConfig, addresses: Mapping[str, str],
