@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_operator import constants
 from monarch_operator.hostfile import Host
-from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher import exitcodes, stopsignal
 from monarch_operator.launcher.hosts.placement import is_loopback_name
 from monarch_operator.launcher.hosts.sources import resolve_host_source
 from monarch_operator.launcher.programs import spmdstacks
@@ -325,6 +325,7 @@ class SpmdLauncher:
         self._lost_hosts: set[str] = set()
         self._stack_dumps = stack_dumps
         self._uninstall_stacks: Callable[[], None] | None = None
+        self._addresses: dict[str, str] = {}
 
     def describe(self) -> list[str]:
         """Lines describing the plan, printed before start."""
@@ -395,6 +396,7 @@ class SpmdLauncher:
                 f"{self.world_size} ranks ready, MASTER_ADDR={master_addr} MASTER_PORT={port}"
             )
             if self._stack_dumps:
+                self._addresses = dict(addresses)
                 self._uninstall_stacks = spmdstacks.install(
                     self.session, addresses, stacks_dir(self.session.run_id))
         except BaseException:
@@ -414,12 +416,31 @@ class SpmdLauncher:
         uninstall, self._uninstall_stacks = self._uninstall_stacks, None
         if uninstall is not None:
             uninstall()
+            self._stacks_before_stop(control)
         try:
             if control is not None:
                 self._stop_scripts(control)
         finally:
             if stack is not None:
                 stack.close()
+
+    def _stacks_before_stop(self, control: Any) -> None:
+        """Every rank's stack, from the hosts still there, when the run is being stopped from
+        outside (a stop signal) or after a host was lost; not after a stall (taken then) nor
+        at a normal end."""
+        signal_number = stopsignal.received()
+        if control is None or stopsignal.stall_recorded():
+            return
+        if signal_number is not None:
+            why = f"stopped: {stopsignal.describe(signal_number)}"
+        elif self._lost_hosts:
+            why = f"host {', '.join(sorted(self._lost_hosts))} lost"
+        else:
+            return
+        spmdstacks.before_stop(self.session, {host: address for host, address in
+                                              self._addresses.items()
+                                              if host not in self._lost_hosts},
+                               stacks_dir(self.session.run_id), why)
 
     def _stop_scripts(self, control: Any) -> None:
         """SIGTERM then SIGKILL every running script's process group, host by host, skipping

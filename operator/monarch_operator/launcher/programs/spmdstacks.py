@@ -10,6 +10,10 @@
 - a SIGUSR1 handler: the launcher takes every rank's stack and prints them, and the run goes on
   (``kill -USR1 <launcher>`` standalone; ``kubectl monarch stacks JOB`` on a MonarchJob).
 
+:meth:`.spmd.SpmdLauncher.close` also takes them (:func:`before_stop`) when the run is stopped
+from outside (a stop signal: ``activeDeadlineSeconds``, a deletion, Ctrl-C) or a host was
+lost, from the hosts still there, before the ranks are stopped.
+
 Both print the whole dumps between :data:`BEGIN` and :data:`END` lines on stderr, which is the
 launcher's log (``kubectl monarch logs``); in a MonarchJob's launcher they also go to the job's
 ``<job>-progress`` ConfigMap (key ``stacks.txt``, the last dump), which lives as long as the
@@ -25,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from monarch_operator import constants
 from monarch_operator.launcher import progress
@@ -32,6 +37,10 @@ from monarch_operator.launcher.session import rankstacks, stackdumps
 from monarch_operator.launcher.session.lifecycle import SessionConfig
 
 ON_DEMAND_SIGNAL = signal.SIGUSR1
+# Each host's ssh limit when the stacks are taken as the run is stopped from outside (a stop
+# signal: the operator's deadline, a deletion) or after a host was lost: the stop must not wait
+# for long on a silent host.
+BEFORE_STOP_LIMIT_S = 8.0
 BEGIN = "==== monarch stacks begin ===="
 END = "==== monarch stacks end ===="
 
@@ -52,11 +61,12 @@ class StackReport:
                 *(f"host {host}: {why}" for host, why in sorted(self.silent.items()))]
 
 
-def take_stacks(session: SessionConfig, addresses: Mapping[str, str], folder: str) -> StackReport:
+def take_stacks(session: SessionConfig, addresses: Mapping[str, str], folder: str,
+                limit_s: float = rankstacks.COLLECT_LIMIT_S) -> StackReport:
     """Every rank's stack and flight recorder on the hosts ``addresses`` (``{host name:
-    address}``) over ssh; nothing is stopped."""
+    address}``) over ssh, each host's ssh at most ``limit_s`` seconds; nothing is stopped."""
     results = rankstacks.collect(session.ssh, {address: host for host, address in
-                                               addresses.items()}, folder)
+                                               addresses.items()}, folder, limit_s=limit_s)
     dumps: list[stackdumps.RankDump] = []
     silent: dict[str, str] = {}
     for host, result in results.items():
@@ -86,6 +96,17 @@ def print_report(report: StackReport, why: str) -> None:
         *lines, ""]))
 
 
+def before_stop(session: SessionConfig, addresses: Mapping[str, str], folder: str,
+                why: str) -> None:
+    """Take and print every rank's stack as the run is stopped (``why``), each host's ssh
+    bounded by :data:`BEFORE_STOP_LIMIT_S`; a failure is said, never raised."""
+    try:
+        print_report(take_stacks(session, addresses, folder, BEFORE_STOP_LIMIT_S), why)
+    except Exception as error:  # noqa: BLE001 - the stop goes on whatever happens here
+        print(f"monarch-launch: could not take the ranks' stacks: {error}", file=sys.stderr,
+              flush=True)
+
+
 def install(session: SessionConfig, addresses: Mapping[str, str],
             folder: str) -> Callable[[], None]:
     """Register the stall taker and the SIGUSR1 handler (see the module doc); call in the
@@ -107,12 +128,17 @@ def install(session: SessionConfig, addresses: Mapping[str, str],
         finally:
             busy.release()
 
-    def handler(_signum: int, _frame: object) -> None:
+    def handler(signum: int, frame: Any) -> None:
+        # The session's worker watch signals the main thread with SIGUSR1 too: its handler
+        # raises WorkerLost when a host's worker ended, and does nothing otherwise.
+        if callable(previous):
+            previous(signum, frame)
         if busy.acquire(blocking=False):  # one dump at a time; the ssh runs off the main thread
             threading.Thread(target=on_demand, name="rank-stacks", daemon=True).start()
 
     progress.set_stall_stacks(on_stall)
-    previous = signal.signal(ON_DEMAND_SIGNAL, handler)
+    previous = signal.getsignal(ON_DEMAND_SIGNAL)
+    signal.signal(ON_DEMAND_SIGNAL, handler)
 
     def uninstall() -> None:
         progress.set_stall_stacks(None)

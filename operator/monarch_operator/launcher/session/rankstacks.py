@@ -154,13 +154,13 @@ done
 
 
 def collect(settings: SshSettings, targets: Mapping[str, str], folder: str,
-            concurrency: int = 10) -> dict[str, CommandResult]:
+            concurrency: int = 10, limit_s: float = COLLECT_LIMIT_S) -> dict[str, CommandResult]:
     """Run :func:`collect_script` on every host over ssh, on its :func:`host_dir` of
     ``folder``; ``targets``: ``{address: host name}``. Returns ``{host name: result}``
-    (``exit_status`` None: no answer within :data:`COLLECT_LIMIT_S`). Never raises for a host
-    that fails."""
+    (``exit_status`` None: no answer within ``limit_s`` seconds). Never raises for a host that
+    fails."""
     scripts = {address: collect_script(host_dir(folder, host))
                for address, host in targets.items()}
     runner = ssh_runner(settings, lambda address: f"sh -c {shlex.quote(scripts[address])}",
-                        COLLECT_LIMIT_S)
+                        limit_s)
     return run_on_hosts(targets, runner, concurrency=concurrency)
