@@ -151,3 +151,35 @@ def test_stacks_shows_the_kept_dump_or_the_last_recorded_rank_lines():
     assert stacks.recorded_lines(job) == [
         "attempt 1: ProgressStalled: rank 2 on h is not in all_reduce #3",
         "  rank 0 on h: in all_reduce #3 at train.py:20 main"]
+
+
+def test_the_request_signals_the_pid_the_launcher_wrote(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    from monarch_operator import constants
+    from monarch_operator.launcher.programs import spmdstacks
+    from monarch_operator.plugin import stacks
+
+    environ = {constants.ENV_JOB_UID: uuid.uuid4().hex, constants.ENV_ATTEMPT: "3"}
+    assert spmdstacks.pid_file_path({}) is None
+    path = spmdstacks.pid_file_path(environ)
+    assert path == f"/tmp/monarch-launcher-{environ[constants.ENV_JOB_UID]}-3.pid"
+    waiter = subprocess.Popen([sys.executable, "-c", "import signal, sys; "
+                               "signal.sigwait([signal.SIGUSR1]); sys.exit(7)"],
+                              preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK,
+                                                                        [signal.SIGUSR1]))
+    try:
+        with open(path, "w") as out:
+            out.write(str(waiter.pid))
+        subprocess.run(stacks.REQUEST_COMMAND, env={**os.environ, **environ}, check=True,
+                       timeout=10)
+        assert waiter.wait(10) == 7
+    finally:
+        os.unlink(path)
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()

@@ -1,7 +1,7 @@
 """``kubectl monarch stacks JOB``: every rank's stack of a job (issue 35 item 4), pure parts.
 
-On a running SPMD job the plugin asks the launcher for a dump (SIGUSR1 to the launcher pod's
-first process, ``kubectl exec``: no ptrace, so it works under Pod Security 'restricted') and
+On a running SPMD job the plugin asks the launcher for a dump (SIGUSR1 to the launcher's
+process in its pod, ``kubectl exec``: no ptrace, so it works under Pod Security 'restricted') and
 waits for a new dump in the job's ``<job>-progress`` ConfigMap (key ``stacks.txt``); the run
 goes on. On a finished job, or when the launcher cannot be asked, it shows the last dump kept
 there, else the bounded per-rank lines of the last attempt whose record has them
@@ -14,9 +14,11 @@ from typing import Any
 
 from monarch_operator import constants
 
-# What the plugin runs in the launcher container: the launcher (or its stop guard, which
-# passes SIGUSR1 on) is the container's first process.
-REQUEST_COMMAND = ["sh", "-c", "kill -USR1 1"]
+# What the plugin runs in the launcher container: SIGUSR1 to the pid the launcher wrote
+# (constants.STACKS_PID_FILE), else to the container's first process (the launcher, or its stop
+# guard, which passes SIGUSR1 on).
+REQUEST_COMMAND = ["sh", "-c", f'f="{constants.STACKS_PID_FILE}"; if [ -s "$f" ]; then '
+                   'kill -USR1 "$(cat "$f")"; else kill -USR1 1; fi']
 
 
 def stored_dump(configmap: dict[str, Any] | None) -> str:

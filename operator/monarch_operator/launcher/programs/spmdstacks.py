@@ -22,6 +22,7 @@ job: ``kubectl monarch stacks`` shows it after the pods are gone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -107,6 +108,30 @@ def before_stop(session: SessionConfig, addresses: Mapping[str, str], folder: st
               flush=True)
 
 
+def pid_file_path(environ: Mapping[str, str]) -> str | None:
+    """:data:`constants.STACKS_PID_FILE` for a MonarchJob's launcher (its job uid and attempt
+    in ``environ``), None elsewhere."""
+    uid, attempt = environ.get(constants.ENV_JOB_UID), environ.get(constants.ENV_ATTEMPT)
+    if not uid or not attempt:
+        return None
+    return (constants.STACKS_PID_FILE.replace("${MONARCH_JOB_UID}", uid)
+            .replace("${MONARCH_ATTEMPT}", attempt))
+
+
+def _write_pid_file(environ: Mapping[str, str]) -> str | None:
+    path = pid_file_path(environ)
+    if path is None:
+        return None
+    try:
+        with open(path, "w") as out:
+            out.write(str(os.getpid()))
+    except OSError as error:
+        print(f"monarch-launch: {path} not written ({error}): `kubectl monarch stacks` will "
+              "signal the container's first process", file=sys.stderr, flush=True)
+        return None
+    return path
+
+
 def install(session: SessionConfig, addresses: Mapping[str, str],
             folder: str) -> Callable[[], None]:
     """Register the stall taker and the SIGUSR1 handler (see the module doc); call in the
@@ -139,9 +164,13 @@ def install(session: SessionConfig, addresses: Mapping[str, str],
     progress.set_stall_stacks(on_stall)
     previous = signal.getsignal(ON_DEMAND_SIGNAL)
     signal.signal(ON_DEMAND_SIGNAL, handler)
+    pid_file = _write_pid_file(os.environ)
 
     def uninstall() -> None:
         progress.set_stall_stacks(None)
         signal.signal(ON_DEMAND_SIGNAL, previous)
+        if pid_file:
+            with contextlib.suppress(OSError):
+                os.unlink(pid_file)
 
     return uninstall
