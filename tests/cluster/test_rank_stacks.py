@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.helpers import apply_manifest, job_manifest, job_status, wait_phase, wait_until
+from tests.cluster.helpers import apply_manifest, job_manifest, job_status, wait_until
 from tests.cluster.test_kubectl_plugin import plugin
 
 pytestmark = pytest.mark.cluster
@@ -49,8 +49,9 @@ def test_c35_the_stuck_rank_is_named_on_request_and_in_the_stalled_attempts_reco
     assert "rank 0 on c35-worker-0" in asked.stdout and "in all_reduce #3" in asked.stdout
     assert job_status(kubectl, namespace, "c35")["attempt"] == 1  # the run went on
 
-    done = wait_phase(kubectl, namespace, "c35", "Succeeded", timeout=240)
-    first = done["attempts"][0]
+    ended = wait_until(lambda: (found := job_status(kubectl, namespace, "c35")).get(
+        "attempts", [{}])[0].get("class") and found, 120, "c35 attempt 1 ended")
+    first = ended["attempts"][0]
     assert (first["class"], first["reason"]) == ("Infrastructure", "ProgressStalled"), first
     assert odd.search(first["message"]), first
     assert len(first["stacks"]) == 4, first
@@ -58,6 +59,9 @@ def test_c35_the_stuck_rank_is_named_on_request_and_in_the_stalled_attempts_reco
                     r"main$", first["stacks"][0]), first
     assert first["stacks"][2].startswith("rank 2 on c35-worker-1"), first
 
+    done = wait_until(lambda: (found := job_status(kubectl, namespace, "c35")).get("phase") in (
+        "Succeeded", "Failed") and found, 180, "c35 finished")
+    assert done["phase"] == "Succeeded", f"{done.get('message')}\n{done['attempts'][1:]}"
     kept = plugin(local_cluster, "stacks", "c35", "-n", namespace)
     assert kept.returncode == 0 and odd.search(kept.stdout), (kept.stdout, kept.stderr)
     assert "(the run stalled)" in kept.stdout.splitlines()[0], kept

@@ -26,6 +26,9 @@ def main() -> None:
     if rank == STUCK_RANK:
         load_batch()
     dist.all_reduce(tensor)  # all_reduce #3: the others wait here forever
+    print("MONARCH_PROGRESS " + json.dumps({"step": 3}), flush=True)
+    # Without it a rank may exit while gloo still talks to it, and a peer aborts (exit 134).
+    dist.destroy_process_group()
 
 
 main()
