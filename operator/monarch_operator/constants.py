@@ -133,6 +133,15 @@ ENV_PROGRESS_INTERVAL = "MONARCH_PROGRESS_INTERVAL_SECONDS"
 # runPolicy.progressDeadlineSeconds: the launcher dumps its stacks and stops a stalled run.
 ENV_PROGRESS_DEADLINE = "MONARCH_PROGRESS_DEADLINE_SECONDS"
 PROGRESS_REPORT_KEY = "progress.json"  # the ConfigMap's key the launcher writes
+# The same ConfigMap's key holding the ranks' last stack dump (launcher/programs/spmdstacks.py;
+# `kubectl monarch stacks` reads it, also once the pods are gone). Its first line is
+# STACKS_DUMP_HEADER, the attempt, the moment and why it was taken.
+STACKS_DUMP_KEY = "stacks.txt"
+STACKS_DUMP_HEADER = "# monarch stacks"
+# Where a MonarchJob's SPMD launcher keeps its pid while it takes dumps on request, so that
+# `kubectl monarch stacks` signals it (kubectl exec has the launcher container's environment;
+# pid 1 is not the launcher where pods share a PID namespace or an init runs first).
+STACKS_PID_FILE = "/tmp/monarch-launcher-${MONARCH_JOB_UID}-${MONARCH_ATTEMPT}.pid"
 # A program's report as one output line from any rank: this marker, then a JSON object.
 PROGRESS_LINE_MARKER = "MONARCH_PROGRESS "
 # The launcher pod variables the operator owns; spec.launcher.env may not set them (CRD rule,

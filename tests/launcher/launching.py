@@ -59,6 +59,7 @@ def run_launch(
     extra_env: dict[str, str] | None = None,
     program: bool = False,
     wrapper: Sequence[str] = (),
+    signal_delay_s: float = 0.0,
 ) -> Launch:
     """Run monarch-launch on ``hostfile`` text against the loopback cluster and wait for it.
 
@@ -72,6 +73,7 @@ def run_launch(
             and its arguments.
         extra_env: variables added to the launcher's environment.
         wrapper: a command prefix the launcher runs under (e.g. a mount namespace).
+        signal_delay_s: with ``sigterm_after``, wait this long after the line first.
     """
     executable = Path(sys.executable).parent / "monarch-launch"
     assert executable.exists(), f"{executable} missing: pip install -e '.[dev]'"
@@ -119,6 +121,7 @@ def run_launch(
         try:
             if sigterm_after is not None:
                 _wait_for_line(output_path, sigterm_after, process, started)
+                time.sleep(signal_delay_s)
                 if then is not None:
                     then()
                 else:

@@ -286,6 +286,8 @@ def test_sigterm_stops_the_children_each_rank_script_started(
 
     children = [int(path.read_text()) for path in sorted(tmp_path.glob("child-*.pid"))]
     try:
+        assert "monarch-launch: stacks of every rank (stopped: terminated by signal 15 " \
+            "(SIGTERM))" in launch.lines, launch.describe()
         assert launch.returncode == 143, launch.describe()
         assert len(children) == 2, launch.describe()
         deadline = time.monotonic() + 10
@@ -464,6 +466,12 @@ def test_worker_lost_mid_run_fails_the_ranks_of_that_host(
         then=kill_worker_on_b,
     )
 
+    # Every rank's stack from the host still there, before its rank is stopped (issue 35).
+    a = ssh_cluster.hosts[0]
+    assert f"monarch-launch: stacks of every rank (host {b} lost)" in launch.lines, (
+        launch.describe())
+    assert f"monarch-launch:   rank 0 on {a}: no collective known at exit_with.py:12 <module>" \
+        in launch.lines, launch.describe()
     assert launch.returncode == 1, launch.describe()
     assert launch.lines[-1] == (
         f"monarch-launch: failed: rank 1 of 2 (host {b}, local rank 0) was lost: the Monarch "

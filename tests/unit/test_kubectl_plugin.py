@@ -128,3 +128,58 @@ def test_logs_of_a_job_without_its_launcher_pod_say_why(monkeypatch, capsys, sta
     err = capsys.readouterr().err
     assert err.startswith(said), err
     assert "NotFound" not in err
+
+
+def test_stacks_shows_the_kept_dump_or_the_last_recorded_rank_lines():
+    from monarch_operator import constants
+    from monarch_operator.controller.builders import launcher
+    from monarch_operator.plugin import cli, stacks
+
+    assert cli.LAUNCHER_CONTAINER == launcher.LAUNCHER_CONTAINER
+    dump = f"{constants.STACKS_DUMP_HEADER} attempt=2 time=T (on request)\nrank 0 ...\n"
+    assert stacks.stored_dump({"data": {constants.STACKS_DUMP_KEY: dump}}) == dump
+    assert stacks.dump_header(dump) == (f"{constants.STACKS_DUMP_HEADER} attempt=2 time=T "
+                                        "(on request)")
+    assert stacks.stored_dump({"data": {"progress.json": "{}"}}) == ""
+    assert stacks.stored_dump(None) == "" and stacks.dump_header("") == ""
+    job = body()
+    assert stacks.recorded_lines(job) == []
+    job["status"] = {"attempts": [
+        {"number": 1, "message": "ProgressStalled: rank 2 on h is not in all_reduce #3",
+         "stacks": ["rank 0 on h: in all_reduce #3 at train.py:20 main"]},
+        {"number": 2, "message": "running"}]}
+    assert stacks.recorded_lines(job) == [
+        "attempt 1: ProgressStalled: rank 2 on h is not in all_reduce #3",
+        "  rank 0 on h: in all_reduce #3 at train.py:20 main"]
+
+
+def test_the_request_signals_the_pid_the_launcher_wrote(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    from monarch_operator import constants
+    from monarch_operator.launcher.programs import spmdstacks
+    from monarch_operator.plugin import stacks
+
+    environ = {constants.ENV_JOB_UID: uuid.uuid4().hex, constants.ENV_ATTEMPT: "3"}
+    assert spmdstacks.pid_file_path({}) is None
+    path = spmdstacks.pid_file_path(environ)
+    assert path == f"/tmp/monarch-launcher-{environ[constants.ENV_JOB_UID]}-3.pid"
+    waiter = subprocess.Popen([sys.executable, "-c", "import signal, sys; "
+                               "signal.sigwait([signal.SIGUSR1]); sys.exit(7)"],
+                              preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK,
+                                                                        [signal.SIGUSR1]))
+    try:
+        with open(path, "w") as out:
+            out.write(str(waiter.pid))
+        subprocess.run(stacks.REQUEST_COMMAND, env={**os.environ, **environ}, check=True,
+                       timeout=10)
+        assert waiter.wait(10) == 7
+    finally:
+        os.unlink(path)
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()

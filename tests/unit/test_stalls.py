@@ -173,3 +173,34 @@ def test_without_the_rule_progress_changes_nothing(api):  # noqa: F811
     settings = Settings.from_env()
     after = failing(settings, [100, 250], resets=False)
     assert st.is_true(after, st.FAILED)
+
+
+def test_the_operator_reads_the_odd_rank_and_one_line_per_rank_from_the_launcher():
+    """Issue 35: with every rank's stack the message names the odd one out before the
+    threads, and the record's stacks are the per-rank lines."""
+    ranks = ["rank 0 on w0: in all_reduce #42 at train.py:20 main",
+             "rank 3 on w1: not in a collective (last all_reduce #41) at train.py:88 load_batch"]
+    odd = "rank 3 on w1 is not in all_reduce #42 where 7 ranks wait: train.py:88 load_batch"
+    message = progress.stall_message(65, 60, {"step": 120}, ranks, odd)
+    assert stalls.stall_in(f"monarch-launch: failed: {message}") == (
+        "ProgressStalled: no progress report for 65s (runPolicy.progressDeadlineSeconds=60; "
+        f"last step 120); {odd}", ranks)
+
+
+def test_standalone_the_deadline_alone_makes_a_forwarder_in_the_launcher_only(monkeypatch):
+    monkeypatch.setattr(progress, "_forwarder", None)
+    monkeypatch.setattr(progress, "_closed", False)
+    monkeypatch.setattr(progress, "_in_launcher", False)
+    monkeypatch.setattr(progress.atexit, "register", lambda function: None)
+    environ = {constants.ENV_PROGRESS_DEADLINE: "30"}
+    assert progress.install(environ) is None  # a rank's process: reports are printed
+    progress.mark_launcher()
+    assert progress.install({constants.ENV_PROGRESS_DEADLINE: "0"}) is None
+    forwarder = progress.install(environ)
+    try:
+        assert forwarder is not None and forwarder._deadline == 30.0
+        assert progress.install(environ) is forwarder
+        assert progress.store_stacks("dump") is False  # no MonarchJob: the output only
+    finally:
+        assert forwarder is not None
+        forwarder.close()

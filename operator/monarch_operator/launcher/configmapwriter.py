@@ -45,10 +45,14 @@ class ConfigMapWriter:
         return self._api
 
     def __call__(self, text: str) -> None:
+        self.write_key(constants.PROGRESS_REPORT_KEY, text)
+
+    def write_key(self, key: str, text: str) -> None:
+        """Set one key of the ConfigMap (the progress report, or the ranks' last stack dump,
+        :data:`constants.STACKS_DUMP_KEY`); a failure is said once, never raised."""
         try:
             self._client().patch_namespaced_config_map(
-                self._name, self._namespace, {"data": {constants.PROGRESS_REPORT_KEY: text}},
-                _request_timeout=10)
+                self._name, self._namespace, {"data": {key: text}}, _request_timeout=10)
             self._written = True
         except Exception as error:  # noqa: BLE001 - progress never fails the run
             status = getattr(error, "status", None)

@@ -24,7 +24,11 @@ a program that reported once and then not for that long has stalled (a collectiv
 dead peer, a stuck generator). The forwarder's thread, which waits for reports anyway, notices
 it: the launcher prints its threads' stacks, stops the run as a SIGTERM would, and ends with
 ``ProgressStalled: ...; threads: ...`` (its termination message), which the operator judges
-(``controller/judge/stalls.py``).
+(``controller/judge/stalls.py``). A program that registered a taker of its ranks' stacks
+(:func:`set_stall_stacks`; SPMD mode does, issue 35) gets every rank's stack taken first: the
+message then names the odd rank out and its threads are one line per rank. Standalone (no
+MonarchJob) the same deadline applies when ``MONARCH_PROGRESS_DEADLINE_SECONDS`` is set: the
+reports then go nowhere but the stall is still caught.
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ _forwarder: Forwarder | None = None
 _writer: ConfigMapWriter | None = None  # the forwarder's, kept for end_if_job_gone
 _closed = False  # close() ran: no new Forwarder at the launcher's end
 _in_launcher = False  # this process starts the workers (mark_launcher): never print reports
+# set_stall_stacks: () -> (odd one out, one line per rank), or None when none could be taken.
+_stall_stacks: Callable[[], tuple[str, list[str]] | None] | None = None
+MAX_STALL_MESSAGE = 3600  # characters: a termination message holds 4096 bytes
+MAX_STACKS_DUMP = 512 * 1024  # characters of a stack dump kept in the ConfigMap (1 MiB limit)
 
 
 def mark_launcher() -> None:
@@ -297,13 +305,39 @@ def thread_stacks(skip: int | None = None) -> list[str]:
 
 
 def stall_message(idle: float, deadline: float, state: Mapping[str, Any],
-                  stacks: list[str]) -> str:
+                  stacks: list[str], odd: str = "") -> str:
     """``ProgressStalled: no progress report for 65s (runPolicy.progressDeadlineSeconds=60;
-    last step 120); threads: A | B`` (one line: it ends the termination message)."""
+    last step 120)[; ODD]; threads: A | B`` (one line: it ends the termination message), at
+    most :data:`MAX_STALL_MESSAGE` characters: the last threads are left out first."""
     last = f"; last step {state['step']}" if "step" in state else ""
-    return (f"{STALL_REASON}: no progress report for {idle:.0f}s "
-            f"(runPolicy.progressDeadlineSeconds={deadline:g}{last}); threads: "
-            + " | ".join(stacks))
+    head = (f"{STALL_REASON}: no progress report for {idle:.0f}s "
+            f"(runPolicy.progressDeadlineSeconds={deadline:g}{last})"
+            + (f"; {odd}" if odd else "") + "; threads: ")
+    kept = list(stacks)
+    while kept and len(head) + len(" | ".join(kept)) > MAX_STALL_MESSAGE:
+        kept.pop()
+    return (head + " | ".join(kept))[:MAX_STALL_MESSAGE]
+
+
+def set_stall_stacks(take: Callable[[], tuple[str, list[str]] | None] | None) -> None:
+    """Register what a stalled run does before it is stopped: ``take()`` gathers every rank's
+    stack (printing the whole dumps itself) and returns ``(odd one out, one line per rank)``,
+    or None when it got none; None unregisters. An exception in it is reported and the stall
+    goes on with the launcher's own threads."""
+    global _stall_stacks
+    _stall_stacks = take
+
+
+def _rank_stacks() -> tuple[str, list[str]] | None:
+    take = _stall_stacks
+    if take is None:
+        return None
+    try:
+        return take()
+    except Exception as error:  # noqa: BLE001 - a failed dump never keeps the run from stopping
+        print(f"monarch-launch: could not take the ranks' stacks: {error}", file=sys.stderr,
+              flush=True)
+        return None
 
 
 def _stop_stalled(deadline: float) -> Callable[[float, dict[str, Any]], None]:
@@ -311,10 +345,16 @@ def _stop_stalled(deadline: float) -> Callable[[float, dict[str, Any]], None]:
     run as a SIGTERM would (its ranks stopped), its final line the stall
     (:func:`.stopsignal.record_stall`)."""
     def stop(idle: float, state: dict[str, Any]) -> None:
-        stacks = thread_stacks(skip=threading.get_ident())
-        message = stall_message(idle, deadline, state, stacks)
-        print(f"monarch-launch: {message.split('; threads:')[0]}; stopping the run; "
-              "its threads, innermost frame first:", file=sys.stderr, flush=True)
+        ranks = _rank_stacks()
+        if ranks is not None:  # every rank's stack, taken before anything is stopped
+            odd, stacks = ranks
+            what = "its ranks"
+        else:
+            odd, stacks = "", thread_stacks(skip=threading.get_ident())
+            what = "its threads, innermost frame first"
+        message = stall_message(idle, deadline, state, stacks, odd)
+        print(f"monarch-launch: {message.split('; threads:')[0]}; stopping the run; {what}:",
+              file=sys.stderr, flush=True)
         for line in stacks:
             print(f"monarch-launch:   {line}", file=sys.stderr, flush=True)
         stopsignal.record_stall(message)
@@ -333,7 +373,7 @@ def install(environ: Mapping[str, str] | None = None) -> Forwarder | None:
     name = environ.get(constants.ENV_PROGRESS_CONFIGMAP)
     namespace = environ.get(constants.ENV_NAMESPACE)
     if not name or not namespace:
-        return None
+        return _install_standalone(environ)
     with _lock:
         if _forwarder is None and not _closed:
             try:
@@ -352,6 +392,23 @@ def install(environ: Mapping[str, str] | None = None) -> Forwarder | None:
         return _forwarder
 
 
+def _install_standalone(environ: Mapping[str, str]) -> Forwarder | None:
+    """In a launcher without a MonarchJob but with ``MONARCH_PROGRESS_DEADLINE_SECONDS`` (a
+    positive integer): a :class:`Forwarder` that writes nowhere, for its hang detection. None
+    elsewhere (a rank's process: its reports are printed as lines)."""
+    global _forwarder
+    deadline = environ.get(constants.ENV_PROGRESS_DEADLINE, "")
+    if not _in_launcher or not deadline.isdigit() or int(deadline) < 1:
+        return None
+    with _lock:
+        if _forwarder is None and not _closed:
+            _forwarder = Forwarder(lambda _text: None, DEFAULT_INTERVAL_SECONDS,
+                                   deadline=float(deadline),
+                                   on_stall=_stop_stalled(float(deadline)))
+            atexit.register(close)
+        return _forwarder
+
+
 def close() -> None:
     """Write the last report now and stop forwarding (the launcher is ending); a report after
     this is printed as a line."""
@@ -360,6 +417,19 @@ def close() -> None:
         forwarder, _forwarder, _closed = _forwarder, None, True
     if forwarder is not None:
         forwarder.close()
+
+
+def store_stacks(text: str) -> bool:
+    """Keep ``text`` (every rank's stack dump) in the job's ConfigMap under
+    :data:`constants.STACKS_DUMP_KEY`, at most :data:`MAX_STACKS_DUMP` characters (its end cut);
+    False without a MonarchJob (standalone: the dump is in the output only)."""
+    writer = _writer
+    if writer is None:
+        return False
+    if len(text) > MAX_STACKS_DUMP:
+        text = text[:MAX_STACKS_DUMP] + "\n... (cut: the whole dump is in the launcher's log)\n"
+    writer.write_key(constants.STACKS_DUMP_KEY, text)
+    return True
 
 
 def end_if_job_gone() -> None:

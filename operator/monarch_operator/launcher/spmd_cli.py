@@ -81,6 +81,9 @@ MASTER_ADDR.
 Every rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
 ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR (first host), MASTER_PORT (free port there),
 TORCHELASTIC_RUN_ID, as torchrun sets them. Output lines are prefixed [role/host/rank].
+Every rank's Python stack and place in its collectives: kill -USR1 <this launcher's pid> prints
+them and the run goes on; with MONARCH_PROGRESS_DEADLINE_SECONDS=N a run that printed a
+MONARCH_PROGRESS line and then none for N s is stopped, its ranks' stacks taken first.
 exit status: 0 when every rank exits 0; else the exit status of the rank that failed first
 (128+S if killed by signal S); 2 bad flags or hosts; 1 a host failed pre-flight.
 """
@@ -234,6 +237,7 @@ def launcher_from_args(args: argparse.Namespace, reporter: Reporter) -> SpmdLaun
         run_id=args.rdzv_id,
         role=args.role,
         reporter=reporter,
+        stack_dumps=True,
     )
 
 

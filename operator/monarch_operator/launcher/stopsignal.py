@@ -49,6 +49,11 @@ def record_stall(message: str) -> None:
     stopguard.note_stop(message)
 
 
+def stall_recorded() -> bool:
+    """Whether the launcher stopped the run itself as stalled (:func:`record_stall`)."""
+    return _stall is not None
+
+
 def reset() -> None:
     """Forget the recorded signal and stall (tests run several launches in one process)."""
     global _received, _stall

@@ -7,6 +7,8 @@
 - ``hosts JOB``: rank -> host -> pod -> node -> GPU, as the launcher places ranks.
 - ``exec JOB --rank N [--role R] -- CMD...``: CMD in the worker pod that hosts that rank.
 - ``describe JOB``: status, attempts, hosts and the job's recent Events.
+- ``stacks JOB [--wait S]``: every rank's stack of a running SPMD job, without stopping it; of
+  a finished one, the last dump kept (see :mod:`.stacks`).
 
 It runs ``kubectl`` (the one on PATH, or ``$KUBECTL``) with the same context, kubeconfig and
 namespace rules, so it works wherever kubectl does (``kubectl`` finds ``kubectl-monarch`` on
@@ -21,14 +23,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from monarch_operator import constants
+from monarch_operator import constants, names
 from monarch_operator.controller.spec.spec import JobSpec
+from monarch_operator.plugin import stacks as stackviews
 from monarch_operator.plugin import views
 
 RESOURCE = "monarchjobs.monarch-operator.dev"
+LAUNCHER_CONTAINER = "launcher"  # controller/builders/launcher.py's (a unit test keeps them equal)
 
 
 class KubectlError(RuntimeError):
@@ -58,6 +63,11 @@ class Kube:
             raise KubectlError(result.stderr.strip(), result.returncode)
         return json.loads(result.stdout)
 
+    def capture(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """kubectl ARGS in this namespace, its output kept."""
+        return subprocess.run([self.binary, *self.namespace_args, *args], capture_output=True,
+                              text=True, check=False)
+
     def run(self, *args: str) -> int:
         """kubectl ARGS in this namespace (given first: ARGS may end with a command after
         ``--``), its output straight to ours; its exit status."""
@@ -70,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line (see the module doc)."""
     parser = argparse.ArgumentParser(prog="kubectl monarch",
                                      description="Inspect a MonarchJob: status, logs, hosts, "
-                                                 "exec, describe.")
+                                                 "exec, describe, stacks.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
@@ -90,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rank", type=int, required=True, help="the rank")
     run.add_argument("--role", help="its role (default: trainer, or the SPMD ranks)")
     run.epilog = "Give the command after --: kubectl monarch exec JOB --rank 3 -- nvidia-smi"
+    dump = command("stacks", "every rank's stack of a running job (it goes on), or the last "
+                             "dump kept of a finished one")
+    dump.add_argument("--wait", type=float, default=30.0, metavar="S",
+                      help="seconds to wait for the running job's dump (default 30)")
     command("describe", "status, attempts, hosts and recent Events")
     return parser
 
@@ -196,5 +210,46 @@ def describe(kube: Kube, body: dict[str, Any], args: argparse.Namespace) -> int:
     return 0
 
 
+def stacks(kube: Kube, body: dict[str, Any], args: argparse.Namespace) -> int:
+    """Ask a running job's launcher for every rank's stack and print it once it is in the
+    ConfigMap; else print the last dump kept, or the attempts' per-rank lines."""
+    configmap = names.progress_configmap(body["metadata"]["name"])
+    before = stackviews.stored_dump(_json_or_none(kube, "configmap", configmap))
+    pod = views.launcher_pod_name(body, None)
+    if not views.finished(body) and _exists(kube, "pod", pod):
+        asked = kube.capture("exec", pod, "-c", LAUNCHER_CONTAINER, "--",
+                             *stackviews.REQUEST_COMMAND)
+        if asked.returncode == 0:
+            deadline = time.monotonic() + args.wait
+            while time.monotonic() < deadline:
+                now = stackviews.stored_dump(_json_or_none(kube, "configmap", configmap))
+                if now and stackviews.dump_header(now) != stackviews.dump_header(before):
+                    print(now, end="")
+                    return 0
+                time.sleep(1.0)
+            print(f"kubectl monarch stacks: no dump from launcher pod {pod} within "
+                  f"{args.wait:g}s; showing the last one kept", file=sys.stderr)
+        else:
+            print(f"kubectl monarch stacks: could not ask launcher pod {pod}: "
+                  f"{asked.stderr.strip()}", file=sys.stderr)
+    if before:
+        print(before, end="")
+        return 0
+    lines = stackviews.recorded_lines(body)
+    if lines:
+        print("\n".join(lines))
+        return 0
+    print(f"kubectl monarch stacks: no stack dump of job {body['metadata']['name']} (only SPMD "
+          "jobs take them; a dump is kept once a stall or a request took one)", file=sys.stderr)
+    return 1
+
+
+def _json_or_none(kube: Kube, *what: str) -> Any:
+    try:
+        return kube.json(*what)
+    except KubectlError:
+        return None
+
+
 COMMANDS = {"status": status, "logs": logs, "hosts": hosts, "exec": exec_rank,
-            "describe": describe}
+            "describe": describe, "stacks": stacks}

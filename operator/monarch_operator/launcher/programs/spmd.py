@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_operator import constants
 from monarch_operator.hostfile import Host
-from monarch_operator.launcher import exitcodes
+from monarch_operator.launcher import exitcodes, stopsignal
 from monarch_operator.launcher.hosts.placement import is_loopback_name
 from monarch_operator.launcher.hosts.sources import resolve_host_source
+from monarch_operator.launcher.programs import spmdstacks
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session import waiting
 from monarch_operator.launcher.session.causes import monarch_loss
@@ -50,6 +51,7 @@ from monarch_operator.launcher.session.lifecycle import (
     signals_deferred,
     started_job,
 )
+from monarch_operator.launcher.session.rankstacks import stacks_dir
 from monarch_operator.launcher.session.ssh import SshSettings
 
 if TYPE_CHECKING:
@@ -291,8 +293,11 @@ class SpmdLauncher:
         role: str = "spmd",
         reporter: Reporter | None = None,
         prefix_output: bool = True,
+        stack_dumps: bool = False,
     ) -> None:
-        """Plan the run; nothing connects yet.
+        """Plan the run; nothing connects yet. ``stack_dumps``: every rank's stack is taken
+        before a stalled run is stopped and on SIGUSR1 (:mod:`.spmdstacks`; the command line's
+        choice: it sets a signal handler, so only from the main thread).
 
         Raises:
             SpmdConfigError: see :func:`plan_spmd`.
@@ -319,6 +324,9 @@ class SpmdLauncher:
         self._control: Any = None
         self._broken: str | None = None
         self._lost_hosts: set[str] = set()
+        self._stack_dumps = stack_dumps
+        self._uninstall_stacks: Callable[[], None] | None = None
+        self._addresses: dict[str, str] = {}
 
     def describe(self) -> list[str]:
         """Lines describing the plan, printed before start."""
@@ -376,6 +384,7 @@ class SpmdLauncher:
                 role=self._role,
                 prefix_output=self._prefix_output,
                 cwd=os.getcwd(),
+                stacks_dir=stacks_dir(self.session.run_id),
                 **self._restarts,  # type: ignore[arg-type]
             )
             probe = procs.spawn("spmd_probe", SpmdRank, world)
@@ -389,6 +398,10 @@ class SpmdLauncher:
             self.reporter.progress(
                 f"{self.world_size} ranks ready, MASTER_ADDR={master_addr} MASTER_PORT={port}"
             )
+            if self._stack_dumps:
+                self._addresses = dict(addresses)
+                self._uninstall_stacks = spmdstacks.install(
+                    self.session, addresses, stacks_dir(self.session.run_id))
         except BaseException:
             stack.close()
             raise
@@ -403,12 +416,34 @@ class SpmdLauncher:
         """
         stack, self._stack = self._stack, None
         control, self._ranks, self._control = self._control, None, None
+        uninstall, self._uninstall_stacks = self._uninstall_stacks, None
+        if uninstall is not None:
+            uninstall()
+            self._stacks_before_stop(control)
         try:
             if control is not None:
                 self._stop_scripts(control)
         finally:
             if stack is not None:
                 stack.close()
+
+    def _stacks_before_stop(self, control: Any) -> None:
+        """Every rank's stack, from the hosts still there, when the run is being stopped from
+        outside (a stop signal) or after a host was lost; not after a stall (taken then) nor
+        at a normal end."""
+        signal_number = stopsignal.received()
+        if control is None or stopsignal.stall_recorded():
+            return
+        if signal_number is not None:
+            why = f"stopped: {stopsignal.describe(signal_number)}"
+        elif self._lost_hosts:
+            why = f"host {', '.join(sorted(self._lost_hosts))} lost"
+        else:
+            return
+        spmdstacks.before_stop(self.session, {host: address for host, address in
+                                              self._addresses.items()
+                                              if host not in self._lost_hosts},
+                               stacks_dir(self.session.run_id), why)
 
     def _stop_scripts(self, control: Any) -> None:
         """SIGTERM then SIGKILL every running script's process group, host by host, skipping

@@ -21,6 +21,7 @@ on as it is. Standalone, without those variables, both are 0 and ``MONARCH_ATTEM
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import signal
@@ -34,6 +35,8 @@ from typing import IO, Any
 
 import cloudpickle
 from monarch.actor import Actor, current_rank, current_size, endpoint
+
+from monarch_operator.launcher.session.rankstacks import ENV_STACKS_DIR, host_dir, wrap_argv
 
 # Label of the per-host proc dimension (Monarch's SPMD helpers also read the last label).
 LOCAL_LABEL = "gpus"
@@ -67,6 +70,8 @@ class World:
         prefix_output: prefix every output line with ``[role/host/rank]``.
         cwd: working directory for scripts, the launcher's (shared file systems are the norm on
             preallocated clusters); when a host lacks it, the proc's own (the login's home).
+        stacks_dir: where a Python script's rank registers its stack dumps
+            (:mod:`launcher.session.rankstacks`); None: no dumps.
     """
 
     hosts: tuple[str, ...]
@@ -81,8 +86,13 @@ class World:
     restart_count: int = 0
     max_restarts: int = 0
     attempt: int | None = None
+    stacks_dir: str | None = None
 
 
+# PyTorch's flight recorder entries per process group, unless the user set either name
+# (TORCH_FR_BUFFER_SIZE; TORCH_NCCL_TRACE_BUFFER_SIZE, the name older releases read and newer
+# ones still accept): the default of recent releases, set so that older ones record too.
+FLIGHT_RECORDER_ENTRIES = "2000"
 # Passed on to every rank as it was in the launcher's environment.
 ENV_ATTEMPT = "MONARCH_ATTEMPT"
 
@@ -218,6 +228,18 @@ async def _pump(stream: asyncio.StreamReader, out: IO[str], prefix: str) -> None
     sink.flush()
 
 
+def _remove_rank_files(folder: str | None, rank: int) -> None:
+    """The rank's stack-dump files (its script ended), and its folders once empty."""
+    if not folder:
+        return
+    for suffix in (".pid", ".stack", ".fifo", ".fr", ".fr.tmp"):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, f"rank-{rank}{suffix}"))
+    for empty in (folder, os.path.dirname(folder)):
+        with contextlib.suppress(OSError):
+            os.rmdir(empty)
+
+
 def _status(returncode: int) -> int:
     """asyncio's returncode (negative = killed by that signal) as a shell exit status."""
     return 128 - returncode if returncode < 0 else returncode
@@ -265,8 +287,14 @@ class SpmdRank(Actor):
         rank, group_rank, local_rank = self._rank, self._group_rank, self._local_rank
         env = rank_environment(self._world, group_rank, local_rank, os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self._world.stacks_dir:  # every rank's stack on a hang or on demand (issue 35)
+            env[ENV_STACKS_DIR] = host_dir(self._world.stacks_dir, self._world.hosts[group_rank])
+            if not env.get("TORCH_FR_BUFFER_SIZE"):
+                env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
+            argv = wrap_argv(argv)
         prefix = self._prefix(rank, group_rank)
         host = self._world.hosts[group_rank]
+        stacks = host_dir(self._world.stacks_dir, host) if self._world.stacks_dir else None
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -292,6 +320,7 @@ class SpmdRank(Actor):
             returncode = await process.wait()
         finally:
             _RUNNING.discard(process.pid)
+            _remove_rank_files(stacks, rank)
         return RankOutcome(rank, host, local_rank, _status(returncode), time.time())
 
     @endpoint
