@@ -20,14 +20,12 @@ from monarch_operator.controller.builders.statefulset import build_worker_statef
 from monarch_operator.controller.k8s import cache, slim
 from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.spec.spec import JobSpec
-from tests.unit.test_launch_pass import (  # noqa: F401  (api and deletes are fixtures)
+from tests.unit.test_launch_pass import (
     JOB_KIND,
     KINDS,
     NAME,
     NAMESPACE,
     REPLICAS,
-    api,
-    deletes,
     job_body,
     launcher_pod,
     make_view,
@@ -36,6 +34,7 @@ from tests.unit.test_launch_pass import (  # noqa: F401  (api and deletes are fi
     running_status,
     unrecorded_launch,
 )
+from tests.unit.test_launch_pass import api, deletes  # noqa: F401  (fixtures)
 
 Path = tuple[str, ...]
 
@@ -169,7 +168,7 @@ SCENARIOS = list(scenarios(Settings.from_env()))
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_a_pass_reads_only_fields_the_cache_keeps(scenario, api, deletes):
+def test_a_pass_reads_only_fields_the_cache_keeps(scenario, api, deletes):  # noqa: F811
     settings = Settings.from_env()
     status, pods, workers = scenarios(settings)[scenario]
     log: set[tuple[tuple[str, str], Path]] = set()
@@ -181,7 +180,7 @@ def test_a_pass_reads_only_fields_the_cache_keeps(scenario, api, deletes):
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_a_pass_over_slim_children_does_what_it_does_over_full_ones(scenario, api, deletes):
+def test_a_pass_over_slim_children_does_what_it_does_over_full_ones(scenario, api, deletes):  # noqa: F811
     settings = Settings.from_env()
     outcomes = []
     for shape in (lambda kind, body: copy.deepcopy(body), slim.slim):
