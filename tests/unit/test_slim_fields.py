@@ -20,12 +20,14 @@ from monarch_operator.controller.builders.statefulset import build_worker_statef
 from monarch_operator.controller.k8s import cache, slim
 from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.spec.spec import JobSpec
-from tests.unit.test_launch_pass import (
+from tests.unit.test_launch_pass import (  # noqa: F401  (fixtures)
     JOB_KIND,
     KINDS,
     NAME,
     NAMESPACE,
     REPLICAS,
+    api,
+    deletes,
     job_body,
     launcher_pod,
     make_view,
@@ -34,7 +36,6 @@ from tests.unit.test_launch_pass import (
     running_status,
     unrecorded_launch,
 )
-from tests.unit.test_launch_pass import api, deletes  # noqa: F401  (fixtures)
 
 Path = tuple[str, ...]
 
