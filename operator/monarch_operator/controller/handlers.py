@@ -27,7 +27,7 @@ from monarch_operator.controller.engine import (
     wakeups,
     watchhealth,
 )
-from monarch_operator.controller.k8s import cache
+from monarch_operator.controller.k8s import cache, slim
 from monarch_operator.controller.kueue import watch as kueue_watch
 from monarch_operator.controller.launch import checkpoints
 from monarch_operator.controller.spec.settings import Settings
@@ -152,13 +152,9 @@ def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
 
 
 def _cached(body: kopf.Body) -> dict[str, Any]:
-    """The object as the cache keeps it: without ``metadata.managedFields`` (server-side apply
-    bookkeeping, often half of an object's size, never read by a pass; client-go informers
-    drop it with a transform function for the same reason)."""
-    cached = dict(body)
-    cached["metadata"] = {key: value for key, value in (body.get("metadata") or {}).items()
-                          if key != "managedFields"}
-    return cached
+    """The object as the cache keeps it: only the fields a pass reads (:mod:`.k8s.slim`;
+    never ``metadata.managedFields``, often half of an object's size)."""
+    return slim.slim((str(body.get("apiVersion")), str(body.get("kind"))), body)
 
 
 async def _index_job(namespace: str, name: str, body: kopf.Body, **_: Any) -> Any:
@@ -179,10 +175,10 @@ async def _index_create_failure(namespace: str, body: kopf.Body, **_: Any) -> An
     statefulset = str(involved.get("name") or "")
     if not statefulset.endswith(names.WORKER_SUFFIX):
         return None
-    slim = {key: body.get(key) for key in ("reason", "message", "lastTimestamp", "eventTime")}
-    slim["metadata"] = {"name": body.get("metadata", {}).get("name")}
-    slim["involvedObject"] = {key: involved.get(key) for key in ("kind", "name", "uid")}
-    return {(namespace, statefulset.removesuffix(names.WORKER_SUFFIX)): slim}
+    kept = {key: body.get(key) for key in ("reason", "message", "lastTimestamp", "eventTime")}
+    kept["metadata"] = {"name": body.get("metadata", {}).get("name")}
+    kept["involvedObject"] = {key: involved.get(key) for key in ("kind", "name", "uid")}
+    return {(namespace, statefulset.removesuffix(names.WORKER_SUFFIX)): kept}
 
 
 kopf.index(*_RESOURCE, id=_index_id(constants.PLURAL))(_index_job)
@@ -228,8 +224,9 @@ async def on_child_event(namespace: str, labels: dict[str, str], body: kopf.Body
     :func:`.checkpoints.remember`)."""
     job_name = labels[constants.LABEL_JOB]
     if labels.get(constants.LABEL_ROLE) == constants.ROLE_LAUNCHER:
-        checkpoints.remember(namespace, job_name, dict(body))
-        lastseen.remember(namespace, job_name, dict(body))
+        pod = _cached(body)
+        checkpoints.remember(namespace, job_name, pod)
+        lastseen.remember(namespace, job_name, pod)
     WAKEUPS.wake((namespace, job_name))
 
 
