@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -46,7 +47,8 @@ NEW_VERSION = "0.1.1"
 NEW_LABEL = ("upgrade.example.com/defaults", "v2")
 NEW_ENV = ("MONARCH_UPGRADE_DEFAULT", "v2")
 NEW_FIELD = ("upgradeProbe", "defaulted")
-WORKER_ENTRYPOINT = "/usr/local/bin/monarch-worker-entrypoint"
+# The worker image's entrypoint as the node agent runs it (its IMAGE_PATHS), here from a shell.
+WORKER_ENTRYPOINT = ROOT / "images" / "worker" / "entrypoint.sh"
 
 
 def reporting_program(flag: Path) -> str:
@@ -62,6 +64,11 @@ def reporting_program(flag: Path) -> str:
         report(step + 1)
         print("done", flush=True)
     """)
+
+
+def waits_for(flag: Path) -> dict:
+    """A launcher that ends (0) once ``flag`` exists."""
+    return {"command": ["sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.2; done"]}
 
 
 def gated_worker_template(flag: Path) -> dict:
@@ -140,6 +147,16 @@ def worker_template(kubectl, namespace: str, job: str) -> tuple[dict, dict]:
             {item["name"]: item.get("value") for item in container.get("env", [])})
 
 
+def assert_new_defaults(kubectl, namespace: str, job: str) -> None:
+    """The job's worker StatefulSet and its pods carry the newer chart's worker defaults."""
+    labels, env = worker_template(kubectl, namespace, job)
+    assert (labels.get(NEW_LABEL[0]), env.get(NEW_ENV[0])) == (NEW_LABEL[1], NEW_ENV[1]), job
+    workers = [pod for pod in job_pods(kubectl, namespace, job)
+               if pod["metadata"]["labels"].get("monarch-operator.dev/role") == "worker"]
+    assert workers and all(pod["metadata"]["labels"].get(NEW_LABEL[0]) == NEW_LABEL[1]
+                           for pod in workers), job
+
+
 def step(kubectl, namespace: str, job: str) -> int:
     return int((job_status(kubectl, namespace, job).get("progress") or {}).get("step") or 0)
 
@@ -160,6 +177,18 @@ def report(kubectl, local_cluster, namespace: str) -> str:
 
 
 @pytest.fixture
+def flags():
+    """A directory for the files that let the jobs go on: the job's pods run as uid 1000, and
+    pytest's own directories are the test user's alone (0700)."""
+    path = Path(tempfile.mkdtemp(prefix="c33-flags-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def restore_crd(kubectl):
     """Put the repository's CRD back (without the upgrade's field) after the test."""
     try:
@@ -170,7 +199,12 @@ def restore_crd(kubectl):
 
 @pytest.fixture
 def chart_queue(kueue, kubectl, chart_namespace):
-    """A ClusterQueue of 4 GPUs for this namespace only and LocalQueue ``user-queue``."""
+    """A ClusterQueue of 4 GPUs for this namespace only and LocalQueue ``user-queue``.
+
+    The chart in namespaced mode grants no cluster-scoped read, and the operator reads the
+    admitted job's ResourceFlavor (cluster-scoped) to put its node labels on the pods: here a
+    ClusterRole that may get ResourceFlavors and WorkloadPriorityClasses is bound to the
+    release's ServiceAccount, as a cluster admin would have to today (docs/kueue.md)."""
     flavor, cq = f"flavor-{chart_namespace}", f"cq-{chart_namespace}"
     kueue_objects(kubectl, {"apiVersion": KUEUE, "kind": "ResourceFlavor",
                             "metadata": {"name": flavor}},
@@ -178,9 +212,15 @@ def chart_queue(kueue, kubectl, chart_namespace):
                   {"apiVersion": KUEUE, "kind": "LocalQueue",
                    "metadata": {"name": "user-queue", "namespace": chart_namespace},
                    "spec": {"clusterQueue": cq}})
+    reader = f"{chart_namespace}-kueue-reader"
+    kubectl("create", "clusterrole", reader, "--verb=get",
+            "--resource=resourceflavors.kueue.x-k8s.io,workloadpriorityclasses.kueue.x-k8s.io")
+    kubectl("create", "clusterrolebinding", reader, f"--clusterrole={reader}",
+            f"--serviceaccount={chart_namespace}:{FULLNAME}")
     try:
         yield
     finally:
+        kubectl("delete", "clusterrolebinding,clusterrole", reader, check=False)
         kubectl("delete", "monarchjobs", "--all", "-n", chart_namespace, "--wait=true",
                 "--timeout=60s", check=False)
         kubectl("delete", "localqueues", "--all", "-n", chart_namespace, check=False)
@@ -189,7 +229,8 @@ def chart_queue(kueue, kubectl, chart_namespace):
 
 
 def test_c33_helm_upgrade_leaves_running_gated_and_queued_jobs_alone(
-        kubectl, helm_env, chart_namespace, chart_queue, restore_crd, tmp_path, local_cluster):
+        kubectl, helm_env, chart_namespace, chart_queue, restore_crd, tmp_path, local_cluster,
+        flags):
     started = time.monotonic()
     namespace = chart_namespace
     scope = ("--set", f"watchNamespaces={{{namespace}}}")
@@ -201,8 +242,8 @@ def test_c33_helm_upgrade_leaves_running_gated_and_queued_jobs_alone(
     wait_until(lambda: leader(kubectl, namespace).split("_")[0] in old_pods, 60,
                "an operator pod holds the Lease")
     try:
-        run_c33(kubectl, helm_env, namespace, scope, tmp_path, old_pods)
-    except AssertionError:
+        run_c33(kubectl, helm_env, namespace, scope, tmp_path, flags, old_pods)
+    except Exception:
         print(report(kubectl, local_cluster, namespace))
         raise
     finally:
@@ -211,8 +252,8 @@ def test_c33_helm_upgrade_leaves_running_gated_and_queued_jobs_alone(
 
 
 def run_c33(kubectl, helm_env, namespace: str, scope: tuple[str, ...], tmp_path: Path,
-            old_pods: set[str]) -> None:
-    demo_done, gate_open = tmp_path / "demo-done", tmp_path / "gate-open"
+            flags: Path, old_pods: set[str]) -> None:
+    demo_done, gate_open = flags / "demo-done", flags / "gate-open"
     apply_manifest(kubectl, namespace, queued(
         "demo", progress={"reportIntervalSeconds": 1},
         launcher={"command": ["python3", "-c", reporting_program(demo_done)]}))
@@ -221,7 +262,8 @@ def run_c33(kubectl, helm_env, namespace: str, scope: tuple[str, ...], tmp_path:
         "gated", workers={"replicas": 2, "gpusPerWorker": 1,
                           "template": gated_worker_template(gate_open)},
         launcher={"command": ["true"]}))
-    apply_manifest(kubectl, namespace, queued("queued", launcher={"command": ["true"]}))
+    queued_done = flags / "queued-done"
+    apply_manifest(kubectl, namespace, queued("queued", launcher=waits_for(queued_done)))
     wait_phase(kubectl, namespace, "queued", "Queued", timeout=60)
     wait_until(lambda: len([pod for pod in job_pods(kubectl, namespace, "gated")
                             if pod["status"].get("phase") == "Running"]) == 2, 60,
@@ -254,10 +296,12 @@ def run_c33(kubectl, helm_env, namespace: str, scope: tuple[str, ...], tmp_path:
     # The new leader reconciles: a job created now starts with the new defaults, and demo's
     # steps go on.
     after_upgrade = step(kubectl, namespace, "demo")
-    apply_manifest(kubectl, namespace, job_manifest("late", launcher={"command": ["true"]}))
-    wait_phase(kubectl, namespace, "late", "Succeeded", timeout=90)
-    late_labels, late_env = worker_template(kubectl, namespace, "late")
-    assert late_labels[NEW_LABEL[0]] == NEW_LABEL[1] and late_env[NEW_ENV[0]] == NEW_ENV[1]
+    late_done = flags / "late-done"
+    apply_manifest(kubectl, namespace, job_manifest("late", launcher=waits_for(late_done)))
+    wait_phase(kubectl, namespace, "late", "Running", timeout=90)
+    assert_new_defaults(kubectl, namespace, "late")
+    late_done.touch()
+    wait_phase(kubectl, namespace, "late", "Succeeded", timeout=60)
     wait_until(lambda: step(kubectl, namespace, "demo") > after_upgrade + 2, 60,
                "demo's steps advancing after the upgrade")
 
@@ -276,13 +320,13 @@ def run_c33(kubectl, helm_env, namespace: str, scope: tuple[str, ...], tmp_path:
     # Everything ends as it would have without the upgrade.
     gate_open.touch()
     demo_done.touch()
+    wait_phase(kubectl, namespace, "queued", "Running", timeout=120)
+    # queued's StatefulSet is made after the upgrade: the new defaults apply to it.
+    assert_new_defaults(kubectl, namespace, "queued")
+    queued_done.touch()
     for job in ("gated", "demo", "queued"):
         status = wait_phase(kubectl, namespace, job, "Succeeded", timeout=120)
         assert (status.get("attempt"), len(status["attempts"]), status.get("restartCount", 0),
                 ) == (1, 1, 0), (job, status)
         assert not any((status.get("failureCounts") or {}).values()), (job, status)
-    demo = job_status(kubectl, namespace, "demo")
-    assert demo["progress"]["step"] > after_upgrade
-    # queued's StatefulSet was made after the upgrade: the new defaults apply to it.
-    queued_labels, queued_env = worker_template(kubectl, namespace, "queued")
-    assert queued_labels[NEW_LABEL[0]] == NEW_LABEL[1] and queued_env[NEW_ENV[0]] == NEW_ENV[1]
+    assert job_status(kubectl, namespace, "demo")["progress"]["step"] > after_upgrade
