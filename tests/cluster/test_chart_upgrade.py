@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from monarch_operator.localcluster.cli import pod_log_path
-from tests.chart import CHART, ROOT, helm
+from tests.chart import CHART, NEW_ENV, NEW_FIELD, NEW_LABEL, NEW_VERSION, ROOT, helm, newer_chart
 from tests.cluster.helpers import (
     apply_manifest,
     get_json,
@@ -43,10 +43,6 @@ pytestmark = pytest.mark.cluster
 RELEASE = "mo"
 FULLNAME = f"{RELEASE}-monarch-operator"
 CRD_FILE = ROOT / "crds" / "monarchjobs.monarch-operator.dev.yaml"
-NEW_VERSION = "0.1.1"
-NEW_LABEL = ("upgrade.example.com/defaults", "v2")
-NEW_ENV = ("MONARCH_UPGRADE_DEFAULT", "v2")
-NEW_FIELD = ("upgradeProbe", "defaulted")
 # The worker image's entrypoint as the node agent runs it (its IMAGE_PATHS), here from a shell.
 WORKER_ENTRYPOINT = ROOT / "images" / "worker" / "entrypoint.sh"
 
@@ -82,27 +78,6 @@ def queued(name: str, **spec) -> str:
                                        **spec))
     body["metadata"]["labels"] = {QUEUE_LABEL: "user-queue"}
     return yaml.safe_dump(body)
-
-
-def newer_chart(tmp_path: Path) -> Path:
-    """A copy of the chart as its next release: version and appVersion 0.1.1 (so another
-    operator image tag), worker defaults the current one has not, and a CRD with one more
-    optional spec field that has a default."""
-    chart = tmp_path / "newer" / "monarch-operator"
-    shutil.copytree(CHART, chart)
-    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
-    meta["version"] = meta["appVersion"] = NEW_VERSION
-    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
-    values = yaml.safe_load((chart / "values.yaml").read_text())
-    values["workerDefaults"] = {"labels": dict([NEW_LABEL]), "env": dict([NEW_ENV])}
-    (chart / "values.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
-    crd_path = chart / "crds" / CRD_FILE.name
-    crd = yaml.safe_load(crd_path.read_text())
-    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    spec["properties"][NEW_FIELD[0]] = {"type": "string", "default": NEW_FIELD[1],
-                                        "description": "added by the chart upgrade test"}
-    crd_path.write_text(yaml.safe_dump(crd, sort_keys=False))
-    return chart
 
 
 def snapshot(kubectl, namespace: str, job: str) -> dict:
