@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -70,3 +71,31 @@ def token_kubeconfig(kubectl, namespace: str, account: str, path: Path) -> Path:
     }
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+# The next release of the chart, as the upgrade tests (field case C33) make it.
+NEW_VERSION = "0.1.1"
+NEW_LABEL = ("upgrade.example.com/defaults", "v2")
+NEW_ENV = ("MONARCH_UPGRADE_DEFAULT", "v2")
+NEW_FIELD = ("upgradeProbe", "defaulted")
+
+
+def newer_chart(tmp_path: Path) -> Path:
+    """A copy of the chart as its next release: version and appVersion 0.1.1 (so another
+    operator image tag), worker defaults the current one has not, and a CRD with one more
+    optional spec field that has a default."""
+    chart = tmp_path / "newer" / "monarch-operator"
+    shutil.copytree(CHART, chart)
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    meta["version"] = meta["appVersion"] = NEW_VERSION
+    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    values["workerDefaults"] = {"labels": dict([NEW_LABEL]), "env": dict([NEW_ENV])}
+    (chart / "values.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
+    [crd_path] = (chart / "crds").glob("*.yaml")
+    crd = yaml.safe_load(crd_path.read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"][NEW_FIELD[0]] = {"type": "string", "default": NEW_FIELD[1],
+                                        "description": "added by the chart upgrade test"}
+    crd_path.write_text(yaml.safe_dump(crd, sort_keys=False))
+    return chart

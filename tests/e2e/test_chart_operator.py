@@ -22,7 +22,15 @@ from monarch_operator.localcluster.demo import (
     stop_process,
     wait_for_phase,
 )
-from tests.chart import CHART, ROOT, helm, token_kubeconfig
+from tests.chart import (
+    CHART,
+    NEW_ENV,
+    NEW_LABEL,
+    ROOT,
+    helm,
+    newer_chart,
+    token_kubeconfig,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -154,6 +162,74 @@ def test_sample_job_succeeds_with_the_operator_as_the_charts_pod(
             == {user}
     finally:
         helm("uninstall", RELEASE, "-n", chart_namespace, "--wait", env=helm_env, check=False)
+
+
+def test_sample_job_runs_on_across_helm_upgrade(kubectl, helm_env, chart_namespace,
+                                                local_cluster, tmp_path):
+    """Field case C33 on the real nodes: the rl_kl job runs while the release is upgraded to
+    a newer chart (version 0.1.1, new worker defaults: the operator pods roll, one by one, and
+    the Lease moves to a new pod). The same operator image (the nodes hold one; the kwok test
+    changes the tag too). No worker pod is deleted or restarted, the job's StatefulSet keeps its
+    template, and the job Succeeds with one attempt and no restart."""
+    installed = helm("install", RELEASE, str(CHART), "-n", chart_namespace, "--wait",
+                     "--timeout=120s", "--set", f"watchNamespaces={{{chart_namespace}}}",
+                     env=helm_env, check=False)
+    try:
+        assert installed.returncode == 0, (installed.stderr, operator_pod_report(
+            kubectl, local_cluster, chart_namespace))
+        old = {pod["metadata"]["name"] for pod in kubectl.json(
+            "pods", "-n", chart_namespace, "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]}
+        wait_for_holder(kubectl, chart_namespace, old, timeout=60)
+        kubectl("apply", "-n", chart_namespace, "-f", str(SAMPLE))
+        name = yaml.safe_load(SAMPLE.read_text())["metadata"]["name"]
+        wait_for_phase(kubectl, chart_namespace, name, ("Running",), timeout=300)
+        before = worker_pods(kubectl, chart_namespace, name)
+        template = kubectl.json("statefulset", f"{name}-worker", "-n", chart_namespace)[
+            "spec"]["template"]
+        started = time.monotonic()
+        helm("upgrade", RELEASE, str(newer_chart(tmp_path)), "-n", chart_namespace, "--wait",
+             "--timeout=180s", "--set", f"watchNamespaces={{{chart_namespace}}}",
+             "--set", "image.tag=0.1.0", env=helm_env)
+        new = {pod["metadata"]["name"] for pod in kubectl.json(
+            "pods", "-n", chart_namespace, "-l", f"app.kubernetes.io/instance={RELEASE}")[
+            "items"] if not pod["metadata"].get("deletionTimestamp")}
+        successor = wait_for_holder(kubectl, chart_namespace, new - old, timeout=60)
+        print(f"helm upgrade --wait and hand-over to {successor}: "
+              f"{time.monotonic() - started:.1f}s")
+        # Right after the hand-over, while the job still runs (it takes about 40 s on these
+        # nodes): the same worker pods, not restarted, and the StatefulSet's template as it was.
+        if kubectl.json("monarchjob", name, "-n", chart_namespace)["status"]["phase"] \
+                == "Running":
+            assert worker_pods(kubectl, chart_namespace, name) == before
+            assert kubectl.json("statefulset", f"{name}-worker", "-n", chart_namespace)[
+                "spec"]["template"] == template
+            print("checked the running job's pods after the upgrade")
+        deployment = kubectl.json("deployment", FULLNAME, "-n", chart_namespace)
+        env = {item["name"]: item.get("value") for item in
+               deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert NEW_ENV[0] in env["MONARCH_OPERATOR_WORKER_ENV"]
+        assert NEW_LABEL[0] in env["MONARCH_OPERATOR_WORKER_LABELS"]
+        job = wait_for_phase(kubectl, chart_namespace, name, ("Succeeded", "Failed"),
+                             timeout=420)
+        log = launcher_log(kubectl, local_cluster.state_dir, chart_namespace, name)
+        assert job["status"]["phase"] == "Succeeded", log[-4000:]
+        assert "rl_kl: done" in log
+        assert job["status"].get("restartCount", 0) == 0, job["status"]
+        assert len(job["status"].get("attempts", [])) == 1, job["status"]
+        # The attempt's workers, as its status names them, are those from before the upgrade.
+        assert sorted((w["name"], w["uid"]) for w in job["status"]["attemptWorkers"]) == [
+            (pod, uid) for pod, (uid, _) in sorted(before.items())]
+    finally:
+        helm("uninstall", RELEASE, "-n", chart_namespace, "--wait", env=helm_env, check=False)
+
+
+def worker_pods(kubectl, namespace: str, job: str) -> dict[str, tuple[str, int]]:
+    """``{pod: (uid, restarts)}`` of the job's worker pods."""
+    pods = kubectl.json("pods", "-n", namespace, "-l",
+                        f"monarch-operator.dev/job={job},monarch-operator.dev/role=worker")
+    return {pod["metadata"]["name"]: (pod["metadata"]["uid"], sum(
+        c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", [])))
+        for pod in pods["items"]}
 
 
 def wait_for_holder(kubectl, namespace: str, pods: set[str], timeout: float) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import socket
 import sys
 import threading
 
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
                 # kopf's peering is a pause protocol without fencing: one process acts,
                 # alone or as the Lease's holder (leader/).
                 standalone=True,
+                identity=kopf_identity(),
                 clusterwide=not args.namespace,
                 namespaces=args.namespace,
                 liveness_endpoint=args.liveness,
@@ -105,6 +108,18 @@ def main(argv: list[str] | None = None) -> None:
 
     k8s.load_config()
     sys.exit(run_elected(elect, run_kopf, liveness=args.liveness))
+
+
+def kopf_identity() -> str:
+    """The identity kopf gives this process (its peering, unused when standalone):
+    ``<host name>/<pid>``, the pod's name in a pod.
+
+    kopf's own (``detect_own_id``) asks ``getpass.getuser()``, which raises ``KeyError`` for a
+    uid without a passwd entry: OpenShift's restricted-v2 runs the pod as an arbitrary uid of
+    the namespace's range, which the image's /etc/passwd does not know, and kopf would exit
+    before its first watch (seen on the local cluster's agent with the chart's uid 65532).
+    """
+    return f"{socket.gethostname()}/{os.getpid()}"
 
 
 def add_election_flags(parser: argparse.ArgumentParser) -> None:

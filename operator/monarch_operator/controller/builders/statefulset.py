@@ -78,10 +78,10 @@ def build_worker_statefulset(job: JobSpec, settings: Settings,
     """
     group = group or job.groups[0]
     labels = group_labels(job, group)
-    template = {
-        "metadata": pod_metadata(job, labels),
-        "spec": _worker_pod_spec(job, settings, group),
-    }
+    metadata = pod_metadata(job, labels)
+    # The operator's default worker labels (chart workerDefaults.labels) under the job's own.
+    metadata["labels"] = {**dict(settings.worker_labels), **metadata["labels"]}
+    template = {"metadata": metadata, "spec": _worker_pod_spec(job, settings, group)}
     template = merge_pod_template(template, job.worker_template)
     template = merge_pod_template(template, group.template)
     _keep_one_shm_mount(template["spec"])
@@ -123,6 +123,12 @@ def _worker_pod_spec(job: JobSpec, settings: Settings, group: WorkerGroup) -> di
     if not job.attach:  # attach mode runs no sshd: no keys on the workers
         spec["volumes"].append(ssh_secret_volume(
             job, SSH_VOLUME, (constants.SSH_AUTHORIZED_KEYS, constants.SSH_HOST_KEY)))
+    # The operator's default worker env (chart workerDefaults.env): its own names win, and a
+    # template's env merges over all of it by name.
+    container_env = spec["containers"][0]["env"]
+    taken = {item["name"] for item in container_env}
+    container_env.extend({"name": name, "value": value}
+                         for name, value in settings.worker_env if name not in taken)
     grace = job.run_policy.checkpoint_grace_seconds
     if grace > 0:
         # Checkpoint before a stop: a drained or preempted worker keeps its open ssh sessions

@@ -17,6 +17,7 @@ No I/O and no clock: times come in as RFC 3339 text.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -126,7 +127,11 @@ def pod_set_name(group: WorkerGroup) -> str:
 
 def _group_pod_set(job: JobSpec, settings: Settings, group: WorkerGroup) -> dict[str, Any]:
     """Worker group ``group``'s pod set: its StatefulSet's pod template, count its replicas."""
-    template = build_worker_statefulset(job, settings, group)["spec"]["template"]
+    # Without the operator's default worker labels and env: they ask Kueue for nothing, and
+    # with them an upgrade that changes them would change the spec hash and so replace a
+    # queued job's Workload, which would lose its place in the queue (docs/install.md).
+    plain = dataclasses.replace(settings, worker_labels=(), worker_env=())
+    template = build_worker_statefulset(job, plain, group)["spec"]["template"]
     where = ("spec.workers.template" if not group.labelled
              else f"spec.workerGroups {group.name!r} template")
     return {"name": pod_set_name(group), "count": group.replicas, "template": template,
