@@ -27,11 +27,13 @@ MINUTES = 3.0
 # heartbeat (controller/judge/verdicts.py heartbeat_hold), so the attempt is Infrastructure.
 SCENARIOS = plan.SCENARIOS
 GLOBAL_FAULTS = (*faults.GLOBAL_FAULTS, *faults.LEADER_FAULTS)
-# Each leader fault once, first (then drawn by weight), 12-20 s apart so that all five fit in
-# the three minutes: the rolling update and the partition take 10-20 s each.
-FIRST_FAULTS = (faults.LEADER_SIGKILL, faults.STANDBY_SIGKILL, faults.LEADER_PARTITION,
-                faults.LEADER_SIGTERM, faults.ROLLING_UPDATE)
-GLOBAL_EVERY_S = (12.0, 20.0)
+# Each leader fault once, first (then drawn by weight), 10-15 s apart so that all five fit in
+# the three minutes (the soak injects them after its window if they do not): after a SIGKILL
+# the next leader fault waits for the standby to take over (15 s), the rolling update holds the
+# soak's loop for 10-30 s, and the partition's SIGCONT and exit come while the soak goes on.
+FIRST_FAULTS = (faults.LEADER_SIGKILL, faults.ROLLING_UPDATE, faults.STANDBY_SIGKILL,
+                faults.LEADER_SIGTERM, faults.LEADER_PARTITION)
+GLOBAL_EVERY_S = (10.0, 15.0)
 
 
 def test_a_short_chaos_soak_breaks_no_invariant(local_cluster, kubectl, operator_process):

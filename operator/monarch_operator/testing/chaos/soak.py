@@ -34,6 +34,8 @@ NODE_DOWN_S = (35.0, 60.0)
 # Seconds between global faults (uniform).
 GLOBAL_EVERY_S = (15.0, 45.0)
 REQUEST_TIMEOUT = 20
+# Seconds after the window within which first faults not yet injected still are.
+FIRST_GRACE_S = 120.0
 
 
 @dataclass
@@ -140,7 +142,8 @@ class Soak:
         global_faults: only these (``faults.GLOBAL_FAULTS`` names, and with a replicated
             operator ``faults.LEADER_FAULTS`` names instead of the operator's restarts);
             None: all.
-        first_faults: the first global faults, in this order (then drawn by weight).
+        first_faults: the first global faults, in this order (then drawn by weight); each is
+            injected even if the window ends first.
         global_every_s: seconds between global faults (uniform in this range).
         progress: prints one line per job, fault and violation.
     """
@@ -201,7 +204,11 @@ class Soak:
                     time.sleep(1)
                     continue
                 self._aimed_faults()
-                if injecting and now >= next_global:
+                # The first faults are each injected even when the window ends first (a
+                # loaded machine): while jobs finish, for at most FIRST_GRACE_S after it.
+                first_left = (self.global_injected < len(self.first_faults)
+                              and now < inject_until + FIRST_GRACE_S)
+                if (injecting or first_left) and now >= next_global:
                     # Not possible now (no leader known): try again in 2 s.
                     next_global = time.monotonic() + (self.rng.uniform(*self.global_every_s)
                                                       if self._global_fault() else 2)
@@ -209,7 +216,7 @@ class Soak:
                 self._nodes_back(force=not injecting)
                 self._judge()
                 self.report.steps += 1
-                if not injecting and all(track.done for track in self.tracks):
+                if not injecting and not first_left and all(t.done for t in self.tracks):
                     self.operator.finish(self._judge_operator)
                     break
                 time.sleep(1)
