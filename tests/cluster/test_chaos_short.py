@@ -29,8 +29,9 @@ SCENARIOS = plan.SCENARIOS
 GLOBAL_FAULTS = (*faults.GLOBAL_FAULTS, *faults.LEADER_FAULTS)
 # Each leader fault once, first (then drawn by weight), 10-15 s apart so that all five fit in
 # the three minutes (the soak injects them after its window if they do not): after a SIGKILL
-# the next leader fault waits for the standby to take over (15 s), the rolling update holds the
-# soak's loop for 10-30 s, and the partition's SIGCONT and exit come while the soak goes on.
+# the next leader fault waits for the standby to take over (15 s), and the rolling update (a new
+# replica is ready in 5-40 s, twice) and the partition (12-19 s, then the exit) go on while the
+# soak does, the next leader fault waiting for them.
 FIRST_FAULTS = (faults.LEADER_SIGKILL, faults.ROLLING_UPDATE, faults.STANDBY_SIGKILL,
                 faults.LEADER_SIGTERM, faults.LEADER_PARTITION)
 GLOBAL_EVERY_S = (10.0, 15.0)

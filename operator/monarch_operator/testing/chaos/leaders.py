@@ -82,7 +82,8 @@ class Replica:
 
 @dataclass
 class Pending:
-    """Something due later: a SIGCONT, an exit to wait for, a replacement to start."""
+    """Something due later: a SIGCONT, an exit to wait for, a replacement to start, a new
+    replica of a rolling update to become ready."""
 
     at: float
     action: str
@@ -119,6 +120,7 @@ class ReplicatedOperator:
         self._audit_offset = (self.cluster.audit_log.stat().st_size
                               if self.cluster.audit_log.exists() else 0)
         self._audit_checked = 0.0
+        self._rolling: list[Replica] = []  # the old replicas a rolling update has yet to stop
         api = kubernetes.config.new_client_from_config(str(self.cluster.kubeconfig))
         self._api = api
         self._leases = kubernetes.client.CoordinationV1Api(api)
@@ -235,7 +237,8 @@ class ReplicatedOperator:
             self.pending.append(Pending(time.monotonic() + rng.uniform(RD + RP, LD + 2 * RP),
                                         "resume", leader))
         elif kind == faults.ROLLING_UPDATE:
-            self._rolling_update(leader, standbys, judge)
+            self._rolling = [*standbys, leader]
+            self._surge()
         else:
             raise ValueError(f"leader fault: unknown kind {kind!r}")
         return True
@@ -246,22 +249,28 @@ class ReplicatedOperator:
         judge(checks.OPERATOR_STOP, f"operator {replica.name} ({role})",
               [] if code == 0 else [("exit 0 within 20 s of SIGTERM", f"exit {code}")])
 
-    def _rolling_update(self, leader: Replica, standbys: list[Replica], judge: Judge) -> None:
-        """As a Deployment with maxSurge 1 and maxUnavailable 0: a new replica, once ready the
-        oldest standby stops; another new one, once ready the old leader stops."""
-        for old in [*standbys, leader]:
-            new = self.start_one()
-            if not self._wait(new.ready, READY_S):
-                judge(checks.LEADER_EXIT, f"operator {new.name}",
-                      [(f"/healthz ready within {READY_S:g} s", "not ready")])
-            self._term(old, judge)
+    def _surge(self) -> None:
+        """The rolling update's next step, as a Deployment with maxSurge 1 and maxUnavailable
+        0 does it: a new replica; once it is ready (:meth:`tick`) the next old one
+        (standbys first, the leader last) gets SIGTERM."""
+        self.pending.append(Pending(time.monotonic() + READY_S, "surge", self.start_one()))
+
+    def _surged(self, due: Pending, judge: Judge) -> None:
+        assert due.replica is not None
+        self.pending.remove(due)
+        if not due.replica.ready():
+            judge(checks.LEADER_EXIT, f"operator {due.replica.name}",
+                  [(f"/healthz ready within {READY_S:g} s", "not ready")])
+        self._term(self._rolling.pop(0), judge)
+        if self._rolling:
+            self._surge()
 
     def tick(self, judge: Judge) -> None:
         """One soak step: read the Lease, do what is due (SIGCONT a partitioned leader and
         judge its exit, start replacements), and every ``AUDIT_EVERY_S`` judge the writes."""
         self.holder()
         now = time.monotonic()
-        for due in [p for p in self.pending if p.at <= now]:
+        for due in [p for p in self.pending if p.at <= now and p.action != "surge"]:
             self.pending.remove(due)
             if due.action == "start":
                 if len(self.live()) < self.replicas:
@@ -276,6 +285,10 @@ class ReplicatedOperator:
             if not waiting.replica.alive():
                 self.pending.remove(waiting)
                 self._judge_partition_exit(waiting.replica, judge)
+        for surge in [p for p in self.pending if p.action == "surge" and p.replica]:
+            assert surge.replica is not None
+            if surge.at <= now or surge.replica.ready():
+                self._surged(surge, judge)
         if now - self._audit_checked >= AUDIT_EVERY_S:
             self.judge_writes(judge)
 
@@ -292,7 +305,7 @@ class ReplicatedOperator:
 
     def finish(self, judge: Judge) -> None:
         """At the soak's end: what is still due, then the whole audit log judged."""
-        deadline = time.monotonic() + LD + 2 * RP + EXIT_AFTER_RESUME_S + 5
+        deadline = time.monotonic() + 2 * READY_S + LD + 2 * RP + EXIT_AFTER_RESUME_S
         while self.pending and time.monotonic() < deadline:
             self.tick(judge)
             time.sleep(0.5)
