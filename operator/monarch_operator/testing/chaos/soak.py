@@ -213,7 +213,9 @@ class Soak:
                     next_global = time.monotonic() + (self.rng.uniform(*self.global_every_s)
                                                       if self._global_fault() else 2)
                 self.operator.tick(self._judge_operator)
-                self._nodes_back(force=not injecting)
+                # Back when due, after the window too: a job's own node loss may come after
+                # it (forced back at once, its pods' crash went unseen: run 6 of the short soak).
+                self._nodes_back(force=False)
                 self._judge()
                 self.report.steps += 1
                 if not injecting and not first_left and all(t.done for t in self.tracks):
