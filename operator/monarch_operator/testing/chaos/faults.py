@@ -6,6 +6,7 @@ through the API (:mod:`.soak`)."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import time
@@ -22,6 +23,32 @@ OPERATOR_SIGKILL = "operator_sigkill"
 APISERVER_PAUSED = "apiserver_paused"
 NODE_LOST_ANY = "node_lost_any"
 GLOBAL_FAULTS = {OPERATOR_SIGTERM: 2, OPERATOR_SIGKILL: 2, APISERVER_PAUSED: 2, NODE_LOST_ANY: 1}
+# Leader faults (replicated operator, :mod:`.leaders`), global too, and their weights.
+LEADER_SIGKILL = "leader_sigkill"
+LEADER_SIGTERM = "leader_sigterm"
+LEADER_PARTITION = "leader_partition"
+STANDBY_SIGKILL = "standby_sigkill"
+ROLLING_UPDATE = "rolling_update"
+LEADER_FAULTS = {LEADER_SIGKILL: 2, LEADER_SIGTERM: 2, LEADER_PARTITION: 2, STANDBY_SIGKILL: 1,
+                 ROLLING_UPDATE: 1}
+
+
+def pick_global(rng: random.Random, weights: dict[str, int], first: tuple[str, ...],
+                injected: int) -> str:
+    """The next global fault: ``first[injected]`` while the soak has injected fewer than
+    ``len(first)`` (a short soak that must see each of them), then one drawn by ``weights``.
+
+    Raises:
+        ValueError: ``weights`` is empty, or a name in ``first`` is not in it.
+    """
+    if not weights:
+        raise ValueError("global faults: none to pick from")
+    unknown = [name for name in first if name not in weights]
+    if unknown:
+        raise ValueError(f"global faults: first {unknown} not among {sorted(weights)}")
+    if injected < len(first):
+        return first[injected]
+    return rng.choices(list(weights), weights=list(weights.values()))[0]
 
 
 class OperatorControl:
@@ -60,6 +87,12 @@ class OperatorControl:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def tick(self, judge: object) -> None:
+        """One soak step (nothing to do for a single operator)."""
+
+    def finish(self, judge: object) -> None:
+        """The soak's end (nothing to judge for a single operator)."""
 
 
 def pause_apiserver(cluster: LocalCluster, seconds: float) -> None:

@@ -24,7 +24,7 @@ import kubernetes
 import urllib3
 
 from monarch_operator.localcluster.cluster import LocalCluster
-from monarch_operator.testing.chaos import checks, faults, judge, plan, procs
+from monarch_operator.testing.chaos import checks, faults, judge, leaders, plan, procs
 from monarch_operator.testing.chaos.checks import Ledger
 from monarch_operator.testing.chaos.plan import JobPlan, Verdict
 
@@ -34,6 +34,8 @@ NODE_DOWN_S = (35.0, 60.0)
 # Seconds between global faults (uniform).
 GLOBAL_EVERY_S = (15.0, 45.0)
 REQUEST_TIMEOUT = 20
+# Seconds after the window within which first faults not yet injected still are.
+FIRST_GRACE_S = 120.0
 
 
 @dataclass
@@ -137,20 +139,37 @@ class Soak:
         minutes: how long faults are injected and jobs created; then every job finishes.
         concurrency: jobs running at once.
         scenarios: only these (``plan.SCENARIOS`` names); None: all.
-        global_faults: only these (``faults.GLOBAL_FAULTS`` names); None: all.
+        global_faults: only these (``faults.GLOBAL_FAULTS`` names, and with a replicated
+            operator ``faults.LEADER_FAULTS`` names instead of the operator's restarts);
+            None: all.
+        first_faults: the first global faults, in this order (then drawn by weight); each is
+            injected even if the window ends first.
+        global_every_s: seconds between global faults (uniform in this range).
         progress: prints one line per job, fault and violation.
     """
 
-    def __init__(self, cluster: LocalCluster, operator: faults.OperatorControl, namespace: str,
+    def __init__(self, cluster: LocalCluster,
+                 operator: faults.OperatorControl | leaders.ReplicatedOperator, namespace: str,
                  seed: int, minutes: float, concurrency: int = 4,
                  scenarios: tuple[str, ...] | None = None,
                  global_faults: tuple[str, ...] | None = None,
+                 first_faults: tuple[str, ...] = (),
+                 global_every_s: tuple[float, float] = GLOBAL_EVERY_S,
                  progress: Callable[[str], None] = print) -> None:
         self.cluster, self.operator, self.namespace = cluster, operator, namespace
         self.rng = random.Random(seed)
         self.minutes, self.concurrency, self.scenarios = minutes, concurrency, scenarios
-        self.global_faults = {name: weight for name, weight in faults.GLOBAL_FAULTS.items()
-                              if global_faults is None or name in global_faults}
+        self.global_faults = {name: weight for name, weight in {
+            **faults.GLOBAL_FAULTS, **self.leader_faults()}.items()
+            if global_faults is None or name in global_faults}
+        if self.leader_faults():  # replicas: the leader faults stand for the restarts
+            for name in (faults.OPERATOR_SIGTERM, faults.OPERATOR_SIGKILL):
+                self.global_faults.pop(name, None)
+        self.first_faults, self.global_every_s = first_faults, global_every_s
+        self.global_injected = 0
+        if set(first_faults) - set(self.global_faults):
+            raise ValueError(f"first_faults: {sorted(set(first_faults) - set(self.global_faults))}"
+                             f" not among the global faults {sorted(self.global_faults)}")
         self.progress = progress
         self.report = Report(seed, minutes)
         self.tracks: list[Track] = []
@@ -174,7 +193,7 @@ class Soak:
         if not self.operator.alive():
             self.operator.start()
         inject_until = self.start + self.minutes * 60
-        next_global = self.start + self.rng.uniform(*GLOBAL_EVERY_S)
+        next_global = self.start + self.rng.uniform(*self.global_every_s)
         try:
             while True:
                 now = time.monotonic()
@@ -185,13 +204,22 @@ class Soak:
                     time.sleep(1)
                     continue
                 self._aimed_faults()
-                if injecting and now >= next_global:
-                    self._global_fault()
-                    next_global = time.monotonic() + self.rng.uniform(*GLOBAL_EVERY_S)
-                self._nodes_back(force=not injecting)
+                # The first faults are each injected even when the window ends first (a
+                # loaded machine): while jobs finish, for at most FIRST_GRACE_S after it.
+                first_left = (self.global_injected < len(self.first_faults)
+                              and now < inject_until + FIRST_GRACE_S)
+                if (injecting or first_left) and now >= next_global:
+                    # Not possible now (no leader known): try again in 2 s.
+                    next_global = time.monotonic() + (self.rng.uniform(*self.global_every_s)
+                                                      if self._global_fault() else 2)
+                self.operator.tick(self._judge_operator)
+                # Back when due, after the window too: a job's own node loss may come after
+                # it (forced back at once, its pods' crash went unseen: run 6 of the short soak).
+                self._nodes_back(force=False)
                 self._judge()
                 self.report.steps += 1
-                if not injecting and all(track.done for track in self.tracks):
+                if not injecting and not first_left and all(t.done for t in self.tracks):
+                    self.operator.finish(self._judge_operator)
                     break
                 time.sleep(1)
         except KeyboardInterrupt:
@@ -359,14 +387,29 @@ class Soak:
         track.fault_state = "done"
         self.say(f"resumed {track.plan.name}")
 
-    def _global_fault(self) -> None:
+    def leader_faults(self) -> dict[str, int]:
+        """The operator's leader faults and their weights ({} for a single operator)."""
+        return dict(getattr(self.operator, "leader_faults", {}))
+
+    def _judge_operator(self, invariant: str, subject: str,
+                        problems: list[checks.Problem]) -> None:
+        clean = self.report.ledger.judge(invariant, subject, None, problems, self.elapsed())
+        if not clean:
+            self.say(f"violation: {invariant}: {subject}: {problems[0][1][:200]}")
+
+    def _global_fault(self) -> bool:
+        """Inject the next global fault; False when it cannot be now."""
         if not self.global_faults:
-            return
-        kind = self.rng.choices(list(self.global_faults),
-                                weights=list(self.global_faults.values()))[0]
-        if kind == faults.NODE_LOST_ANY:
+            return True
+        kind = faults.pick_global(self.rng, self.global_faults, self.first_faults,
+                                  self.global_injected)
+        if kind in self.leader_faults():
+            assert isinstance(self.operator, leaders.ReplicatedOperator)
+            if not self.operator.inject(kind, self.rng, self._judge_operator):
+                return False
+        elif kind == faults.NODE_LOST_ANY:
             if self.down:
-                return
+                return True  # skipped (one node down at a time), as drawn
             self._lose_node(self.rng.choice([f"kwok-gpu-{i}" for i in range(self.cluster.nodes)]))
         elif kind == faults.APISERVER_PAUSED:
             seconds = self.rng.uniform(2, 6)
@@ -382,7 +425,9 @@ class Soak:
                     0, -15) else [("exit 0 within 20 s of SIGTERM", f"exit {code}")],
                     self.elapsed())
         self.report.faults[kind] += 1
+        self.global_injected += 1
         self.say(f"fault {kind}")
+        return True
 
     def _lose_node(self, node: str) -> None:
         faults.lose_node(self.cluster, node)
