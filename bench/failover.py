@@ -172,7 +172,7 @@ def job_outcome(kubectl: Kubectl, name: str) -> dict[str, Any]:
                          progress=lambda line: print(line, file=sys.stderr, flush=True))
     status = job["status"]
     return {"job": name, "phase": status["phase"], "attempts": len(status.get("attempts", [])),
-            "restarts": status.get("restarts", 0)}
+            "restarts": status.get("restartCount", 0)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -262,7 +262,7 @@ def test_c32_one_replica_acts_kill_and_sigterm_hand_over(kubectl, local_cluster,
         names.worker_set("demo")], creates
     launchers = [name for kind, name in creates if kind == "pods" and "launcher" in name]
     assert launchers == [names.launcher_pod("demo", 1)], creates
-    assert final.get("restarts", 0) == 0 and final.get("attempt") == 1, final
+    assert final.get("restartCount", 0) == 0 and final.get("attempt") == 1, final
     assert "acquired Lease" in b.log() and "(released by b)" in b.log()
     assert "did not renew it" in b.log()  # b took over an expired Lease (a was killed)
     assert "no holder (released)" in c.log()
@@ -305,7 +305,7 @@ def test_a_partitioned_leader_stops_before_its_renew_deadline_and_exits(
     assert b_w and min(w["at"] for w in b_w) >= stalled_wall + RD  # after a stopped
     assert not [w for w in a_w if w["name"] and w["name"].startswith("late")]
     late = job_status(kubectl, ns, "late")
-    assert late.get("attempt") == 1 and job_status(kubectl, ns, "demo").get("restarts", 0) == 0
+    assert late.get("attempt") == 1 and job_status(kubectl, ns, "demo").get("restartCount", 0) == 0
 
 
 def test_a_leader_paused_past_its_lease_writes_nothing_when_it_resumes(

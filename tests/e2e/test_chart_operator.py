@@ -51,6 +51,18 @@ def run_sample_job(kubectl, namespace: str, state_dir: Path) -> tuple[dict, str]
     return job, log
 
 
+def sample_job_succeeded_once(kubectl, namespace: str, name: str, state_dir: Path) -> dict:
+    """Wait until the running sample job ends; check that it Succeeded in one attempt with no
+    restart and its program ran to its end; returns the job."""
+    job = wait_for_phase(kubectl, namespace, name, ("Succeeded", "Failed"), timeout=420)
+    log = launcher_log(kubectl, state_dir, namespace, name)
+    assert job["status"]["phase"] == "Succeeded", log[-4000:]
+    assert "rl_kl: done" in log
+    assert job["status"].get("restartCount", 0) == 0, job["status"]
+    assert len(job["status"].get("attempts", [])) == 1, job["status"]
+    return job
+
+
 def refused_requests(audit_log: Path, start: int, user: str) -> list[str]:
     """Requests by ``user`` that the API server answered 403, from byte ``start`` of its
     audit log."""
@@ -149,13 +161,7 @@ def test_sample_job_succeeds_with_the_operator_as_the_charts_pod(
         successor = wait_for_holder(kubectl, chart_namespace, names - {leader}, timeout=60)
         print(f"leader {leader} force-deleted; {successor} leads after "
               f"{time.monotonic() - killed:.1f}s")
-        job = wait_for_phase(kubectl, chart_namespace, name, ("Succeeded", "Failed"),
-                             timeout=420)
-        log = launcher_log(kubectl, local_cluster.state_dir, chart_namespace, name)
-        assert job["status"]["phase"] == "Succeeded", log[-4000:]
-        assert "rl_kl: done" in log
-        assert job["status"].get("restarts", 0) == 0, job["status"]
-        assert len(job["status"].get("attempts", [])) == 1, job["status"]
+        sample_job_succeeded_once(kubectl, chart_namespace, name, local_cluster.state_dir)
         # The children were made by the pods' ServiceAccount, and nothing was refused to it.
         assert refused_requests(local_cluster.audit_log, audit_start, user) == []
         assert creators(local_cluster.audit_log, audit_start, chart_namespace, "statefulsets") \
@@ -209,13 +215,7 @@ def test_sample_job_runs_on_across_helm_upgrade(kubectl, helm_env, chart_namespa
                deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert NEW_ENV[0] in env["MONARCH_OPERATOR_WORKER_ENV"]
         assert NEW_LABEL[0] in env["MONARCH_OPERATOR_WORKER_LABELS"]
-        job = wait_for_phase(kubectl, chart_namespace, name, ("Succeeded", "Failed"),
-                             timeout=420)
-        log = launcher_log(kubectl, local_cluster.state_dir, chart_namespace, name)
-        assert job["status"]["phase"] == "Succeeded", log[-4000:]
-        assert "rl_kl: done" in log
-        assert job["status"].get("restartCount", 0) == 0, job["status"]
-        assert len(job["status"].get("attempts", [])) == 1, job["status"]
+        job = sample_job_succeeded_once(kubectl, chart_namespace, name, local_cluster.state_dir)
         # The attempt's workers, as its status names them, are those from before the upgrade.
         assert sorted((w["name"], w["uid"]) for w in job["status"]["attemptWorkers"]) == [
             (pod, uid) for pod, (uid, _) in sorted(before.items())]
