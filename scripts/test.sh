@@ -11,6 +11,12 @@
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  -h|--help)  # this script's own words (no set-up first), then pytest's options
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    echo "pytest's own options: .venv/bin/python -m pytest --help (once scripts/setup.sh made .venv)."
+    exit 0 ;;
+esac
 t0=$SECONDS
 scripts/setup.sh --images
 export MONARCH_SETUP_SECONDS=$((SECONDS - t0))

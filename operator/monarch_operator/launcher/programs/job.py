@@ -395,7 +395,8 @@ class Job:
         )
         for group in groups.values():
             self.reporter.progress(
-                f"{group.role} group: {group.world_size} ranks, MASTER_ADDR={group.master_addr} "
+                f"{group.role} group: {group.world_size} rank{'' if group.world_size == 1 else 's'}, "
+                f"MASTER_ADDR={group.master_addr} "
                 f"MASTER_PORT={group.master_port}")
         return groups
 
