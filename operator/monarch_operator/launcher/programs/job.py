@@ -394,9 +394,9 @@ class Job:
             IDENTIFY_TIMEOUT_S,
         )
         for group in groups.values():
+            ranks = f"{group.world_size} rank{'' if group.world_size == 1 else 's'}"
             self.reporter.progress(
-                f"{group.role} group: {group.world_size} rank{'' if group.world_size == 1 else 's'}, "
-                f"MASTER_ADDR={group.master_addr} "
+                f"{group.role} group: {ranks}, MASTER_ADDR={group.master_addr} "
                 f"MASTER_PORT={group.master_port}")
         return groups
 
