@@ -42,7 +42,7 @@ CRD = Path(__file__).resolve().parents[2] / "crds" / "monarchjobs.monarch-operat
      "network error, NCCL version 2.18.1 ... Last error: NET/IB : Got completion from peer "
      "11.214.147.122<39138> with error 12, opcode 0, len 0, vendor err 129",
      "InfiniBandCompletionError"),
-    ("node-3:1234:1290 [2] NCCL WARN NET/IB : Got completion from peer 10.0.0.7<4521> with "
+    ("node-3:1234:1290 [2] NCCL WARN NET/IB : Got completion from peer 10.244.1.7<4521> with "
      "status=12 opcode=0 len=0 vendor err 129 (Recv)", "InfiniBandCompletionError"),
 ])
 def test_real_hardware_lines_match_their_pattern(line: str, pattern: str) -> None:
