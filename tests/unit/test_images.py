@@ -238,25 +238,3 @@ def test_the_archive_a_build_replaces_counts_as_free_space(tmp_path):
     with pytest.raises(RuntimeError):
         images.check_free_space(tmp_path, 10, usage=lambda _: _Usage(8.8),
                                 replaced=[tmp_path / "gone.tar"])
-
-
-def test_imports_into_the_real_nodes_are_refused_before_any_starts_when_the_disk_is_short(
-        tmp_path):
-    """Two nodes each to import a 3 GiB archive on one disk: 6 GiB and the margin are needed,
-    checked once before either import (a disk that fills mid-import leaves half-imported
-    layers); an archive a node has imported already needs nothing."""
-    from monarch_operator.localcluster.node import nodes
-
-    archive = tmp_path / "worker-aaaa.tar"
-    with archive.open("wb") as handle:
-        handle.truncate(3 * 2**30)
-    roots = [tmp_path / "containerd" / "node-0", tmp_path / "containerd" / "node-1"]
-    both = [(root, archive) for root in roots]
-    nodes.check_import_space(both, usage=lambda _: _Usage(6 + nodes.IMPORT_MARGIN_GIB + 0.1))
-    with pytest.raises(RuntimeError) as refused:
-        nodes.check_import_space(both, usage=lambda _: _Usage(7.0))
-    message = str(refused.value)
-    assert "only 7.0 GiB free" in message and "importing the images into the real nodes" in message
-    assert f"about {6 + nodes.IMPORT_MARGIN_GIB:.0f} GiB" in message
-    nodes.check_import_space(both[:1], usage=lambda _: _Usage(7.0))  # one node left to import
-    nodes.check_import_space([], usage=lambda _: _Usage(0.0))

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from monarch_operator.localcluster import binaries
-from monarch_operator.localcluster.node import configs, network
+from monarch_operator.localcluster.node import configs, imports, network
 from monarch_operator.localcluster.node.network import NodeAddresses
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -218,6 +218,13 @@ class RealNode:
         record = self.images_root / "monarch-imported.json"
         return archive.name not in (json.loads(record.read_text()) if record.exists() else [])
 
+    def imports_to_come(self, archives: list[Path]) -> imports.NodeImports:
+        """The archives among ``archives`` that :meth:`import_image` would import, with the
+        layers this node holds already (for :func:`.imports.plan`)."""
+        return imports.NodeImports(
+            root=self.images_root, archives=tuple(a for a in archives if self.needs_import(a)),
+            present=frozenset(imports.unpacked_layers(self.images_root)))
+
     def import_image(self, archive: Path, progress: Progress) -> None:
         """Import a docker-archive into the node's containerd unless this very archive (its
         file name carries its content hash) was imported before into the kept root.
@@ -238,6 +245,7 @@ class RealNode:
             raise RuntimeError(f"node {self.name}: ctr images import {archive} failed: "
                                f"{(result.stderr or result.stdout).strip()[-2000:]}")
         record.write_text(json.dumps(sorted({*imported, archive.name})))
+        imports.record_layers(self.images_root, imports.archive_layers(archive))
         progress(f"{self.name}: imported {archive.name} in {time.monotonic() - started:.0f}s")
 
     def stop_kubelet(self) -> None:

@@ -19,11 +19,9 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from monarch_operator.localcluster import certs
-from monarch_operator.localcluster.images import check_free_space
-from monarch_operator.localcluster.node import addons, network
+from monarch_operator.localcluster.node import addons, imports, network
 from monarch_operator.localcluster.node import node as nodemod
 from monarch_operator.localcluster.node.network import NodeAddresses
 
@@ -191,8 +189,10 @@ class RealNodes:
 
     def start(self, server: str, start: Start, images: dict[str, Path], pause_image: str,
               progress: Progress) -> dict[str, int]:
-        """Start every node: holder, containerd, images imported (in parallel, one thread per
-        node), kubelet, kube-proxy and the GPU plugin (the firewall comes in :meth:`bring_up`). Returns ``{"<node>-<component>": pid}``.
+        """Start every node: holder, containerd, images imported (one thread per node, or one
+        node at a time where the disk is short: :func:`.imports.plan`), kubelet, kube-proxy and
+        the GPU plugin (the firewall comes in :meth:`bring_up`). Returns
+        ``{"<node>-<component>": pid}``.
 
         Args:
             server: the API server's URL as the nodes reach it.
@@ -210,17 +210,24 @@ class RealNodes:
                 OWNER.write_text(json.dumps({"state_dir": str(self.state_dir),
                                              "pid": node.pids["holder"]}))
             node.start_components(start)
-        check_import_space([(node.images_root, archive) for node in self.nodes
-                            for archive in images.values() if node.needs_import(archive)])
         # One thread per node, each importing the archives in turn: images share layers, and
-        # one containerd ingests a shared blob once (a second writer waits on its lock).
+        # one containerd ingests a shared blob once (a second writer waits on its lock). On a
+        # disk with room for one node's import at a time, the nodes take turns.
         def import_all(node: nodemod.RealNode) -> None:
             for archive in images.values():
                 node.import_image(archive, progress)
 
-        with concurrent.futures.ThreadPoolExecutor(len(self.nodes)) as pool:
-            for future in [pool.submit(import_all, node) for node in self.nodes]:
-                future.result()
+        together = imports.plan([node.imports_to_come(list(images.values()))
+                                 for node in self.nodes])
+        if together:
+            with concurrent.futures.ThreadPoolExecutor(len(self.nodes)) as pool:
+                for future in [pool.submit(import_all, node) for node in self.nodes]:
+                    future.result()
+        else:
+            progress("importing the images into one node at a time: the disk has no room for "
+                     "both imports at once (docs/development.md#disk)")
+            for node in self.nodes:
+                import_all(node)
         pids = {}
         for node in self.nodes:
             node.start_kubelet(start)
@@ -392,37 +399,3 @@ def wait(check: Callable[[], list[str]], what: str, timeout: float, progress: Pr
             progress(f"waiting for {what} ({now - started:.0f}s): {'; '.join(problems)}")
             said = now
         time.sleep(0.5)
-
-
-# Besides the archives' size, what an import may need on top (containerd's metadata, a
-# kubelet's logs) and what the machine should keep free, in GiB.
-IMPORT_MARGIN_GIB = 2.0
-
-
-def check_import_space(imports: list[tuple[Path, Path]],
-                       usage: Callable[[Path], Any] = shutil.disk_usage) -> None:
-    """Refuse to import images into the nodes' containerd when the disk cannot take them, before
-    any import starts: a disk that fills up during ``ctr images import`` leaves half-imported
-    layers behind and a traceback (a newcomer's first demo on a small disk).
-
-    Args:
-        imports: ``(the node's containerd root, archive)`` per import to come; each unpacks
-            about its archive's size (``--discard-unpacked-layers`` keeps no blob copy).
-        usage: ``shutil.disk_usage``'s kind (for tests).
-
-    Raises:
-        RuntimeError: less free space than the archives' total and :data:`IMPORT_MARGIN_GIB`
-            on a disk that holds a node's root; the message says how much and what may be
-            deleted (:func:`.images.disk_advice`).
-    """
-    need: dict[int, tuple[Path, float]] = {}
-    for root, archive in imports:
-        folder = root if root.exists() else root.parent
-        while not folder.exists():
-            folder = folder.parent
-        device = folder.stat().st_dev
-        _, total = need.get(device, (folder, 0.0))
-        need[device] = (folder, total + archive.stat().st_size / 2**30)
-    for folder, gib in need.values():
-        check_free_space(folder, need_gib=gib + IMPORT_MARGIN_GIB, usage=usage,
-                         needed_for="importing the images into the real nodes")
