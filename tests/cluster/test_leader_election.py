@@ -195,6 +195,12 @@ def long_job(kubectl, namespace: str, name: str, seconds: int) -> None:
         name, launcher={"command": ["sh", "-c", f"sleep {seconds}"]}))
 
 
+def reported_holder(replica) -> str | None:
+    """The Lease holder a replica's /healthz names (None: no answer, or not read yet)."""
+    status, body = replica.get(replica.health_url)
+    return json.loads(body).get("holder") if status == 200 else None
+
+
 def test_c32_one_replica_acts_kill_and_sigterm_hand_over(kubectl, local_cluster, replicas,
                                                         chart_namespace):
     ns = chart_namespace
@@ -203,7 +209,11 @@ def test_c32_one_replica_acts_kill_and_sigterm_hand_over(kubectl, local_cluster,
     replicas.wait_holder("a", 60)
     b = replicas.start("b")
     wait_until(lambda: b.get(b.health_url)[0] == 200, 60, "the standby's /healthz")
+    # /healthz answers from the standby's start; "holder" is null until its first read of the
+    # Lease (CI, stop 43: read within the same second), then names the leader.
+    wait_until(lambda: reported_holder(b) is not None, 30, "the standby's first read of the Lease")
     status, body = b.get(b.health_url)
+    assert status == 200
     assert json.loads(body)["leader"] is False and json.loads(body)["holder"] == "a"
     wait_until(lambda: a.metric("monarch_operator_leader") == 1, 30, "a's leader gauge")
     assert b.metric("monarch_operator_leader") == 0
