@@ -47,6 +47,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_mpi_operator as mpi  # noqa: E402  (sits beside this script)
+import timeline  # noqa: E402  (sits beside this script)
 
 from monarch_operator.localcluster.cluster import LocalCluster  # noqa: E402
 from monarch_operator.localcluster.demo import (  # noqa: E402
@@ -192,6 +193,9 @@ def run_batch(kubectl: Kubectl, who: str, size: int, workers: int, image: str,
             stamp = first_step_time(kubectl, namespace, pods[name])
             if stamp is not None:
                 seconds[name] = stamp - applied
+    timelines = {name: timeline.relative(timeline.job_timeline(
+        kubectl.json, lambda ns, pod: kubectl("logs", "--timestamps", "-n", ns, pod, check=False),
+        ours(who), namespace, name), applied) for name in names}
     if log_dir is not None:  # each launcher's output with the runtime's timestamps
         for name, pod in launcher_pods(kubectl, who, namespace).items():
             (log_dir / f"{namespace}-{name}.log").write_text(kubectl(
@@ -199,7 +203,8 @@ def run_batch(kubectl: Kubectl, who: str, size: int, workers: int, image: str,
     kind = "monarchjobs" if ours(who) else "mpijobs"
     kubectl("delete", kind, "--all", "-n", namespace, "--wait=true", "--timeout=300s")
     wait(f"{who}: pods gone", lambda: not kubectl.json("pods", "-n", namespace)["items"], 300)
-    return {"who": who, "jobs": size, "seconds": seconds, "outcomes": outcomes}
+    return {"who": who, "jobs": size, "seconds": seconds, "outcomes": outcomes,
+            "timelines": timelines}
 
 
 def spread(values: list[float]) -> str:
@@ -276,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
             stop_process(process)
         cluster.down(quiet=True)
     print(table(results))
+    for size in args.jobs:  # where the seconds went, per batch size (bench/timeline.py)
+        batch = {r["who"]: list(r["timelines"].values()) for r in results if r["jobs"] == size}
+        print(f"\n{size} job(s) at once:\n{timeline.table(batch)}")
     report = json.dumps(results, indent=2)
     if args.json:
         args.json.write_text(report)
