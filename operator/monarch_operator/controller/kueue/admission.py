@@ -94,13 +94,15 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
     record = dict(state.status.get("queue") or {})
     if job.queue_name != queue:  # the namespace's default LocalQueue: say so on the job too
         client.label_job_queue(job.namespace, job.name, queue)
-    record.update(name=queue, workload=job.prebuilt_workload or names.workload(job.name, job.uid))
+    record.update(name=queue,
+                  workload=job.prebuilt_workload or names.workload(job.name, job.uid))
     state.status["queue"] = record
     if job.prebuilt_workload:  # a MultiKueue worker's copy: MultiKueue made its Workload
         workload, missing = multikueue.adopt(state, lambda: _desired(state, settings, queue))
         if workload is None:
-            _queued(state, queue, wl.Admission(wl.STATE_PENDING, multikueue.REASON_AWAITING_WORKLOAD,
-                                               missing), _stop(state, wl.Admission(wl.STATE_PENDING)))
+            left = _stop(state, wl.Admission(wl.STATE_PENDING))
+            _queued(state, queue, wl.Admission(
+                wl.STATE_PENDING, multikueue.REASON_AWAITING_WORKLOAD, missing), left)
             return Queue({}, False, job)
     else:
         workload = client.read_workload(job.namespace, record["workload"])
