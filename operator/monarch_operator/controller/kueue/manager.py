@@ -14,10 +14,12 @@ written: MultiKueue replaces it wholesale with the worker copy's
 - ``spec.suspend: true`` deactivates the Workload (``spec.active: false``: evicted, quota
   given back, the worker's copy deleted), and ``false`` activates it again, only when the
   operator deactivated it;
-- one narrow write of the status: while the Workload holds no quota, MultiKueue copies nothing
-  (it deletes the worker's objects), so the status would go on showing whatever it copied
-  last (Running, after a lost worker); then the job says ``Queued``, reason
-  :data:`REASON_AWAITING_DISPATCH`, with Kueue's words;
+- one narrow write of the status: while the Workload is not admitted (no quota, or quota
+  but the MultiKueue admission check not Ready), MultiKueue copies nothing (without quota it
+  deletes the worker's objects; with quota it has no admitted worker copy to copy from), so
+  the status would go on showing whatever it copied last (Running, after a lost worker:
+  Kueue reserves the quota again at once while no worker can take the job); then the job
+  says ``Queued``, reason :data:`REASON_AWAITING_DISPATCH`, with Kueue's words;
 - problems (no queue label, a refused Workload) are Warning Events, not status.
 """
 
@@ -52,7 +54,7 @@ ANNOTATION_DEACTIVATED = f"{constants.GROUP}/deactivated-for-suspend"
 def dispatch(state: Pass, settings: Settings) -> bool:
     """One pass of a job MultiKueue runs elsewhere: its Workload made, suspended or not as the
     spec says, an eviction's quota given back. Returns whether the pass may write the job's
-    status (the Workload holds no quota: :data:`REASON_AWAITING_DISPATCH` is set in
+    status (the Workload is not admitted: :data:`REASON_AWAITING_DISPATCH` is set in
     ``state.status``); problems are Warning Events in ``state.events``."""
     job = state.job
     queue = admission.queue_of(state, settings) if job.queue_name or settings.kueue else None
@@ -74,8 +76,8 @@ def dispatch(state: Pass, settings: Settings) -> bool:
                 f"evicted by Kueue ({verdict.reason}: {verdict.message}); quota given back, "
                 "MultiKueue deletes the worker cluster's copy")))
         return False  # the Workload's next event brings the pass that says Queued
-    if verdict.state == wl.STATE_FINISHED or wl.holds_quota(workload):
-        return False
+    if verdict.state in (wl.STATE_FINISHED, wl.STATE_ADMITTED):
+        return False  # MultiKueue's to copy (its admission check is Ready once dispatched)
     words = f"{verdict.reason}: {verdict.message}" if verdict.message else verdict.reason
     message = (f"{'suspended; ' if job.suspend else ''}waiting in LocalQueue {queue} for "
                f"MultiKueue to admit the job and dispatch it to a worker cluster ({words})")

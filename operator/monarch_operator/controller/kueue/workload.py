@@ -194,11 +194,6 @@ def _is_true(workload: dict[str, Any], condition_type: str) -> bool:
     return (_condition(workload, condition_type) or {}).get("status") == "True"
 
 
-def holds_quota(workload: dict[str, Any]) -> bool:
-    """Whether Kueue reserved quota for the Workload (``QuotaReserved`` True)."""
-    return _is_true(workload, QUOTA_RESERVED)
-
-
 def admission(workload: dict[str, Any]) -> Admission:
     """Read Kueue's verdict from the Workload's status.
 
