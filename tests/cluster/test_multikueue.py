@@ -164,6 +164,15 @@ def wl_condition(workload: dict[str, Any], kind: str) -> dict[str, Any]:
                  if c["type"] == kind), {})
 
 
+def awaiting_dispatch(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | None:
+    """The job's status once it is Queued for MultiKueue again (a status the worker had,
+    Queued for another reason, may be copied for a moment first)."""
+    status = job_status(kubectl, namespace, name)
+    queued = next((c for c in status.get("conditions") or [] if c["type"] == "Queued"), {})
+    return status if (status.get("phase") == "Queued"
+                      and queued.get("reason") == "AwaitingDispatch") else None
+
+
 def worker_copy(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | None:
     return get_json(kubectl, "monarchjob", name, "-n", namespace)
 
@@ -292,9 +301,8 @@ def test_suspend_on_the_manager_gives_the_quota_back_and_resume_runs_it_again(
     first_uid = worker_copy(kubectl, namespace, "pause")["metadata"]["uid"]
     mk("patch", "monarchjob", "pause", "-n", namespace, "--type=merge",
        "-p", json.dumps({"spec": {"suspend": True}}))
-    queued = wait_until(lambda: (status := job_status(mk, namespace, "pause")).get(
-        "phase") == "Queued" and status, 60, "Queued on the manager")
-    assert condition(queued, "Queued")["reason"] == "AwaitingDispatch", queued
+    queued = wait_until(lambda: awaiting_dispatch(mk, namespace, "pause"), 60,
+                        "Queued (AwaitingDispatch) on the manager")
     assert queued["message"].startswith("suspended; "), queued
     [workload] = workloads(mk, namespace)
     assert wl_condition(workload, "QuotaReserved").get("status") != "True", workload
@@ -317,8 +325,7 @@ def test_c37_a_lost_worker_turns_the_manager_job_back_to_awaiting_dispatch(
         "lost", launcher={"command": ["sh", "-c", "exec sleep 300"]}))
     wait_phase(mk, namespace, "lost", "Running", timeout=120)
     manager.proxy.close()  # the worker's API server unreachable for the manager
-    queued = wait_until(lambda: (status := job_status(mk, namespace, "lost")).get(
-        "phase") == "Queued" and status, WORKER_LOST_TIMEOUT_SECONDS + 90,
-        "the manager's job Queued after workerLostTimeout")
-    assert condition(queued, "Queued")["reason"] == "AwaitingDispatch", queued
+    queued = wait_until(lambda: awaiting_dispatch(mk, namespace, "lost"),
+                        WORKER_LOST_TIMEOUT_SECONDS + 90,
+                        "the manager's job Queued (AwaitingDispatch) after workerLostTimeout")
     assert "MultiKueue" in queued["message"], queued
