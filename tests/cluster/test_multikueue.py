@@ -177,6 +177,30 @@ def worker_copy(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] |
     return get_json(kubectl, "monarchjob", name, "-n", namespace)
 
 
+def test_managed_by_is_fixed_at_creation(kubectl, namespace):
+    own = yaml.safe_load(job_manifest("own", suspend=True))
+    own["spec"]["managedBy"] = "monarch-operator.dev/monarch-operator"
+    apply_manifest(kubectl, namespace, yaml.safe_dump(own))
+    apply_manifest(kubectl, namespace, job_manifest("plain", suspend=True))
+
+    def refused(name: str, patch_type: str, patch: Any) -> str:
+        with pytest.raises(RuntimeError) as error:  # kubectl exits non-zero: refused
+            kubectl("patch", "monarchjob", name, "-n", namespace, f"--type={patch_type}",
+                    "-p", json.dumps(patch))
+        return str(error.value)
+
+    assert "spec.managedBy cannot change" in refused(
+        "own", "merge", {"spec": {"managedBy": MANAGED_BY}})
+    assert "cannot be added or removed" in refused(
+        "own", "json", [{"op": "remove", "path": "/spec/managedBy"}])
+    assert "cannot be added or removed" in refused(
+        "plain", "merge", {"spec": {"managedBy": "monarch-operator.dev/monarch-operator"}})
+    other = yaml.safe_load(job_manifest("other"))
+    other["spec"]["managedBy"] = "example.com/other"
+    with pytest.raises(RuntimeError, match="Unsupported value"):
+        apply_manifest(kubectl, namespace, yaml.safe_dump(other))
+
+
 # -- the worker's side, MultiKueue played by hand ------------------------------------------------
 
 def prebuilt_workload(name: str, namespace: str, body: dict[str, Any],
@@ -266,11 +290,22 @@ def test_c37_dispatched_job_runs_on_the_worker_and_its_status_reaches_the_manage
                "the worker's copy deleted by MultiKueue")
 
 
-def test_deleting_the_job_on_the_manager_deletes_the_worker_copy(kubectl, manager, pair):
+def test_a_job_of_two_worker_groups_dispatches_whole_and_deleting_it_deletes_the_copy(
+        kubectl, manager, pair):
     namespace, mk = pair, manager.kubectl
-    apply_manifest(mk, namespace, dispatched_job(
-        "gone", launcher={"command": ["sh", "-c", "exec sleep 300"]}))
-    wait_phase(kubectl, namespace, "gone", "Running", timeout=120)
+    body = yaml.safe_load(dispatched_job(
+        "gone", launcher={"command": ["sh", "-c", "exec sleep 300"]},
+        workerGroups=[{"name": "train", "replicas": 1, "gpusPerWorker": 2},
+                      {"name": "gen", "replicas": 1, "gpusPerWorker": 1}],
+        roles=[{"name": "trainer", "group": "train"}, {"name": "ref", "group": "gen"}]))
+    del body["spec"]["workers"]
+    apply_manifest(mk, namespace, yaml.safe_dump(body))
+    running = wait_phase(kubectl, namespace, "gone", "Running", timeout=120)
+    assert running["readyWorkers"] == "2/2", running
+    [manager_workload] = workloads(mk, namespace)  # one Workload, a pod set per group
+    assert [(p["name"], p["count"]) for p in manager_workload["spec"]["podSets"]] == [
+        ("train", 1), ("gen", 1), ("launcher", 1)]
+    assert len(workloads(kubectl, namespace)) == 1
     mk("delete", "monarchjob", "gone", "-n", namespace, "--wait=true", "--timeout=60s")
     wait_until(lambda: worker_copy(kubectl, namespace, "gone") is None, 90,
                "the worker's copy deleted")
