@@ -239,7 +239,11 @@ def test_a_copy_waits_for_its_prebuilt_workload_then_adopts_it_and_runs(kubectl,
     assert workload["metadata"]["labels"][wl.LABEL_JOB_UID] == job_uid
     finished = wait_until(lambda: wl_condition(workloads(kubectl, namespace)[0], "Finished")
                           or None, 30, "the Workload Finished")
-    assert finished["reason"] == "Succeeded" and done["queue"]["finished"] is True
+    assert finished["reason"] == "Succeeded", finished
+    # Finished only after the copy's own Succeeded was written (MultiKueue copies it then).
+    assert done["phase"] == "Succeeded"
+    wait_until(lambda: job_status(kubectl, namespace, "copy")["queue"].get("finished"), 30,
+               "status.queue.finished")
 
 
 def test_a_prebuilt_workload_out_of_sync_is_finished_and_nothing_runs(kubectl, worker_queue):
