@@ -37,7 +37,7 @@ from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.state import status as st
 from monarch_operator.controller.state.passstate import Event, Pass
 
-# Queued reason while the manager's Workload holds no quota.
+# Queued reason while the manager's Workload is not admitted (nothing dispatched).
 REASON_AWAITING_DISPATCH = "AwaitingDispatch"
 # Warning reasons.
 REASON_NO_QUEUE = "NoLocalQueue"
