@@ -26,6 +26,13 @@ LABEL_ATTEMPT = f"{GROUP}/attempt"
 # Standard recommended label, value of app.kubernetes.io/managed-by on every child.
 MANAGED_BY = "monarch-operator"
 
+# spec.managedBy of a MonarchJob (immutable; docs/kueue.md#multikueue). Absent or our own name:
+# this operator runs the job. Kueue's MultiKueue controller name (apis/kueue/v1beta2,
+# MultiKueueControllerName): the job is dispatched to a worker cluster; here the operator only
+# makes its Workload, and the worker cluster's operator runs the copy.
+MANAGED_BY_OPERATOR = f"{GROUP}/monarch-operator"
+MANAGED_BY_MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+
 # Annotation on the hostfile ConfigMap: the job uid it was built for (stale-hostfile detection).
 ANNOTATION_JOB_UID = f"{GROUP}/job-uid"
 

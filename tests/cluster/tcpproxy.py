@@ -42,6 +42,9 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._closed:  # accepted as close() ran: never forwarded
+                client.close()
+                return
             frozen = threading.Event()
             with self._lock:
                 self.accepted += 1
@@ -108,7 +111,15 @@ class TcpProxy:
             self._stalled = False
 
     def close(self) -> None:
+        """Stop listening (new connections are refused) and reset every open connection.
+
+        Closing the listening socket alone does not stop it listening while the accepting
+        thread is blocked in ``accept()`` on it: that call keeps the kernel's socket, which goes
+        on completing handshakes. ``shutdown()`` wakes the call and stops the listening first.
+        """
         self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         self.reset_all()

@@ -425,3 +425,17 @@ def test_kueue_manager_may_read_monarchjobs_when_named():
                  if binding["roleRef"]["name"] == role["metadata"]["name"]]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kueue-controller-manager",
                                     "namespace": "kueue-system"}]
+
+
+def test_a_multikueue_manager_may_copy_the_workers_status_onto_monarchjobs():
+    """On a MultiKueue manager Kueue patches each job's status with its worker copy's
+    (docs/kueue.md#multikueue): ``kueue.managerServiceAccount.multiKueue`` adds exactly that."""
+    objects = render("--set", "kueue.managerServiceAccount.name=kueue-controller-manager",
+                     "--set", "kueue.managerServiceAccount.multiKueue=true")
+    [role] = [role for role in operator_objects(objects, "ClusterRole")
+              if role["metadata"]["name"].endswith("-kueue-manager")]
+    assert granted(role["rules"]) == {
+        *((constants.GROUP, constants.PLURAL, verb)
+          for verb in ("get", "list", "watch", "patch", "update")),
+        *((constants.GROUP, f"{constants.PLURAL}/status", verb)
+          for verb in ("get", "patch", "update"))}

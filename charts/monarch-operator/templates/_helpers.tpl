@@ -123,7 +123,7 @@ configmaps above (RBAC's escalation check). */}}
 {{- if .Values.kueue.enabled }}
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, update, patch, delete]
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [update]

@@ -98,7 +98,9 @@ class LocalCluster:
 
     Args:
         state_dir: certificates, kubeconfig, etcd data, logs, pod files and ``cluster.json``.
-        nodes: number of kwok nodes, each advertising ``gpus_per_node`` ``nvidia.com/gpu``.
+        nodes: number of kwok nodes, each advertising ``gpus_per_node`` ``nvidia.com/gpu``;
+            0: a control plane without nodes and without kwok (a MultiKueue manager,
+            :mod:`.multikueue`).
         node_agent: run the node agent (real pod processes). Benchmarks that only use simulated
             pods (label ``localcluster.monarch-operator.dev/simulate``, see kwok-stages.yaml)
             turn it off; without it other pods never run, and once deleted stay Terminating.
@@ -199,7 +201,7 @@ class LocalCluster:
                 ("kube-controller-manager", self._kcm_args(bin_dir, ports)),
                 ("kube-scheduler", self._scheduler_args(bin_dir, ports)),
             ]
-            if real is None:
+            if real is None and self.nodes:  # nodes=0: a control plane alone
                 components.append(("kwok", self._kwok_args(bin_dir, ports)))
             if self.node_agent:
                 components.append(("agent", self._agent_args(ports)))
@@ -603,6 +605,8 @@ class LocalCluster:
         return result.stdout
 
     def _create_nodes(self, bin_dir: Path) -> None:
+        if not self.nodes:
+            return
         nodes = []
         for index in range(self.nodes):
             resources = {"cpu": "64", "memory": "512Gi", "pods": "110",

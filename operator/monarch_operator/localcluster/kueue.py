@@ -82,12 +82,15 @@ def ensure_kueue() -> Path:
 
 
 def configuration(webhook_port: int, health_port: int, cert_dir: Path,
-                  pods_ready_timeout_seconds: int | None = None) -> dict[str, Any]:
+                  pods_ready_timeout_seconds: int | None = None,
+                  multikueue: dict[str, Any] | None = None) -> dict[str, Any]:
     """Kueue's ``Configuration`` (``config.kueue.x-k8s.io/v1beta2``) for a host process.
 
     Args:
         pods_ready_timeout_seconds: ``waitForPodsReady.timeout`` (Kueue's default: 30 min); an
             admitted workload whose ``PodsReady`` is not True by then is evicted.
+        multikueue: the ``multiKueue`` section of a MultiKueue manager
+            (:func:`.multikueue.manager_section`); None: none.
     """
     config: dict[str, Any] = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -101,6 +104,8 @@ def configuration(webhook_port: int, health_port: int, cert_dir: Path,
         "integrations": {"frameworks": list(FRAMEWORKS),
                          "externalFrameworks": [MONARCHJOB_FRAMEWORK]},
     }
+    if multikueue is not None:
+        config["multiKueue"] = multikueue
     if pods_ready_timeout_seconds is not None:
         config["waitForPodsReady"] = {"timeout": f"{pods_ready_timeout_seconds}s",
                                       "blockAdmission": False}
@@ -154,11 +159,16 @@ class KueueProcess:
         kubectl: a callable running kubectl against it (``demo.Kubectl``).
         pods_ready_timeout_seconds: see :func:`configuration`.
         stop_with_owner: SIGKILL when the calling process dies (tests).
+        multikueue: see :func:`configuration` (a MultiKueue manager).
+        feature_gates: Kueue feature gates set on its command line (name -> on).
     """
 
     def __init__(self, state_dir: Path, kubeconfig: Path, kubectl: Any,
                  pods_ready_timeout_seconds: int | None = None,
-                 stop_with_owner: bool = False) -> None:
+                 stop_with_owner: bool = False, multikueue: dict[str, Any] | None = None,
+                 feature_gates: dict[str, bool] | None = None) -> None:
+        self.multikueue = multikueue
+        self.feature_gates = {"VisibilityOnDemand": False, **(feature_gates or {})}
         self.state_dir = Path(state_dir)
         self.kubeconfig = Path(kubeconfig)
         self.kubectl = kubectl
@@ -197,7 +207,8 @@ class KueueProcess:
         self.kubectl("create", "namespace", NAMESPACE, check=False)
         config_path = self.folder / "config.yaml"
         config_path.write_text(yaml.safe_dump(configuration(
-            webhook_port, health_port, cert_dir, self.pods_ready_timeout_seconds)))
+            webhook_port, health_port, cert_dir, self.pods_ready_timeout_seconds,
+            self.multikueue)))
         self.process = self._start(built / "kueue", config_path, cert_dir)
         self._wait_ready(f"http://127.0.0.1:{health_port}/readyz", timeout)
         manifests = list(yaml.safe_load_all((built / "webhooks.yaml").read_text()))
@@ -239,7 +250,9 @@ class KueueProcess:
         if os.geteuid() != 0:
             unshare.insert(1, "--map-root-user")
         args = [*unshare, "sh", "-c", script, str(binary), f"--config={config_path}",
-                "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2"]
+                "--feature-gates=" + ",".join(f"{gate}={str(on).lower()}" for gate, on
+                                             in sorted(self.feature_gates.items())),
+                "--zap-log-level=2"]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {key: value for key, value in os.environ.items()
                if key.lower() not in ("http_proxy", "https_proxy")}

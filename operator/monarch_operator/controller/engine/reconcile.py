@@ -24,6 +24,7 @@ from monarch_operator.controller.gate import gate
 from monarch_operator.controller.judge import endings
 from monarch_operator.controller.k8s import deletes, errors, writes
 from monarch_operator.controller.kueue import admission as kueue
+from monarch_operator.controller.kueue import manager as dispatch
 from monarch_operator.controller.launch import checkpoints, launching, reported
 from monarch_operator.controller.release import release, suspension
 from monarch_operator.controller.spec import policy
@@ -89,6 +90,8 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
     """
     job = JobSpec.from_body(body)
     previous = dict(body.get("status") or {})
+    if job.dispatched:
+        return _dispatched(job, previous, settings, now)
     state = Pass(job=job, status=dict(previous), now=now,
                  force_delete_after=float(settings.force_delete_after_seconds))
     state.status.setdefault("startTime", state.now_text)
@@ -132,12 +135,29 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
             return Outcome(state.events, state.status, deleted=True)
         release.clean_up(state)
         release.count_ready_workers(state)
-        kueue.finish(state)
+        kueue.finish(state, finished_written=st.is_finished(previous))
     reported.hide_eta_unless_running(state, previous)
     deferred = _write_status(state, previous, hold_progress)
     return Outcome(state.events, state.status, retry_after, wake_after=state.wake_after,
                    status_written=deferred is None and state.status != previous,
                    write_deferred_seconds=deferred)
+
+
+def _dispatched(job: JobSpec, previous: dict[str, Any], settings: Settings,
+                now: dt.datetime) -> Outcome:
+    """A job that Kueue's MultiKueue runs on a worker cluster (:mod:`..kueue.manager`): its
+    Workload, and the status only while nothing was dispatched; the rest of the status is the
+    worker copy's, its TTL counted from the ``completionTime`` copied with it."""
+    state = Pass(job=job, status=dict(previous), now=now)
+    if st.is_finished(previous):
+        if _ttl_expired(state, previous):
+            return Outcome(state.events, previous, deleted=True)
+        return Outcome(state.events, previous)
+    if not dispatch.dispatch(state, settings):
+        return Outcome(state.events, previous, wake_after=state.wake_after)
+    deferred = _write_status(state, previous, None)
+    return Outcome(state.events, state.status, wake_after=state.wake_after,
+                   status_written=deferred is None and state.status != previous)
 
 
 def _check_active_deadline(state: Pass) -> None:

@@ -28,7 +28,7 @@ from prometheus_client import Histogram
 from monarch_operator import constants, names
 from monarch_operator.controller.judge import endings
 from monarch_operator.controller.k8s import deletes, errors, reads
-from monarch_operator.controller.kueue import client, topology
+from monarch_operator.controller.kueue import client, multikueue, topology
 from monarch_operator.controller.kueue import workload as wl
 from monarch_operator.controller.release import release
 from monarch_operator.controller.spec import policy
@@ -94,10 +94,20 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
     record = dict(state.status.get("queue") or {})
     if job.queue_name != queue:  # the namespace's default LocalQueue: say so on the job too
         client.label_job_queue(job.namespace, job.name, queue)
-    record.update(name=queue, workload=names.workload(job.name, job.uid))
+    record.update(name=queue,
+                  workload=job.prebuilt_workload or names.workload(job.name, job.uid))
     state.status["queue"] = record
-    workload = client.read_workload(job.namespace, record["workload"])
-    if workload is not None and _replaced(state, settings, queue, workload):
+    if job.prebuilt_workload:  # a MultiKueue worker's copy: MultiKueue made its Workload
+        workload, missing = multikueue.adopt(state, lambda: _desired(state, settings, queue))
+        if workload is None:
+            left = _stop(state, wl.Admission(wl.STATE_PENDING))
+            _queued(state, queue, wl.Admission(
+                wl.STATE_PENDING, multikueue.REASON_AWAITING_WORKLOAD, missing), left)
+            return Queue({}, False, job)
+    else:
+        workload = client.read_workload(job.namespace, record["workload"])
+    if workload is not None and not job.prebuilt_workload and _replaced(state, settings, queue,
+                                                                         workload):
         return Queue({}, False, job)
     if workload is None:
         try:
@@ -371,11 +381,14 @@ def report(state: Pass, queue: Queue) -> None:
         client.write_workload_status(queue.workload, status)
 
 
-def finish(state: Pass) -> None:
+def finish(state: Pass, finished_written: bool = True) -> None:
     """A finished job under Kueue marks its Workload ``Finished`` (Kueue then frees the
-    quota), once: ``status.queue.finished`` remembers it."""
+    quota), once: ``status.queue.finished`` remembers it. A MultiKueue worker's copy only
+    once its finished status is written (``finished_written``, :func:`.multikueue.may_finish`)."""
     record = dict(state.status.get("queue") or {})
     if not record.get("workload") or record.get("finished"):
+        return
+    if not multikueue.may_finish(state, finished_written):
         return
     workload = client.read_workload(state.job.namespace, record["workload"])
     if workload is not None:

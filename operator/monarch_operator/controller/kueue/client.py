@@ -134,3 +134,39 @@ def label_job_queue(namespace: str, name: str, queue: str) -> None:
     _api().patch_namespaced_custom_object(
         constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name,
         {"metadata": {"labels": {wl.LABEL_QUEUE_NAME: queue}}})
+
+
+def adopt_workload(workload: dict[str, Any], owner: dict[str, Any],
+                   owner_uid: str) -> dict[str, Any]:
+    """Make the job ``owner`` (its controller owner reference, :func:`..builders.common.
+    owner_reference`) the controller of ``workload`` and label it ``kueue.x-k8s.io/job-uid``,
+    as Kueue's jobframework does with a prebuilt Workload (``EnsurePrebuiltWorkloadOwnership``);
+    nothing is written when it is ours already. Returns the Workload as it is now.
+
+    Raises:
+        errors.NotOwnedError: another object controls it.
+        kubernetes.client.rest.ApiException: the update failed (409: changed meanwhile; the
+            next pass tries again).
+    """
+    metadata = workload["metadata"]
+    references = list(metadata.get("ownerReferences") or [])
+    controller = next((ref for ref in references if ref.get("controller")), None)
+    if controller is not None:
+        writes.check_owner(workload, owner_uid)
+        if (metadata.get("labels") or {}).get(wl.LABEL_JOB_UID) == owner_uid:
+            return workload
+    body = {**workload, "metadata": {
+        **metadata, "ownerReferences": references if controller else [*references, owner],
+        "labels": {**(metadata.get("labels") or {}), wl.LABEL_JOB_UID: owner_uid}}}
+    return dict(_api().replace_namespaced_custom_object(
+        wl.GROUP, _VERSION, metadata["namespace"], "workloads", metadata["name"], body))
+
+
+def set_workload_active(workload: dict[str, Any], active: bool,
+                        annotations: dict[str, str | None]) -> None:
+    """Set the Workload's ``spec.active`` (False: Kueue evicts it and gives its quota back;
+    True: it queues again) and merge ``annotations`` (None removes one)."""
+    metadata = workload["metadata"]
+    _api().patch_namespaced_custom_object(
+        wl.GROUP, _VERSION, metadata["namespace"], "workloads", metadata["name"],
+        {"metadata": {"annotations": annotations}, "spec": {"active": active}})

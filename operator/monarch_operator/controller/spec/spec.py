@@ -108,6 +108,12 @@ class JobSpec:
     # given by spec.workers and spec.meshes alone.
     worker_groups: tuple[WorkerGroup, ...] = ()
     roles: tuple[Role, ...] = ()
+    # spec.managedBy: None or constants.MANAGED_BY_OPERATOR (we run it) or
+    # constants.MANAGED_BY_MULTIKUEUE (controller/kueue/multikueue.py: only its Workload here).
+    managed_by: str | None = None
+    # On a MultiKueue worker's copy: the Workload MultiKueue made for it (annotation, else
+    # label kueue.x-k8s.io/prebuilt-workload-name), adopted instead of making one.
+    prebuilt_workload: str | None = None
 
     @property
     def groups(self) -> tuple[WorkerGroup, ...]:
@@ -219,7 +225,16 @@ class JobSpec:
             mode=str(spec.get("mode") or constants.MODE_SSH),
             worker_groups=worker_groups,
             roles=roles,
+            managed_by=spec.get("managedBy") or None,
+            prebuilt_workload=((metadata.get("annotations") or {}).get(KUEUE_PREBUILT_WORKLOAD)
+                               or (metadata.get("labels") or {}).get(KUEUE_PREBUILT_WORKLOAD)
+                               or None),
         )
+
+    @property
+    def dispatched(self) -> bool:
+        """Whether Kueue's MultiKueue runs this job on a worker cluster (``spec.managedBy``)."""
+        return self.managed_by == constants.MANAGED_BY_MULTIKUEUE
 
 
 # Metadata of the job that is about the MonarchJob object itself, not about its pods: kubectl's
@@ -230,6 +245,9 @@ _NOT_PASSED_ON = ("kubectl.kubernetes.io/", f"{constants.GROUP}/", "kopf.zalando
                   "kueue.x-k8s.io/")
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+# Kueue's name for a job's ready-made Workload (pkg/controller/constants of Kueue v0.19;
+# an annotation with the gate WorkloadIdentifierAnnotations, on by default, else a label).
+KUEUE_PREBUILT_WORKLOAD = "kueue.x-k8s.io/prebuilt-workload-name"
 
 
 def _passed_on(entries: dict[str, Any] | None) -> dict[str, str]:
