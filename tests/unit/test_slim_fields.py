@@ -11,12 +11,15 @@ the same passes over the slimmed children write the same status and create the s
 from __future__ import annotations
 
 import copy
+import datetime as dt
+import types
 from typing import Any
 
 import pytest
 
 from monarch_operator import constants, names
 from monarch_operator.controller.builders.statefulset import build_worker_statefulset
+from monarch_operator.controller.engine import passes
 from monarch_operator.controller.k8s import cache, slim
 from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.spec.spec import JobSpec
@@ -181,8 +184,19 @@ def test_a_pass_reads_only_fields_the_cache_keeps(scenario, api, deletes):  # no
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_a_pass_over_slim_children_does_what_it_does_over_full_ones(scenario, api, deletes):  # noqa: F811
+def test_a_pass_over_slim_children_does_what_it_does_over_full_ones(scenario, api, deletes,  # noqa: F811
+                                                                  monkeypatch):
     settings = Settings.from_env()
+    # Both passes at one moment: a second ticking over between them changed the condition
+    # times they wrote, and the outcomes differed for that alone (a flake under load).
+    moment = dt.datetime.now(dt.UTC)
+
+    class Frozen(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):  # noqa: ANN001, ANN206
+            return moment
+
+    monkeypatch.setattr(passes, "dt", types.SimpleNamespace(datetime=Frozen, UTC=dt.UTC))
     outcomes = []
     for shape in (lambda kind, body: copy.deepcopy(body), slim.slim):
         status, pods, workers = scenarios(settings)[scenario]
