@@ -151,6 +151,17 @@ def expected_seconds(unit: str, recorded: dict[str, float]) -> float:
     return DEFAULT_UNIT_SECONDS.get(folder, DEFAULT_OTHER_SECONDS)
 
 
+def merged_durations(known: dict[str, float], run: dict[str, float],
+                     root: Path = DURATIONS_FILE.parent.parent) -> dict[str, float]:
+    """``known`` unit seconds updated with this ``run``'s, longest first: a run of a few
+    modules refreshes theirs and keeps the others' (before, every run overwrote the file, so a
+    whole run's figures were gone by the next single-module run). A known unit whose module no
+    longer exists under ``root`` is dropped."""
+    kept = {unit: seconds for unit, seconds in known.items()
+            if unit == REAL_NODES_UNIT or (root / unit).exists()}
+    return dict(sorted({**kept, **run}.items(), key=lambda kv: -kv[1]))
+
+
 def read_durations(path: Path = DURATIONS_FILE) -> dict[str, float]:
     """Seconds per work unit from ``path`` (empty when the file is missing)."""
     try:
@@ -244,11 +255,13 @@ class PhaseClock:
                  sorted(self.unit_seconds.items(), key=lambda kv: -kv[1])}
         write("longest units (test-s): " + ", ".join(
             f"{unit} {seconds:.0f}" for unit, seconds in list(units.items())[:LONGEST_UNITS_SHOWN]))
-        record = json.dumps({"tests_run": len(self.outcomes), "units": units}, indent=1) + "\n"
         targets = [LAST_DURATIONS_FILE]
         if self.config.getoption("store_durations"):
             targets.append(DURATIONS_FILE)
         for target in targets:
+            record = json.dumps({"tests_run": len(self.outcomes),
+                                 "units": merged_durations(read_durations(target), units)},
+                                indent=1) + "\n"
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(record)

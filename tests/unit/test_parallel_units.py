@@ -2,6 +2,7 @@
 modules per worker, all real-node tests in one unit, longest units first, a pod range each."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,18 @@ def test_every_run_prints_its_longest_units_and_keeps_their_seconds(tmp_path, mo
                                               "tests/cluster/test_a.py": 50.0,
                                               "tests/unit/test_u.py": 1.0}}
     assert not (tmp_path / "checked-in.json").exists()  # only with --store-durations
+
+
+def test_a_run_of_a_few_modules_refreshes_theirs_and_keeps_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "cluster").mkdir(parents=True)
+    for module in ("a", "b"):
+        (tmp_path / "tests" / "cluster" / f"test_{module}.py").write_text("")
+    known = {"tests/cluster/test_a.py": 100.0, "tests/cluster/test_b.py": 50.0,
+             "tests/cluster/test_gone.py": 80.0, parallel.REAL_NODES_UNIT: 900.0}
+
+    merged = parallel.merged_durations(known, {"tests/cluster/test_b.py": 120.0}, root=tmp_path)
+
+    assert merged == {parallel.REAL_NODES_UNIT: 900.0, "tests/cluster/test_b.py": 120.0,
+                      "tests/cluster/test_a.py": 100.0}
+    assert list(merged) == [parallel.REAL_NODES_UNIT, "tests/cluster/test_b.py",
+                            "tests/cluster/test_a.py"]
