@@ -19,10 +19,14 @@
 - ``<dir>/rank-<RANK>.pid`` holds the rank's pid, so the collector knows whom to signal.
 
 **The collector** (:func:`collect`): one ssh per host (the run's own settings, at most
-``--ssh-concurrency`` at once) runs :func:`collect_script`: for each live rank it empties the
-stack file, signals the rank and pokes its FIFO, waits (at most :data:`WAIT_S`) for both parts,
-and prints them between ``@@monarch-stacks`` lines (:mod:`.stackdumps` parses them). Nothing
-is stopped; a run goes on as before.
+``--ssh-concurrency`` at once) runs :func:`collect_script`: for each rank whose pid still holds
+its stack file open (:data:`HOLDS_FILE`: a pid reused by another process after the rank ended
+is never signalled; SIGUSR2 would end it) it empties the stack file, signals the rank and pokes
+its FIFO, waits (at most :data:`WAIT_S`) until every stack file is non-empty and the same size
+on two looks in a row (faulthandler writes thread by thread, with no end mark: a file read at
+its first write lost the main thread's frames) and every flight recorder part is there, and
+prints them between ``@@monarch-stacks`` lines (:mod:`.stackdumps` parses them). Nothing is
+stopped; a run goes on as before.
 """
 
 from __future__ import annotations
@@ -37,9 +41,16 @@ from monarch_operator.launcher.session.ssh import SshSettings, ssh_runner
 
 STACKS_SIGNAL = signal.SIGUSR2
 ENV_STACKS_DIR = "MONARCH_STACKS_DIR"
-WAIT_S = 3.0  # how long a host's collector waits for the ranks' parts
+# How long a host's collector waits for the ranks' parts, seconds: a flight recorder part needs
+# the rank's Python thread to run, which takes seconds on a loaded machine; the wait ends as
+# soon as every part is in.
+WAIT_S = 6.0
 MAX_PART_BYTES = 65536  # of one rank's stack or flight recorder dump
 COLLECT_LIMIT_S = 20.0  # wall limit of one host's ssh
+# Shell function: ``holds PID FILE`` succeeds while process PID has FILE open (a link in
+# /proc/PID/fd points at it; the same user may read them without ptrace rights).
+HOLDS_FILE = ('holds() { t=$(readlink -f "$2") || return 1; for f in /proc/$1/fd/*; do '
+              '[ "$(readlink "$f" 2>/dev/null)" = "$t" ] && return 0; done; return 1; }')
 
 # Runs in the rank's interpreter before the script (``python -c``); standard library only, and
 # torch only when the script imported it. Its names are deleted, so the script's globals are
@@ -129,20 +140,25 @@ def wrap_argv(argv: Sequence[str]) -> list[str]:
 
 
 def collect_script(folder: str, wait_s: float = WAIT_S) -> str:
-    """The shell script one host runs (see the module doc); POSIX sh, ``kill`` and ``head``."""
+    """The shell script one host runs (see the module doc); POSIX sh, ``kill``, ``readlink``,
+    ``wc`` and ``head``."""
     d = shlex.quote(folder)
     tries = max(1, int(wait_s / 0.1))
-    return f"""d={d}; [ -d "$d" ] || exit 0; live=""; pokes=""
+    return f"""{HOLDS_FILE}
+d={d}; [ -d "$d" ] || exit 0; live=""; pokes=""
 for p in "$d"/rank-*.pid; do
   [ -f "$p" ] || continue; r=${{p##*/rank-}}; r=${{r%.pid}}; pid=$(cat "$p")
-  if kill -0 "$pid" 2>/dev/null; then
+  if holds "$pid" "$d/rank-$r.stack"; then
     : > "$d/rank-$r.stack"; rm -f "$d/rank-$r.fr"; live="$live $r"
     kill -USR2 "$pid"; (echo > "$d/rank-$r.fifo") 2>/dev/null & pokes="$pokes $!"
   else echo "@@monarch-stacks rank=$r pid=$pid part=gone"; fi
 done
-i=0; while [ $i -lt {tries} ]; do
-  done_=1; for r in $live; do [ -s "$d/rank-$r.stack" ] && [ -s "$d/rank-$r.fr" ] || done_=0; done
-  [ $done_ = 1 ] && break; sleep 0.1; i=$((i+1))
+last=""; i=0; while [ $i -lt {tries} ]; do
+  done_=1; sizes=""
+  for r in $live; do [ -s "$d/rank-$r.stack" ] && [ -f "$d/rank-$r.fr" ] || done_=0
+    sizes="$sizes $(wc -c < "$d/rank-$r.stack")"; done
+  [ $done_ = 1 ] && [ "$sizes" = "$last" ] && break
+  last=$sizes; sleep 0.1; i=$((i+1))
 done
 [ -n "$pokes" ] && kill $pokes 2>/dev/null
 for r in $live; do pid=$(cat "$d/rank-$r.pid")
