@@ -1,5 +1,8 @@
 """Every rank's stack in SPMD mode (issue 35): before a stalled run is stopped, and on SIGUSR1.
 
+Role mode and the job API use the same takers and report (:func:`install_taker`,
+:func:`print_before_stop`, :class:`StackReport`) for their procs (:mod:`.jobstacks`).
+
 :class:`.spmd.SpmdLauncher` starts every Python rank with the stack bootstrap
 (:mod:`launcher.session.rankstacks`); :func:`install` then registers
 
@@ -36,7 +39,7 @@ from monarch_operator import constants
 from monarch_operator.launcher import progress
 from monarch_operator.launcher.session import rankstacks, stackdumps
 from monarch_operator.launcher.session.fanout import CommandResult
-from monarch_operator.launcher.session.lifecycle import SessionConfig
+from monarch_operator.launcher.session.lifecycle import SessionConfig, signals_deferred
 
 ON_DEMAND_SIGNAL = signal.SIGUSR1
 # Each host's ssh limit when the stacks are taken as the run is stopped from outside (a stop
@@ -117,10 +120,12 @@ def before_stop(session: SessionConfig, addresses: Mapping[str, str], folder: st
 
 def print_before_stop(take: Callable[[float], StackReport], why: str) -> None:
     """``take(BEFORE_STOP_LIMIT_S)`` printed as the run is stopped (``why``); a failure is
-    said, never raised."""
+    said, never raised. Stop signals are only recorded meanwhile (the teardown that follows
+    must run), and a host lost meanwhile is said, not raised: the run is already ending."""
     try:
-        print_report(take(BEFORE_STOP_LIMIT_S), why)
-    except Exception as error:  # noqa: BLE001 - the stop goes on whatever happens here
+        with signals_deferred():
+            print_report(take(BEFORE_STOP_LIMIT_S), why)
+    except BaseException as error:  # noqa: BLE001 - the stop goes on whatever happens here
         print(f"monarch-launch: could not take the ranks' stacks: {error}", file=sys.stderr,
               flush=True)
 
