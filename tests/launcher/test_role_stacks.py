@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from monarch_operator.launcher.programs.spmdstacks import BEGIN, END
 from monarch_operator.testing.loopback_sshd import SshCluster, processes_mentioning
 from tests.launcher.launching import Launch, run_launch
 from tests.launcher.test_spmd_stacks import block, line_of

@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from monarch_operator.launcher import stopsignal
 from monarch_operator.launcher.programs import spmdstacks
@@ -37,9 +37,19 @@ from monarch_operator.launcher.session.procstacks import ProcTarget
 from monarch_operator.launcher.session.workerloss import WorkerLost
 
 if TYPE_CHECKING:
-    from monarch_operator.launcher.programs.job import Job
     from monarch_operator.launcher.programs.rankside import RankInfo
     from monarch_operator.launcher.session.lifecycle import SessionConfig
+
+
+class EnteredJob(Protocol):
+    """What this module reads of an entered :class:`.job.Job` (which imports this module)."""
+
+    session: SessionConfig
+    ranks: dict[str, list[RankInfo]]
+    addresses: dict[str, str]
+
+    @property
+    def run_id(self) -> str: ...
 
 
 def odd_per_role(dumps: Sequence[stackdumps.RankDump]) -> str:
@@ -91,7 +101,7 @@ def take_job_stacks(session: SessionConfig, run_id: str, ranks: Mapping[str, Seq
     return StackReport(dumps, odd_per_role(dumps), silent)
 
 
-def install(job: Job) -> Callable[[], None]:
+def install(job: EnteredJob) -> Callable[[], None]:
     """Register the stall taker and the SIGUSR1 handler for the entered ``job`` (module doc);
     in the main thread only (Python runs signal handlers there), elsewhere nothing. Returns
     what unregisters them."""
@@ -116,7 +126,7 @@ def stop_reason(error: BaseException | None) -> tuple[str, frozenset[str]] | Non
     return None
 
 
-def before_stop(job: Job, error: BaseException | None) -> None:
+def before_stop(job: EnteredJob, error: BaseException | None) -> None:
     """Take and print every proc's stack as the entered ``job`` is left because of ``error``
     when :func:`stop_reason` says the run is being stopped; from the hosts still there, each
     host's ssh at most :data:`.spmdstacks.BEFORE_STOP_LIMIT_S` seconds; never raises."""

@@ -30,7 +30,6 @@ import faulthandler
 import json
 import os
 import shlex
-import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
