@@ -6,7 +6,7 @@ loopback hosts of two slots and a ref role of one on a third; trainer rank 2 sle
 every proc's stack and the run goes on; at the progress deadline, on SIGTERM and after a lost
 host every proc's stack (of the hosts still there) is taken before anything is stopped, and
 the odd one out of the trainer role is named with its host, frame and the collective the others
-wait in.
+wait in. The built-in example (``monarch-launch`` in role mode) answers SIGUSR1 and goes on.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
+from monarch_operator.launcher.programs.spmdstacks import END
 from monarch_operator.testing.loopback_sshd import SshCluster, processes_mentioning
 from tests.launcher.launching import Launch, run_launch
 from tests.launcher.test_spmd_stacks import block, line_of
@@ -124,3 +126,43 @@ def test_after_a_lost_host_the_stacks_of_the_hosts_still_there_are_taken(
     assert launch.returncode == 1, text
     failure = [line for line in launch.lines if line.startswith("monarch-launch: failed:")]
     assert failure and "Monarch worker lost mid-run" in failure[-1] and c in failure[-1], text
+
+
+def test_the_built_in_example_prints_every_procs_stack_on_sigusr1_and_goes_on(
+    tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
+) -> None:
+    a, b, c = ssh_cluster.hosts
+    log = tmp_path / "launch.log"
+
+    def ask_then_stop() -> None:
+        # monarch-launch: its stop guard (the first process, which passes SIGUSR1 on) and the
+        # launcher under it; signalled as a user would, at the first.
+        launcher = sorted(pid for pid, args in processes_mentioning(str(tmp_path / "hostfile"))
+                          if "monarch-launch" in args and not args.startswith("ssh "))
+        assert launcher, "monarch-launch should be running"
+        os.kill(launcher[0], signal.SIGUSR1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a step done after the dump: the run went on
+            lines = log.read_text(errors="replace").splitlines()
+            if END in lines and any(line.startswith("step ")
+                                    for line in lines[lines.index(END):]):
+                break
+            time.sleep(0.2)
+        os.kill(launcher[0], signal.SIGTERM)
+
+    launch = run_launch(tmp_path, ssh_cluster, f"{a} slots=2\n{b} slots=1\n", monarch_port,
+                        "--trainer-hosts", "1", "--ref-hosts", "1", "--steps", "1000000",
+                        sigterm_after="step 2/", then=ask_then_stop)
+
+    text = launch.describe()
+    summary, dump = block(launch.lines, f"{HEADING} (on request)")
+    for role, rank, host in (("trainer", 0, a), ("trainer", 1, a), ("ref", 0, b)):
+        assert any(line.startswith(f"monarch-launch:   {role} rank {rank} on {host}: ")
+                   for line in summary), text
+    end = launch.lines.index(END)
+    assert any(line.startswith("step ") for line in launch.lines[end:]), text
+    assert any("monarch_operator/launcher/programs/rankside.py" not in line
+               and "Thread 0x" in line for line in dump), text
+    stopped, _ = block(launch.lines, f"{HEADING} (stopped: terminated by signal 15 (SIGTERM))")
+    assert len([line for line in stopped if line.startswith("monarch-launch:   ")]) == 3, text
+    assert launch.returncode == 128 + signal.SIGTERM, text

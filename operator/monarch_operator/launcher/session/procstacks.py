@@ -83,15 +83,16 @@ def flight_recorder_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 def flight_recorder_json() -> bytes:
     """This process's flight recorder as JSON (``_dump_nccl_trace_json`` for an NCCL default
-    group, ``_dump_fr_trace_json`` for gloo and others); ``{}`` when torch.distributed is not
-    initialised here; ``{"error": ...}`` when the dump raised."""
+    group, ``_dump_fr_trace_json`` otherwise: gloo, and groups made without
+    ``init_process_group``, such as the built-in example's, which it records too); ``{}`` when
+    torch.distributed is not loaded here; ``{"error": ...}`` when the dump raised."""
     dist = sys.modules.get("torch.distributed")
     try:
-        if dist is None or not dist.is_available() or not dist.is_initialized():
+        if dist is None or not dist.is_available():
             return b"{}"
         from torch._C import _distributed_c10d as c10d  # type: ignore[import-not-found]
 
-        if "nccl" in str(dist.get_backend()):
+        if dist.is_initialized() and "nccl" in str(dist.get_backend()):
             data = c10d._dump_nccl_trace_json(True, False)
         else:
             data = c10d._dump_fr_trace_json(True, False)

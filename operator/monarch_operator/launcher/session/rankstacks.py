@@ -13,8 +13,9 @@
   the same uid needs nothing.
 - A daemon thread waits on the FIFO ``<dir>/rank-<RANK>.fifo``; when the collector writes to it,
   the thread writes the PyTorch flight recorder's JSON (``_dump_nccl_trace_json`` for NCCL,
-  ``_dump_fr_trace_json`` for other backends such as gloo) to ``<dir>/rank-<RANK>.fr``, or
-  ``{}`` when torch.distributed is not initialised. It needs the GIL: a rank whose native call
+  ``_dump_fr_trace_json`` for other backends such as gloo, and groups made without
+  ``init_process_group``) to ``<dir>/rank-<RANK>.fr``, or ``{}`` when torch.distributed is not
+  loaded. It needs the GIL: a rank whose native call
   holds it gives its stack but no flight recorder part.
 - ``<dir>/rank-<RANK>.pid`` holds the rank's pid, so the collector knows whom to signal.
 
@@ -75,10 +76,10 @@ def _monarch_stacks():
         return
     def flight_recorder():
         dist = sys.modules.get("torch.distributed")
-        if dist is None or not dist.is_available() or not dist.is_initialized():
+        if dist is None or not dist.is_available():
             return b"{}"
         from torch._C import _distributed_c10d as c10d
-        if "nccl" in str(dist.get_backend()):
+        if dist.is_initialized() and "nccl" in str(dist.get_backend()):
             return c10d._dump_nccl_trace_json(True, False)
         return c10d._dump_fr_trace_json(True, False)
     def serve():
