@@ -248,3 +248,43 @@ def test_the_spmd_collector_checks_the_pid_too(tmp_path: Path):
         stop(stranger)
     (dump,) = stackdumps.parse_host_output("h", out)
     assert dump.gone and dump.rank == 1 and os.path.exists(folder / "rank-1.stack")
+
+
+# A rank whose dump comes in two parts with a pause between (as a rank descheduled in the
+# middle of faulthandler's many writes does); its flight recorder part is there at once.
+SLOW_RANK = """import os, signal, sys, time
+folder = sys.argv[1]
+out = open(os.path.join(folder, "rank-0.stack"), "a")
+
+def slow_dump(signum, frame):
+    out.write("Current thread 0x0000000000000001 (most recent call first):\\n")
+    out.flush()
+    with open(os.path.join(folder, "rank-0.fr"), "w") as fr:
+        fr.write("{}")
+    time.sleep(0.1)
+    out.write('  File "/job/train.py", line 7 in main\\n')
+    out.flush()
+
+signal.signal(signal.SIGUSR2, slow_dump)
+with open(os.path.join(folder, "rank-0.pid"), "w") as pid:
+    pid.write(str(os.getpid()))
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+def test_the_collector_waits_for_a_dump_written_in_parts(tmp_path: Path):
+    folder = tmp_path / "stacks"
+    folder.mkdir()
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_RANK)
+    rank = start([sys.executable, str(script), str(folder)])
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+        out = subprocess.run(["sh", "-c", rankstacks.collect_script(str(folder))],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    finally:
+        stop(rank)
+    (dump,) = stackdumps.parse_host_output("h", out)
+    assert dump.user_frame() == stackdumps.Frame("/job/train.py", 7, "main"), out

@@ -16,8 +16,8 @@ would answer; py-spy needs ptrace, which Pod Security 'restricted' forbids.
 pid is signalled only while it still holds its stack file open (a link in ``/proc/<pid>/fd``
 points at it): a pid reused by another process after the proc ended is never signalled, and
 SIGUSR2's default action would end that process. The script waits until every stack file is
-non-empty and the same size on two looks in a row (faulthandler writes thread by thread, with
-no end mark) and every flight recorder part is there, at most :data:`WAIT_S`, then prints each
+non-empty and has kept its size for :data:`.rankstacks.QUIET_LOOKS` looks (faulthandler writes
+thread by thread, with no end mark) and every flight recorder part is there, at most :data:`WAIT_S`, then prints each
 part between ``@@monarch-stacks ... role=<role>`` lines (:mod:`.stackdumps` parses them).
 
 Imports the standard library and :mod:`.rankstacks` only: :func:`register` runs in every role
@@ -40,6 +40,7 @@ from monarch_operator.launcher.session.rankstacks import (
     COLLECT_LIMIT_S,
     HOLDS_FILE,
     MAX_PART_BYTES,
+    QUIET_LOOKS,
     STACKS_SIGNAL,
     WAIT_S,
     stacks_dir,
@@ -152,11 +153,12 @@ def collect_script(targets: Sequence[ProcTarget], wait_s: float = WAIT_S) -> str
             f"  kill -USR2 {target.pid}; (echo > \"$b{index}.fifo\") 2>/dev/null & "
             f"pokes=\"$pokes $!\"\n"
             f"else echo \"{mark} part=gone role=\"{role}; fi")
-    lines.append(f"""last=""; i=0; while [ $i -lt {tries} ]; do
+    lines.append(f"""last=""; quiet=0; i=0; while [ $i -lt {tries} ]; do
   ok=1; sizes=""
   for n in $live; do eval "s=\\$s$n; b=\\$b$n"
     [ -s "$s" ] && [ -f "$b.fr" ] || ok=0; sizes="$sizes $(wc -c < "$s")"; done
-  [ $ok = 1 ] && [ "$sizes" = "$last" ] && break
+  if [ "$sizes" = "$last" ]; then quiet=$((quiet+1)); else quiet=0; fi
+  [ $ok = 1 ] && [ $quiet -ge {QUIET_LOOKS} ] && break
   last=$sizes; sleep 0.1; i=$((i+1))
 done
 [ -n "$pokes" ] && kill $pokes 2>/dev/null""")

@@ -23,11 +23,11 @@
 ``--ssh-concurrency`` at once) runs :func:`collect_script`: for each rank whose pid still holds
 its stack file open (:data:`HOLDS_FILE`: a pid reused by another process after the rank ended
 is never signalled; SIGUSR2 would end it) it empties the stack file, signals the rank and pokes
-its FIFO, waits (at most :data:`WAIT_S`) until every stack file is non-empty and the same size
-on two looks in a row (faulthandler writes thread by thread, with no end mark: a file read at
-its first write lost the main thread's frames) and every flight recorder part is there, and
-prints them between ``@@monarch-stacks`` lines (:mod:`.stackdumps` parses them). Nothing is
-stopped; a run goes on as before.
+its FIFO, waits (at most :data:`WAIT_S`) until every stack file is non-empty and kept its size
+for :data:`QUIET_LOOKS` looks (faulthandler writes thread by thread, with no end mark: a file
+read at its first write lost the main thread's frames) and every flight recorder part is there,
+and prints them between ``@@monarch-stacks`` lines (:mod:`.stackdumps` parses them). Nothing
+is stopped; a run goes on as before.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ ENV_STACKS_DIR = "MONARCH_STACKS_DIR"
 WAIT_S = 6.0
 MAX_PART_BYTES = 65536  # of one rank's stack or flight recorder dump
 COLLECT_LIMIT_S = 20.0  # wall limit of one host's ssh
+# A dump counts as written once no stack file grew over this many looks 0.1 s apart after the
+# first (0.3 s): faulthandler writes a dump in many small writes and has no end mark, and a
+# rank descheduled mid-dump on a loaded host pauses between two of them.
+QUIET_LOOKS = 3
 # Shell function: ``holds PID FILE`` succeeds while process PID has FILE open (a link in
 # /proc/PID/fd points at it; the same user may read them without ptrace rights).
 HOLDS_FILE = ('holds() { t=$(readlink -f "$2") || return 1; for f in /proc/$1/fd/*; do '
@@ -154,11 +158,12 @@ for p in "$d"/rank-*.pid; do
     kill -USR2 "$pid"; (echo > "$d/rank-$r.fifo") 2>/dev/null & pokes="$pokes $!"
   else echo "@@monarch-stacks rank=$r pid=$pid part=gone"; fi
 done
-last=""; i=0; while [ $i -lt {tries} ]; do
+last=""; quiet=0; i=0; while [ $i -lt {tries} ]; do
   done_=1; sizes=""
   for r in $live; do [ -s "$d/rank-$r.stack" ] && [ -f "$d/rank-$r.fr" ] || done_=0
     sizes="$sizes $(wc -c < "$d/rank-$r.stack")"; done
-  [ $done_ = 1 ] && [ "$sizes" = "$last" ] && break
+  if [ "$sizes" = "$last" ]; then quiet=$((quiet+1)); else quiet=0; fi
+  [ $done_ = 1 ] && [ $quiet -ge {QUIET_LOOKS} ] && break
   last=$sizes; sleep 0.1; i=$((i+1))
 done
 [ -n "$pokes" ] && kill $pokes 2>/dev/null
