@@ -17,8 +17,9 @@ pid is signalled only while it still holds its stack file open (a link in ``/pro
 points at it): a pid reused by another process after the proc ended is never signalled, and
 SIGUSR2's default action would end that process. The script waits until every stack file is
 non-empty and has kept its size for :data:`.rankstacks.QUIET_LOOKS` looks (faulthandler writes
-thread by thread, with no end mark) and every flight recorder part is there, at most :data:`WAIT_S`, then prints each
-part between ``@@monarch-stacks ... role=<role>`` lines (:mod:`.stackdumps` parses them).
+thread by thread, with no end mark) and every flight recorder part is there, at most
+:data:`WAIT_S`, then prints each part between ``@@monarch-stacks ... role=<role>`` lines
+(:mod:`.stackdumps` parses them).
 
 Imports the standard library and :mod:`.rankstacks` only: :func:`register` runs in every role
 proc.
