@@ -7,7 +7,7 @@
 - ``hosts JOB``: rank -> host -> pod -> node -> GPU, as the launcher places ranks.
 - ``exec JOB --rank N [--role R] -- CMD...``: CMD in the worker pod that hosts that rank.
 - ``describe JOB``: status, attempts, hosts and the job's recent Events.
-- ``stacks JOB [--wait S]``: every rank's stack of a running SPMD job, without stopping it; of
+- ``stacks JOB [--wait S]``: every rank's stack of a running job, without stopping it; of
   a finished one, the last dump kept (see :mod:`.stacks`).
 
 It runs ``kubectl`` (the one on PATH, or ``$KUBECTL``) with the same context, kubeconfig and
@@ -239,8 +239,9 @@ def stacks(kube: Kube, body: dict[str, Any], args: argparse.Namespace) -> int:
     if lines:
         print("\n".join(lines))
         return 0
-    print(f"kubectl monarch stacks: no stack dump of job {body['metadata']['name']} (only SPMD "
-          "jobs take them; a dump is kept once a stall or a request took one)", file=sys.stderr)
+    print(f"kubectl monarch stacks: no stack dump of job {body['metadata']['name']} (a dump "
+          "is kept once a stall, a stop or a request took one; attach mode and "
+          "launcher.command take none)", file=sys.stderr)
     return 1
 
 

@@ -1,6 +1,6 @@
 """``kubectl monarch stacks JOB``: every rank's stack of a job (issue 35 item 4), pure parts.
 
-On a running SPMD job the plugin asks the launcher for a dump (SIGUSR1 to the launcher's
+On a running job (SPMD, role mode or the job API) the plugin asks the launcher for a dump (SIGUSR1 to the launcher's
 process in its pod, ``kubectl exec``: no ptrace, so it works under Pod Security 'restricted') and
 waits for a new dump in the job's ``<job>-progress`` ConfigMap (key ``stacks.txt``); the run
 goes on. On a finished job, or when the launcher cannot be asked, it shows the last dump kept

@@ -39,6 +39,7 @@ from monarch_operator.launcher.hosts.placement import (
 from monarch_operator.launcher.hosts.rolespecs import roles_argv
 from monarch_operator.launcher.jobconfig import LAUNCH_ARGS_ENV, JobConfig, job_config_from_args
 from monarch_operator.launcher.options import UsageError, build_job_parser
+from monarch_operator.launcher.programs import jobstacks
 from monarch_operator.launcher.programs.distributed import RoleGroup, form_role_groups
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session import waiting
@@ -325,6 +326,7 @@ class Job:
             for role in self.plan.roles:
                 self.ranks[role.role] = self._identify(role)
             self.groups = self._form_groups()
+            stack.callback(jobstacks.install(self))  # every proc's stack (issue 35)
         except BaseException as error:
             failure = self.failure(error) if self.host_meshes else None
             self._stack = None
@@ -339,6 +341,7 @@ class Job:
         stack, self._stack = self._stack, None
         failure = self.failure(error) if error is not None and stack is not None else None
         if stack is not None:
+            jobstacks.before_stop(self, error)  # stopped from outside, or a host lost
             stack.close()
         self._procs, self._probes = {}, {}
         if failure is not None and failure is not error:

@@ -5,6 +5,8 @@ The job spawns one :class:`RankProbe` actor on each role's proc mesh right after
 
 - records the rank's identity (role, rank, host, local rank, GPUs) from the proc's position in
   the whole mesh;
+- registers the proc's stack dump on SIGUSR2 (:mod:`launcher.session.procstacks`), so the
+  launcher can show every proc's stack on a stall, on request or before a stop;
 - makes ``os._exit`` leave an exit record first (:mod:`launcher.session.exitrecords`), so the
   launcher reports a rank's own exit status exactly;
 - adds a note ``raised on <role> rank R (host H, local rank L)`` to every exception a user
@@ -22,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 from monarch.actor import Actor, current_rank, current_size, endpoint
@@ -33,6 +36,8 @@ from monarch_operator.launcher.programs.distributed import (
     interface_of,
 )
 from monarch_operator.launcher.session.exitrecords import install_exit_recorder
+from monarch_operator.launcher.session.procstacks import register as register_stacks
+from monarch_operator.launcher.session.procstacks import stack_path
 
 # Label of the per-host proc dimension; Monarch's SPMD helpers treat the last label as local rank.
 PROCS_LABEL = "gpus"
@@ -152,6 +157,10 @@ class RankProbe(Actor):
             worker_pid=_worker_pid(),
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", "-"),
         )
+        # Every thread's stack on SIGUSR2, registered before any user actor runs (issue 35).
+        refused = register_stacks(stack_path(run_id, role, point.rank))
+        if refused is not None:
+            print(f"monarch: {role} rank {point.rank}: {refused}", file=sys.stderr, flush=True)
         install_exit_recorder(run_id, role, point.rank, _identity.host, local_rank)
         add_note_to_actor_errors(_describe_current)
 

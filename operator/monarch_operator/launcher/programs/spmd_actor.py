@@ -36,6 +36,7 @@ from typing import IO, Any
 import cloudpickle
 from monarch.actor import Actor, current_rank, current_size, endpoint
 
+from monarch_operator.launcher.session.procstacks import flight_recorder_env
 from monarch_operator.launcher.session.rankstacks import ENV_STACKS_DIR, host_dir, wrap_argv
 
 # Label of the per-host proc dimension (Monarch's SPMD helpers also read the last label).
@@ -89,10 +90,6 @@ class World:
     stacks_dir: str | None = None
 
 
-# PyTorch's flight recorder entries per process group, unless the user set either name
-# (TORCH_FR_BUFFER_SIZE; TORCH_NCCL_TRACE_BUFFER_SIZE, the name older releases read and newer
-# ones still accept): the default of recent releases, set so that older ones record too.
-FLIGHT_RECORDER_ENTRIES = "2000"
 # Passed on to every rank as it was in the launcher's environment.
 ENV_ATTEMPT = "MONARCH_ATTEMPT"
 
@@ -289,8 +286,7 @@ class SpmdRank(Actor):
         env.setdefault("PYTHONUNBUFFERED", "1")
         if self._world.stacks_dir:  # every rank's stack on a hang or on demand (issue 35)
             env[ENV_STACKS_DIR] = host_dir(self._world.stacks_dir, self._world.hosts[group_rank])
-            if not env.get("TORCH_FR_BUFFER_SIZE"):
-                env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
+            env.update(flight_recorder_env(env))  # TORCH_FR_BUFFER_SIZE, unless set
             argv = wrap_argv(argv)
         prefix = self._prefix(rank, group_rank)
         host = self._world.hosts[group_rank]

@@ -1,5 +1,8 @@
 """Every rank's stack in SPMD mode (issue 35): before a stalled run is stopped, and on SIGUSR1.
 
+Role mode and the job API use the same takers and report (:func:`install_taker`,
+:func:`print_before_stop`, :class:`StackReport`) for their procs (:mod:`.jobstacks`).
+
 :class:`.spmd.SpmdLauncher` starts every Python rank with the stack bootstrap
 (:mod:`launcher.session.rankstacks`); :func:`install` then registers
 
@@ -35,7 +38,8 @@ from typing import Any
 from monarch_operator import constants
 from monarch_operator.launcher import progress
 from monarch_operator.launcher.session import rankstacks, stackdumps
-from monarch_operator.launcher.session.lifecycle import SessionConfig
+from monarch_operator.launcher.session.fanout import CommandResult
+from monarch_operator.launcher.session.lifecycle import SessionConfig, signals_deferred
 
 ON_DEMAND_SIGNAL = signal.SIGUSR1
 # Each host's ssh limit when the stacks are taken as the run is stopped from outside (a stop
@@ -73,13 +77,23 @@ def take_stacks(session: SessionConfig, addresses: Mapping[str, str], folder: st
     for host, result in results.items():
         found = stackdumps.parse_host_output(host, result.stdout)
         dumps.extend(found)
-        if result.exit_status != 0 or not found:
-            why = ("no answer within the time limit" if result.exit_status is None
-                   else f"ssh exit {result.exit_status}: {result.stderr.strip()[:160]}"
-                   if result.exit_status else "no rank running")
+        why = silent_reason(result, bool(found))
+        if why is not None:
             silent[host] = why
     dumps.sort(key=lambda dump: dump.rank)
     return StackReport(dumps, stackdumps.odd_one_out(dumps), silent)
+
+
+def silent_reason(result: CommandResult, found: bool) -> str | None:
+    """Why a host's collector gave nothing (no answer, ssh's failure, no rank running), or
+    None when it answered with ranks."""
+    if result.exit_status == 0 and found:
+        return None
+    if result.exit_status is None:
+        return "no answer within the time limit"
+    if result.exit_status:
+        return f"ssh exit {result.exit_status}: {result.stderr.strip()[:160]}"
+    return "no rank running"
 
 
 def print_report(report: StackReport, why: str) -> None:
@@ -101,9 +115,17 @@ def before_stop(session: SessionConfig, addresses: Mapping[str, str], folder: st
                 why: str) -> None:
     """Take and print every rank's stack as the run is stopped (``why``), each host's ssh
     bounded by :data:`BEFORE_STOP_LIMIT_S`; a failure is said, never raised."""
+    print_before_stop(lambda limit_s: take_stacks(session, addresses, folder, limit_s), why)
+
+
+def print_before_stop(take: Callable[[float], StackReport], why: str) -> None:
+    """``take(BEFORE_STOP_LIMIT_S)`` printed as the run is stopped (``why``); a failure is
+    said, never raised. Stop signals are only recorded meanwhile (the teardown that follows
+    must run), and a host lost meanwhile is said, not raised: the run is already ending."""
     try:
-        print_report(take_stacks(session, addresses, folder, BEFORE_STOP_LIMIT_S), why)
-    except Exception as error:  # noqa: BLE001 - the stop goes on whatever happens here
+        with signals_deferred():
+            print_report(take(BEFORE_STOP_LIMIT_S), why)
+    except BaseException as error:  # noqa: BLE001 - the stop goes on whatever happens here
         print(f"monarch-launch: could not take the ranks' stacks: {error}", file=sys.stderr,
               flush=True)
 
@@ -137,16 +159,25 @@ def install(session: SessionConfig, addresses: Mapping[str, str],
     """Register the stall taker and the SIGUSR1 handler (see the module doc); call in the
     launcher's main thread once its ranks' hosts are known. Returns what unregisters both
     (the earlier SIGUSR1 handler back)."""
+    return install_taker(lambda limit_s: take_stacks(session, addresses, folder, limit_s))
+
+
+def install_taker(take: Callable[[float], StackReport]) -> Callable[[], None]:
+    """Register ``take`` (``take(limit_s)``: every rank's stacks, each host's ssh at most
+    ``limit_s`` seconds) as the stall taker and the SIGUSR1 handler of this launcher, in SPMD
+    mode (:func:`install`) or role mode (:mod:`.jobstacks`); call in the main thread. Returns
+    what unregisters both (the earlier SIGUSR1 handler back)."""
     busy = threading.Lock()
 
     def on_stall() -> tuple[str, list[str]] | None:
-        report = take_stacks(session, addresses, folder)
+        with busy:  # a dump on request still running would empty the files this one reads
+            report = take(rankstacks.COLLECT_LIMIT_S)
         print_report(report, "the run stalled")
         return (report.odd, report.lines()) if report.dumps else None
 
     def on_demand() -> None:
         try:
-            print_report(take_stacks(session, addresses, folder), "on request")
+            print_report(take(rankstacks.COLLECT_LIMIT_S), "on request")
         except Exception as error:  # noqa: BLE001 - a failed dump never ends the run
             print(f"monarch-launch: could not take the ranks' stacks: {error}", file=sys.stderr,
                   flush=True)

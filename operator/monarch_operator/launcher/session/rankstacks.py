@@ -13,14 +13,19 @@
   the same uid needs nothing.
 - A daemon thread waits on the FIFO ``<dir>/rank-<RANK>.fifo``; when the collector writes to it,
   the thread writes the PyTorch flight recorder's JSON (``_dump_nccl_trace_json`` for NCCL,
-  ``_dump_fr_trace_json`` for other backends such as gloo) to ``<dir>/rank-<RANK>.fr``, or
-  ``{}`` when torch.distributed is not initialised. It needs the GIL: a rank whose native call
+  ``_dump_fr_trace_json`` for other backends such as gloo, and groups made without
+  ``init_process_group``) to ``<dir>/rank-<RANK>.fr``, or ``{}`` when torch.distributed is not
+  loaded. It needs the GIL: a rank whose native call
   holds it gives its stack but no flight recorder part.
 - ``<dir>/rank-<RANK>.pid`` holds the rank's pid, so the collector knows whom to signal.
 
 **The collector** (:func:`collect`): one ssh per host (the run's own settings, at most
-``--ssh-concurrency`` at once) runs :func:`collect_script`: for each live rank it empties the
-stack file, signals the rank and pokes its FIFO, waits (at most :data:`WAIT_S`) for both parts,
+``--ssh-concurrency`` at once) runs :func:`collect_script`: for each rank whose pid still holds
+its stack file open (:data:`HOLDS_FILE`: a pid reused by another process after the rank ended
+is never signalled; SIGUSR2 would end it) it empties the stack file, signals the rank and pokes
+its FIFO, waits (at most :data:`WAIT_S`) until every stack file is non-empty and kept its size
+for :data:`QUIET_LOOKS` looks (faulthandler writes thread by thread, with no end mark: a file
+read at its first write lost the main thread's frames) and every flight recorder part is there,
 and prints them between ``@@monarch-stacks`` lines (:mod:`.stackdumps` parses them). Nothing
 is stopped; a run goes on as before.
 """
@@ -37,9 +42,20 @@ from monarch_operator.launcher.session.ssh import SshSettings, ssh_runner
 
 STACKS_SIGNAL = signal.SIGUSR2
 ENV_STACKS_DIR = "MONARCH_STACKS_DIR"
-WAIT_S = 3.0  # how long a host's collector waits for the ranks' parts
+# How long a host's collector waits for the ranks' parts, seconds: a flight recorder part needs
+# the rank's Python thread to run, which takes seconds on a loaded machine; the wait ends as
+# soon as every part is in.
+WAIT_S = 6.0
 MAX_PART_BYTES = 65536  # of one rank's stack or flight recorder dump
 COLLECT_LIMIT_S = 20.0  # wall limit of one host's ssh
+# A dump counts as written once no stack file grew over this many looks 0.1 s apart after the
+# first (0.3 s): faulthandler writes a dump in many small writes and has no end mark, and a
+# rank descheduled mid-dump on a loaded host pauses between two of them.
+QUIET_LOOKS = 3
+# Shell function: ``holds PID FILE`` succeeds while process PID has FILE open (a link in
+# /proc/PID/fd points at it; the same user may read them without ptrace rights).
+HOLDS_FILE = ('holds() { t=$(readlink -f "$2") || return 1; for f in /proc/$1/fd/*; do '
+              '[ "$(readlink "$f" 2>/dev/null)" = "$t" ] && return 0; done; return 1; }')
 
 # Runs in the rank's interpreter before the script (``python -c``); standard library only, and
 # torch only when the script imported it. Its names are deleted, so the script's globals are
@@ -64,10 +80,10 @@ def _monarch_stacks():
         return
     def flight_recorder():
         dist = sys.modules.get("torch.distributed")
-        if dist is None or not dist.is_available() or not dist.is_initialized():
+        if dist is None or not dist.is_available():
             return b"{}"
         from torch._C import _distributed_c10d as c10d
-        if "nccl" in str(dist.get_backend()):
+        if dist.is_initialized() and "nccl" in str(dist.get_backend()):
             return c10d._dump_nccl_trace_json(True, False)
         return c10d._dump_fr_trace_json(True, False)
     def serve():
@@ -129,20 +145,26 @@ def wrap_argv(argv: Sequence[str]) -> list[str]:
 
 
 def collect_script(folder: str, wait_s: float = WAIT_S) -> str:
-    """The shell script one host runs (see the module doc); POSIX sh, ``kill`` and ``head``."""
+    """The shell script one host runs (see the module doc); POSIX sh, ``kill``, ``readlink``,
+    ``wc`` and ``head``."""
     d = shlex.quote(folder)
     tries = max(1, int(wait_s / 0.1))
-    return f"""d={d}; [ -d "$d" ] || exit 0; live=""; pokes=""
+    return f"""{HOLDS_FILE}
+d={d}; [ -d "$d" ] || exit 0; live=""; pokes=""
 for p in "$d"/rank-*.pid; do
   [ -f "$p" ] || continue; r=${{p##*/rank-}}; r=${{r%.pid}}; pid=$(cat "$p")
-  if kill -0 "$pid" 2>/dev/null; then
+  if holds "$pid" "$d/rank-$r.stack"; then
     : > "$d/rank-$r.stack"; rm -f "$d/rank-$r.fr"; live="$live $r"
     kill -USR2 "$pid"; (echo > "$d/rank-$r.fifo") 2>/dev/null & pokes="$pokes $!"
   else echo "@@monarch-stacks rank=$r pid=$pid part=gone"; fi
 done
-i=0; while [ $i -lt {tries} ]; do
-  done_=1; for r in $live; do [ -s "$d/rank-$r.stack" ] && [ -s "$d/rank-$r.fr" ] || done_=0; done
-  [ $done_ = 1 ] && break; sleep 0.1; i=$((i+1))
+last=""; quiet=0; i=0; while [ $i -lt {tries} ]; do
+  done_=1; sizes=""
+  for r in $live; do [ -s "$d/rank-$r.stack" ] && [ -f "$d/rank-$r.fr" ] || done_=0
+    sizes="$sizes $(wc -c < "$d/rank-$r.stack")"; done
+  if [ "$sizes" = "$last" ]; then quiet=$((quiet+1)); else quiet=0; fi
+  [ $done_ = 1 ] && [ $quiet -ge {QUIET_LOOKS} ] && break
+  last=$sizes; sleep 0.1; i=$((i+1))
 done
 [ -n "$pokes" ] && kill $pokes 2>/dev/null
 for r in $live; do pid=$(cat "$d/rank-$r.pid")

@@ -8,7 +8,9 @@ The collector (:mod:`.rankstacks`) prints, per host, one block per rank::
     @@monarch-stacks rank=2 pid=4242 part=fr
     <PyTorch flight recorder JSON (``_dump_fr_trace_json``/``_dump_nccl_trace_json``), or {}>
 
-or ``@@monarch-stacks rank=2 pid=4242 part=gone`` for a rank whose process no longer runs. A
+or ``@@monarch-stacks rank=2 pid=4242 part=gone`` for a rank whose process no longer runs (or
+whose pid no longer holds its stack file: another process got it). The collector of role mode
+(:mod:`.procstacks`) ends each marker with `` role=<role>``: a rank is then one of a role. A
 rank whose process is stopped (SIGSTOP) or holds the GIL in native code still gets its Python
 stack (faulthandler's handler is C and needs no GIL) but no flight recorder part (that needs a
 Python thread to run); a rank that wrote nothing has neither.
@@ -29,12 +31,15 @@ from typing import Any
 
 MARKER = "@@monarch-stacks "
 _MARKER_LINE = re.compile(r"^@@monarch-stacks rank=(?P<rank>\d+) pid=(?P<pid>\d*) "
-                          r"part=(?P<part>stack|fr|gone)\s*$")
+                          r"part=(?P<part>stack|fr|gone)(?: role=(?P<role>\S+))?\s*$")
 _THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<ident>0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>\S+)')
 # Frames that are not the user's: the interpreter's own library, installed packages (torch,
-# Monarch), our bootstrap (``python -c``) and frozen modules.
-_NOT_USER = ("/site-packages/", "/dist-packages/", "<string>", "<frozen ")
+# Monarch), our bootstrap (``python -c``), frozen modules, and our own machinery in a role
+# proc (the rank probe, the stack server) where monarch_operator is not installed as a package.
+_NOT_USER = ("/site-packages/", "/dist-packages/", "<string>", "<frozen ",
+             "/monarch_operator/launcher/session/", "/monarch_operator/launcher/programs/rankside",
+             "/monarch_operator/launcher/programs/distributed")
 _STDLIB = re.compile(r"/lib/python3\.\d+/")
 MAX_LINE = 200  # characters of one summary line
 MAX_RANK_LINES = 16  # summary lines in status; the rest are counted in one more line
@@ -67,11 +72,14 @@ class Collective:
 @dataclass
 class RankDump:
     """One rank's dump: its host, pid, threads (each innermost frame first; the main thread
-    first), flight recorder reading, and whether its process was gone."""
+    first), flight recorder reading, and whether its process was gone; in role mode its role
+    and the role's place in the job (``order``, for sorting)."""
 
     rank: int
     host: str
     pid: int | None = None
+    role: str = ""
+    order: int = 0
     threads: list[list[Frame]] = field(default_factory=list)
     collective: Collective | None = None
     fr_error: str = ""
@@ -79,22 +87,27 @@ class RankDump:
     raw: str = ""
 
     def user_frame(self) -> Frame | None:
-        """The innermost frame of the main thread that is the user's code (not the standard
-        library, an installed package or our bootstrap), else its innermost frame."""
-        if not self.threads:
-            return None
-        frames = self.threads[0]
-        for frame in frames:
-            if not any(part in frame.file for part in _NOT_USER) and not _STDLIB.search(
-                    frame.file):
-                return frame
-        return frames[0] if frames else None
+        """The innermost frame that is the user's code (not the standard library, an installed
+        package or our own machinery) of the first thread that has one, the main thread first
+        (a Monarch proc runs its endpoints in other threads), else the main thread's innermost
+        frame."""
+        for frames in self.threads:
+            for frame in frames:
+                if not any(part in frame.file for part in _NOT_USER) and not _STDLIB.search(
+                        frame.file):
+                    return frame
+        return self.threads[0][0] if self.threads and self.threads[0] else None
+
+    @property
+    def name(self) -> str:
+        """``rank 2``, or ``trainer rank 2`` in role mode."""
+        return f"{self.role} rank {self.rank}" if self.role else f"rank {self.rank}"
 
 
 def parse_host_output(host: str, text: str) -> list[RankDump]:
     """The rank dumps in one host's collector output (see the module doc); lines before the
     first marker are ignored. Ranks in the order they appear."""
-    dumps: dict[int, RankDump] = {}
+    dumps: dict[tuple[str, int], RankDump] = {}
     part, lines, current = "", [], None
 
     def close() -> None:
@@ -107,8 +120,8 @@ def parse_host_output(host: str, text: str) -> list[RankDump]:
             lines.append(line)
             continue
         close()
-        rank = int(match["rank"])
-        current = dumps.setdefault(rank, RankDump(rank, host))
+        rank, role = int(match["rank"]), match["role"] or ""
+        current = dumps.setdefault((role, rank), RankDump(rank, host, role=role))
         if match["pid"]:
             current.pid = int(match["pid"])
         part, lines = match["part"], []
@@ -195,8 +208,9 @@ def _op_of(entries: list[dict[str, Any]], pg_id: str, seq: int) -> str:
 
 def rank_line(dump: RankDump) -> str:
     """One rank in one line, at most :data:`MAX_LINE` characters:
-    ``rank 0 on host-a: in all_reduce #3 at train.py:20 main``."""
-    where = f"rank {dump.rank} on {dump.host}"
+    ``rank 0 on host-a: in all_reduce #3 at train.py:20 main`` (``trainer rank 0 ...`` in role
+    mode)."""
+    where = f"{dump.name} on {dump.host}"
     if dump.gone:
         return f"{where}: its process was gone"[:MAX_LINE]
     frame = dump.user_frame()
@@ -246,16 +260,16 @@ def _frame_text(dump: RankDump) -> str:
 def _name_odd(odd: list[RankDump], what: str) -> str:
     first = odd[0]
     if len(odd) == 1:
-        return f"rank {first.rank} on {first.host} is {what}: {_frame_text(first)}"
+        return f"{first.name} on {first.host} is {what}: {_frame_text(first)}"
     ranks = ", ".join(str(dump.rank) for dump in odd[:8]) + (", ..." if len(odd) > 8 else "")
-    return f"ranks {ranks} are {what}; rank {first.rank} on {first.host}: {_frame_text(first)}"
+    role = f"{first.role} " if first.role else ""
+    return f"{role}ranks {ranks} are {what}; {first.name} on {first.host}: {_frame_text(first)}"
 
 
 def summary_lines(dumps: list[RankDump], limit: int = MAX_RANK_LINES) -> list[str]:
     """At most ``limit`` lines for status: every rank by :func:`rank_line`, in rank order;
     past the limit one line counts the rest."""
-    ordered = sorted(dumps, key=lambda dump: dump.rank)
-    lines = [rank_line(dump) for dump in ordered]
+    lines = [rank_line(dump) for dump in sorted(dumps, key=_order)]
     if len(lines) <= limit:
         return lines
     return [*lines[:limit - 1], f"... and {len(lines) - limit + 1} more ranks"]
@@ -264,10 +278,14 @@ def summary_lines(dumps: list[RankDump], limit: int = MAX_RANK_LINES) -> list[st
 def full_text(dumps: list[RankDump]) -> str:
     """Every rank's whole dump, for the launcher's output (``kubectl monarch logs``)."""
     blocks = []
-    for dump in sorted(dumps, key=lambda dump: dump.rank):
+    for dump in sorted(dumps, key=_order):
         blocks.append(f"--- {rank_line(dump)}")
         if dump.raw:
             blocks.append(dump.raw)
         if dump.fr_error:
             blocks.append(f"(flight recorder: {dump.fr_error})")
     return "\n".join(blocks)
+
+
+def _order(dump: RankDump) -> tuple[int, str, int]:
+    return dump.order, dump.role, dump.rank

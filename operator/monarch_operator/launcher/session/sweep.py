@@ -1,6 +1,7 @@
 """The end-of-run sweep: every process of the run still alive on any host, stopped and named.
 
-After the meshes are shut down, the launcher runs the straggler scan in ``run`` mode on every
+After the meshes are shut down, the launcher removes the run's stack files
+(:mod:`launcher.session.procstacks`) and runs the straggler scan in ``run`` mode on every
 host (:mod:`launcher.session.stragglers`, :mod:`launcher.session.straggler_scan`), over ssh,
 within the same limits as the start (issue 32): at most ``--ssh-concurrency`` connections at
 once and a refused login retried up to ``--ssh-retries`` times with backoff
@@ -14,12 +15,14 @@ the next run's pre-flight stops whatever this run left there.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from monarch_operator.launcher.session import causes
 from monarch_operator.launcher.session.fanout import CommandResult, RetryPolicy, run_on_hosts
+from monarch_operator.launcher.session.rankstacks import stacks_dir
 from monarch_operator.launcher.session.ssh import SshSettings, ssh_runner
 from monarch_operator.launcher.session.stragglers import (
     SWEEP_TIMEOUT_S,
@@ -78,7 +81,9 @@ def sweep_run(
     targets: dict[str, str] = {}  # address -> the first host name given for it
     for host, address in addresses.items():
         targets.setdefault(address, host)
-    command = scan_command(python_exe, mark, "run", stop=True)
+    # The run's stack files go too (role procs cannot remove theirs: teardown kills them).
+    command = (f"rm -rf {shlex.quote(stacks_dir(mark.run))} 2>/dev/null; "
+               + scan_command(python_exe, mark, "run", stop=True))
     results = run_on_hosts(
         targets,
         run_once or ssh_runner(ssh, lambda _: command, timeout_s),
