@@ -67,6 +67,9 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Cluster:
 
     def delete_if_present(api_version: str, kind: str, namespace: str, name: str) -> bool:
         world.deleted.append(f"{kind} {name}")
+        view = client._view(api_version, kind)
+        if view is not None:  # as deletes.delete tells the pass's view
+            view.deleted((api_version, kind), name)
         return True
 
     def stop_pod(pod: dict[str, Any] | None, grace_seconds: int | None = None) -> bool:
