@@ -61,17 +61,8 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.localcluster import (
-    identity,
-    kubeletapi,
-    nodestate,
-    podfiles,
-    podstatus,
-    sandbox,
-    serviceaccount,
-    termination,
-    volumes,
-)
+from monarch_operator.localcluster import (identity, kubeletapi, nodestate, podfiles, podstatus,
+                                          sandbox, serviceaccount, termination, volumes)
 
 # The pod status the agent computed, as JSON; the kwok Stage local-pod-status applies it.
 ANNOTATION_STATUS = "localcluster.monarch-operator.dev/status"

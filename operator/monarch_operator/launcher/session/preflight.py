@@ -39,7 +39,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from monarch_operator.launcher.session import causes, versions
 from monarch_operator.launcher.session.diagnose import SSH_SESSION_FAILED, session_refused
 from monarch_operator.launcher.session.environment import env_prefix, private_env_path
 from monarch_operator.launcher.session.fanout import (
@@ -49,6 +48,7 @@ from monarch_operator.launcher.session.fanout import (
     run_with_retries,
 )
 from monarch_operator.launcher.session.network import NetworkCheckError, probe_sshd, resolve_host
+from monarch_operator.launcher.session import causes, versions
 from monarch_operator.launcher.session.ssh import (
     COMMAND_LIMIT_S,
     SshSettings,
