@@ -5,9 +5,12 @@ release's namespace granting exactly the elector's calls, the timings passed and
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from monarch_operator.controller.leader import settings as election
 from tests.chart import CHART, by_kind, helm, render
@@ -128,3 +131,61 @@ def test_bad_election_values_are_refused_naming_them(args, message):
     result = helm("template", "mo", str(CHART), *args, check=False)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
+
+
+# -- the refusal to upgrade beside a lone replica (docs/ha.md, "Upgrading from a lone replica")
+
+LOOKUP = '(lookup "v1" "Pod" .Release.Namespace "")'
+
+
+def render_seeing(pods: list[dict], tmp_path: Path, *values: str) -> subprocess.CompletedProcess:
+    """``helm template`` of a copy of the chart whose pod ``lookup`` (empty without a cluster)
+    returns ``pods``: the template's own logic, without an API server (the cluster test
+    tests/cluster/test_chart_upgrade.py runs the real lookup)."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    helpers = chart / "templates" / "_helpers.tpl"
+    assert helpers.read_text().count(LOOKUP) == 1
+    helpers.write_text(helpers.read_text().replace(LOOKUP, ".Values.seenPods"))
+    (chart / "values.schema.json").unlink()  # strict: it refuses the extra key
+    (tmp_path / "seen.yaml").write_text(yaml.safe_dump({"seenPods": {"items": pods}}))
+    return helm("template", "mo", str(chart), "-n", "ms", "-f", str(tmp_path / "seen.yaml"),
+                *values, check=False)
+
+
+def operator_pod(name: str, args: list[str], release: str = "mo",
+                 phase: str = "Running") -> dict:
+    return {"metadata": {"name": name, "labels": {
+                "app.kubernetes.io/name": "monarch-operator",
+                "app.kubernetes.io/instance": release, "pod-template-hash": "abc"}},
+            "spec": {"containers": [{"name": "operator", "args": args}]},
+            "status": {"phase": phase}}
+
+
+def test_an_upgrade_to_leader_election_beside_a_lone_replica_is_refused(tmp_path):
+    lone = operator_pod("mo-monarch-operator-1", ["--namespace=a", "--liveness=x"])
+    refused = render_seeing([lone], tmp_path)
+    assert refused.returncode != 0
+    assert "pod mo-monarch-operator-1 runs the operator alone (leader election off)" in (
+        refused.stderr)
+    assert ("  kubectl scale deployment/mo-monarch-operator -n ms --replicas=0\n  kubectl wait "
+            "--for=delete pod -n ms -l app.kubernetes.io/name=monarch-operator,"
+            "app.kubernetes.io/instance=mo --timeout=120s\n") in refused.stderr
+
+
+@pytest.mark.parametrize("pods", [
+    [],  # a fresh install
+    [operator_pod("mo-monarch-operator-2", ["--leader-elect", "--leader-elect-name=x"])],
+    [operator_pod("mo-monarch-operator-3", [], phase="Failed")],  # ended: runs nothing
+    [operator_pod("other-monarch-operator-1", [], release="other")],  # another release
+    [{"metadata": {"name": "unlabelled"}, "spec": {"containers": [{"name": "operator"}]}}],
+], ids=["none", "leader-elect", "ended", "other-release", "unlabelled"])
+def test_no_lone_replica_of_the_release_no_refusal(tmp_path, pods):
+    assert render_seeing(pods, tmp_path).returncode == 0
+
+
+def test_staying_a_lone_replica_is_no_refusal(tmp_path):
+    """Leader election off again: Recreate stops the old pod before the new one starts."""
+    lone = operator_pod("mo-monarch-operator-1", [])
+    assert render_seeing([lone], tmp_path, "--set", "leaderElection.enabled=false",
+                         "--set", "replicas=1").returncode == 0

@@ -156,3 +156,36 @@ tell. */}}
   verbs: [get]
 {{- end }}
 {{- end }}
+
+{{/* Refuse an upgrade that turns leader election on while a pod of this release runs the
+operator alone (no --leader-elect: a release installed with leaderElection.enabled=false).
+The rolling update would start a leader beside it, and it holds no Lease to step back from:
+two operators would act on every job until the old pod ended. `lookup` reads the cluster only
+in `helm install/upgrade` (and --dry-run=server); `helm template` and tools built on it (Argo
+CD) see nothing and cannot refuse (docs/ha.md). Ended pods (Succeeded, Failed) run nothing. */}}
+{{- define "monarch-operator.refuseBesideLoneReplicas" -}}
+{{- if .Values.leaderElection.enabled }}
+{{- $selector := include "monarch-operator.selectorLabels" . | fromYaml }}
+{{- $lone := list }}
+{{- range (lookup "v1" "Pod" .Release.Namespace "").items | default list }}
+{{- $pod := . }}
+{{- $labels := $pod.metadata.labels | default dict }}
+{{- $ours := true }}
+{{- range $key, $value := $selector }}
+{{- if ne (get $labels $key | toString) (toString $value) }}{{ $ours = false }}{{ end }}
+{{- end }}
+{{- $phase := ($pod.status | default dict).phase | default "" }}
+{{- if and $ours (not (has $phase (list "Succeeded" "Failed"))) }}
+{{- range $pod.spec.containers }}
+{{- if and (eq .name "operator") (not (has "--leader-elect" (.args | default list))) }}
+{{- $lone = append $lone $pod.metadata.name }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $lone }}
+{{- $fullname := include "monarch-operator.fullname" . }}
+{{- fail (printf "upgrade refused: pod %s runs the operator alone (leader election off); this upgrade would start a leader beside it and both would act on every job. Stop it first, wait until its pods are gone, then run this upgrade again:\n  kubectl scale deployment/%s -n %s --replicas=0\n  kubectl wait --for=delete pod -n %s -l app.kubernetes.io/name=%s,app.kubernetes.io/instance=%s --timeout=120s\n(running jobs go on meanwhile; none is reconciled until the new leader starts: docs/ha.md)" (join ", " $lone) $fullname .Release.Namespace .Release.Namespace (include "monarch-operator.name" .) .Release.Name) }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -93,7 +93,7 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
     if job.dispatched:
         return _dispatched(job, previous, settings, now)
     state = Pass(job=job, status=dict(previous), now=now,
-                 force_delete_after=float(settings.force_delete_after_seconds))
+                 force_delete_after=float(settings.force_delete_after_seconds), stored=previous)
     state.status.setdefault("startTime", state.now_text)
     retry_after = None
     if not st.is_finished(state.status) and state.status.get("attempt") is None:
@@ -133,8 +133,7 @@ def reconcile(body: dict[str, Any], settings: Settings, now: dt.datetime,
         state.status.setdefault("completionTime", state.now_text)
         if _ttl_expired(state, previous):
             return Outcome(state.events, state.status, deleted=True)
-        release.clean_up(state)
-        release.count_ready_workers(state)
+        _release_once_stored(state, previous)
         kueue.finish(state, finished_written=st.is_finished(previous))
     reported.hide_eta_unless_running(state, previous)
     deferred = _write_status(state, previous, hold_progress)
@@ -189,6 +188,22 @@ def _ttl_expired(state: Pass, previous: dict[str, Any]) -> bool:
     state.events.append(Event("Normal", st.REASON_TTL_EXPIRED,
                               f"deleted {ttl}s after it finished (spec.ttlSecondsAfterFinished)"))
     return True
+
+
+def _release_once_stored(state: Pass, previous: dict[str, Any]) -> None:
+    """A finished job's children go (:func:`.release.clean_up`) only once the status read at
+    the pass's start says finished: the pass that judged the ending writes it first, its
+    Event says what goes, and a pass right after its write deletes. A leader that deleted
+    the launcher and workers in the judging pass and was cut off before its status write
+    left the next leader an attempt with no evidence: judged lost, an extra attempt (found
+    by a 30-minute leader-fault soak). READY is ``0/N`` from the ending on all the same."""
+    if st.is_finished(previous):
+        release.clean_up(state)
+        release.count_ready_workers(state)
+        return
+    releasing = release.announce_clean_up(state)
+    state.after_status_write()
+    release.count_ready_workers(state, releasing=releasing)
 
 
 def _run_attempt(state: Pass, settings: Settings) -> None:

@@ -34,8 +34,8 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
     job = state.job
     attempt = int(state.status["attempt"])
     launcher_name = names.launcher_pod(job.name, attempt)
-    if attempt > 1:  # the previous attempt's pod, kept for its logs until now
-        deletes.stop_pod(release.launcher_pod(job.namespace, job.name, attempt - 1))
+    if attempt > 1:
+        _let_go_of_previous_launcher(state, attempt)
     record = attempts.current(state.status) or {}
     launcher = release.launcher_pod(job.namespace, job.name, attempt)
     if launcher is None and record.get("launchTime"):
@@ -59,6 +59,20 @@ def start_or_follow_launcher(state: Pass, settings: Settings,
         # sent together); found in the cache (or just created), it costs no request.
         writes.ensure(build_hostfile_configmap(job, settings, worker_pods), job.uid)
     return judging.judge_launcher(state, launcher, outcome, worker_pods, record)
+
+
+def _let_go_of_previous_launcher(state: Pass, attempt: int) -> None:
+    """Delete the previous attempt's launcher pod, kept for its logs until now, once the
+    stored status holds attempt ``attempt`` (a pass right after the write that began it does
+    it). Its ended pod is the evidence of how that attempt ended: deleted by the pass that
+    judged it, before its status write, a leader cut off in between left the next one an
+    attempt with no launcher, judged lost (an Infrastructure failure instead of its own
+    verdict). The new attempt does not wait for it: an ended launcher holds no port."""
+    if int(state.stored.get("attempt") or 0) != attempt:
+        state.after_status_write()
+        return
+    job = state.job
+    deletes.stop_pod(release.launcher_pod(job.namespace, job.name, attempt - 1))
 
 
 def _adopt(state: Pass, launcher: dict[str, Any],

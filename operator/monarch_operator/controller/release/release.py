@@ -104,8 +104,48 @@ def let_go_of_stuck(state: Pass, pods: list[dict[str, Any]]) -> list[dict[str, A
     return kept
 
 
+def _launcher_to_stop(state: Pass) -> dict[str, Any] | None:
+    """The finished job's launcher pod that :func:`clean_up` deletes: one that still runs (the
+    job failed around it, e.g. its deadline), or any with ``cleanupPolicy: DeleteAll``; None
+    when there is none to delete (or it is being deleted already)."""
+    job = state.job
+    launcher = launcher_pod(job.namespace, job.name, int(state.status.get("attempt") or 1))
+    if launcher is None or launcher["metadata"].get("deletionTimestamp"):
+        return None
+    running = not observe.launcher_outcome(launcher).finished
+    return launcher if running or job.cleanup_policy == CLEANUP_DELETE_ALL else None
+
+
+def _releases_workers(state: Pass) -> bool:
+    """Whether :func:`clean_up` deletes a worker StatefulSet that is there now."""
+    job = state.job
+    deadline = st.reason_of(state.status, st.FAILED) == st.REASON_DEADLINE_EXCEEDED
+    if not job.releases_workers(deadline):
+        return False
+    for group in job.groups:
+        found = reads.read("apps/v1", "StatefulSet", job.namespace,
+                           names.group_set(job.name, group.name))
+        if found is not None and not found["metadata"].get("deletionTimestamp"):
+            return True
+    return False
+
+
+def announce_clean_up(state: Pass) -> bool:
+    """In the pass that judged the job finished: say in the Event of its ending what
+    :func:`clean_up` deletes once that ending is stored (``job succeeded; worker pods
+    deleted``), deleting nothing yet. Returns whether its workers go."""
+    if _launcher_to_stop(state) is not None:
+        _tell(state, Event("Normal", "LauncherDeleted", "launcher pod deleted"))
+    releasing = _releases_workers(state)
+    if releasing:
+        _tell(state, Event("Normal", "WorkersReleased", "worker pods deleted"))
+    return releasing
+
+
 def clean_up(state: Pass) -> None:
-    """Let go of a finished job's children as ``spec.cleanupPolicy`` says.
+    """Let go of a finished job's children as ``spec.cleanupPolicy`` says; called once the
+    stored status says finished (the pass that judged the ending announced it,
+    :func:`announce_clean_up`, so nothing is said here).
 
     A launcher that still runs (the job failed around it, e.g. its deadline) is always
     stopped; workers hold GPUs and go unless the policy is KeepAll, and also then when the
@@ -113,15 +153,11 @@ def clean_up(state: Pass) -> None:
     """
     job = state.job
     namespace = job.namespace
-    cleanup = job.cleanup_policy
     deadline = st.reason_of(state.status, st.FAILED) == st.REASON_DEADLINE_EXCEEDED
-    launcher = launcher_pod(namespace, job.name, int(state.status.get("attempt") or 1))
-    launcher_running = launcher is not None and not observe.launcher_outcome(launcher).finished
-    if (launcher_running or cleanup == CLEANUP_DELETE_ALL) and deletes.stop_pod(launcher):
-        _tell(state, Event("Normal", "LauncherDeleted", "launcher pod deleted"))
-    if job.releases_workers(deadline) and delete_worker_sets(job):
-        _tell(state, Event("Normal", "WorkersReleased", "worker pods deleted"))
-    if cleanup == CLEANUP_DELETE_ALL:  # literal kinds: the chart's RBAC test reads them
+    deletes.stop_pod(_launcher_to_stop(state))
+    if job.releases_workers(deadline):
+        delete_worker_sets(job)
+    if job.cleanup_policy == CLEANUP_DELETE_ALL:  # literal kinds: the chart's RBAC test reads them
         deletes.delete_if_present("v1", "ConfigMap", namespace, names.hostfile_configmap(job.name))
         for group in job.groups:
             deletes.delete_if_present("v1", "Service", namespace,
@@ -158,11 +194,12 @@ def _tell(state: Pass, event: Event) -> None:
     state.events.append(event)
 
 
-def count_ready_workers(state: Pass) -> None:
+def count_ready_workers(state: Pass, releasing: bool = False) -> None:
     """READY of a finished job: its workers Ready now, counting only pods of a worker
     StatefulSet that is not being deleted. Once the StatefulSet is deleted (released) its pods
     are on their way out and count as none, as a ReplicaSet does not count pods being deleted:
-    ``0/N`` is written with the ending, not once more per pod as each one goes."""
+    ``0/N`` is written with the ending, not once more per pod as each one goes; ``releasing``:
+    the ending's pass, whose StatefulSets go right after its status write, counts none."""
     job = state.job
     pods = let_go_of_stuck(state, reads.list_pods(job.namespace, {
        constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_WORKER}))
@@ -170,7 +207,8 @@ def count_ready_workers(state: Pass) -> None:
     for group in job.groups:
         worker_set = reads.read("apps/v1", "StatefulSet", job.namespace,
                               names.group_set(job.name, group.name))
-        if worker_set is not None and not worker_set["metadata"].get("deletionTimestamp"):
+        if (worker_set is not None and not releasing
+                and not worker_set["metadata"].get("deletionTimestamp")):
             live_uids.add(worker_set["metadata"].get("uid"))
     show_ready_workers(state, [pod for pod in pods if reads.controller_uid(pod) in live_uids])
 

@@ -12,6 +12,11 @@ from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.controller.state import status as st
 
+# A step held back until the pass's status write is stored asks for a pass this soon after
+# (seconds): our own status write wakes nobody (``cache.JobCache.is_own_write``), and without
+# it the step waited for the next watch event on the job or a child.
+AFTER_STATUS_WRITE_SECONDS = 0.0
+
 
 @dataclass
 class Event:
@@ -33,12 +38,20 @@ class Pass:
     wake_after: float | None = None  # seconds until a pass is needed (reconcile.Outcome)
     # Settings.force_delete_after_seconds, for the pass's look at pods stuck terminating.
     force_delete_after: float = float(Settings.force_delete_after_seconds)
+    # The status as the API server had stored it when the pass began (the job as read). What
+    # removes the evidence of a verdict waits until the verdict is stored: a leader cut off
+    # between its deletes and its status write left the next one nothing to judge by.
+    stored: dict[str, Any] = field(default_factory=dict)
 
     def wake_in(self, seconds: float | None) -> None:
         """Ask for a pass ``seconds`` from now (the earliest asked for wins); None: nothing."""
         if seconds is not None:
             self.wake_after = seconds if self.wake_after is None else min(self.wake_after,
                                                                            seconds)
+
+    def after_status_write(self) -> None:
+        """Ask for a pass right after this one's status write (a step waits for it)."""
+        self.wake_in(AFTER_STATUS_WRITE_SECONDS)
 
     @property
     def now_text(self) -> str:

@@ -1,0 +1,176 @@
+"""A verdict is stored before its evidence goes (a 30-minute leader-fault soak's finding),
+without a cluster: a pass that judged an attempt deletes nothing the judging read (a finished
+job's launcher and workers, the previous attempt's ended launcher) before its status write;
+a pass right after the write deletes. The story the soak found: a new leader judged the
+attempt Succeeded, deleted its launcher and workers in the same pass, and was cut off before
+its status write (the fence refused it); the next leader found no launcher and judged the
+attempt lost, an extra attempt. Here each leader's pass runs over a view of what the one
+before it left behind."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from monarch_operator import names
+from monarch_operator.controller.engine import reconcile
+from monarch_operator.controller.k8s import client, deletes, nodes, reads, writes
+from monarch_operator.controller.leader.fence import FencedError
+from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import status as st
+from monarch_operator.controller.state import timestamps
+from tests.unit.test_launch_pass import (
+    NAME,
+    job_body,
+    launcher_pod,
+    make_view,
+    running_status,
+    stored,
+)
+
+
+@dataclass
+class Cluster:
+    """What the API server holds besides the job's standing children: the launcher pods;
+    what passes deleted and created; whether a status write goes through (a partitioned
+    leader's is refused by its fence)."""
+
+    launchers: list[dict[str, Any]]
+    deleted: list[str] = field(default_factory=list)
+    partitioned: bool = False
+
+    def view(self, settings: Settings, body: dict[str, Any]) -> Any:
+        """The next pass's view: the job as stored, minus what was deleted."""
+        pods = [pod for pod in self.launchers if f"Pod {pod['metadata']['name']}"
+                not in self.deleted]
+        workers = f"StatefulSet {names.worker_set(NAME)}" not in self.deleted
+        return make_view(settings, body["status"], pods, workers=workers, body=body)
+
+
+@pytest.fixture()
+def cluster(monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    world = Cluster([])
+
+    def post(desired: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        made = stored(desired, f"uid-{desired['metadata']['name']}")
+        if desired["kind"] == "Pod":
+            world.launchers.append(made)
+        return made
+
+    def patch_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        if world.partitioned:
+            raise FencedError("PATCH .../status refused: not the leader")
+        return job_body(status)
+
+    def delete_if_present(api_version: str, kind: str, namespace: str, name: str) -> bool:
+        world.deleted.append(f"{kind} {name}")
+        view = client._view(api_version, kind)
+        if view is not None:  # as deletes.delete tells the pass's view
+            view.deleted((api_version, kind), name)
+        return True
+
+    def stop_pod(pod: dict[str, Any] | None, grace_seconds: int | None = None) -> bool:
+        if pod is None:
+            return False
+        world.deleted.append(f"Pod {pod['metadata']['name']}")
+        return True
+
+    monkeypatch.setattr(writes, "_post", post)
+    monkeypatch.setattr(writes, "patch_job_status", patch_status)
+    monkeypatch.setattr(deletes, "delete_if_present", delete_if_present)
+    monkeypatch.setattr(deletes, "stop_pod", stop_pod)
+    monkeypatch.setattr(nodes, "node_not_ready_since", lambda node: None)
+    monkeypatch.setattr(nodes, "node_heartbeats", lambda: None)
+    monkeypatch.setattr(nodes, "node_readiness", lambda: None)
+    monkeypatch.setattr(reads, "pod_log_tail", lambda *args, **kwargs: "")
+    return world
+
+
+def ended_launcher(settings: Settings, launched: dt.datetime, exit_code: int) -> dict[str, Any]:
+    """Attempt 1's launcher pod, ended with ``exit_code`` 60 s after ``launched``."""
+    pod = launcher_pod(settings)
+    pod["spec"]["nodeName"] = "node-9"
+    pod["status"] = {"phase": "Failed" if exit_code else "Succeeded", "containerStatuses": [
+        {"name": "launcher", "restartCount": 0, "state": {"terminated": {
+            "exitCode": exit_code, "reason": "Error" if exit_code else "Completed",
+            "startedAt": st.format_time(launched),
+            "finishedAt": st.format_time(launched + dt.timedelta(seconds=60))}}}]}
+    return pod
+
+
+def launched_job(settings: Settings, **spec: Any) -> tuple[dict[str, Any], dt.datetime]:
+    """The job with attempt 1's launch stored, ``spec`` added; and the launch time."""
+    status = running_status(settings)
+    launched = timestamps.parse(status["attempts"][-1]["launchTime"])
+    assert launched is not None
+    return {**job_body(status), "spec": {**job_body()["spec"], **spec}}, launched
+
+
+def one_pass(settings: Settings, world: Cluster, body: dict[str, Any],
+             now: dt.datetime) -> reconcile.Outcome:
+    """One pass over what ``world`` holds; the job is stored as the pass left it."""
+    with client.reading_from(world.view(settings, body)):
+        return reconcile.reconcile(body, settings, now)
+
+
+def test_a_success_is_stored_before_the_launcher_and_workers_go(cluster):
+    settings = Settings.from_env()
+    body, launched = launched_job(settings, cleanupPolicy="DeleteAll")
+    cluster.launchers.append(ended_launcher(settings, launched, exit_code=0))
+    later = launched + dt.timedelta(seconds=120)
+
+    # The first leader judges Succeeded and is cut off: its status write is refused.
+    cluster.partitioned = True
+    with pytest.raises(FencedError):
+        one_pass(settings, cluster, body, later)
+    assert cluster.deleted == [], "nothing the verdict rests on goes before it is stored"
+
+    # The next leader finds what it left: the same verdict, stored; still nothing deleted.
+    cluster.partitioned = False
+    judged = one_pass(settings, cluster, body, later + dt.timedelta(seconds=20))
+    assert st.is_true(judged.status, st.SUCCEEDED), judged.status["conditions"]
+    assert [record.get("class") for record in judged.status["attempts"]] == ["Succeeded"]
+    assert judged.status["restartCount"] == 0 and not judged.status.get("failureCounts")
+    assert cluster.deleted == []
+    assert judged.wake_after == 0.0, "a pass right after the write (it wakes nobody itself)"
+    assert judged.status["readyWorkers"] == "0/2", "READY: the workers go with the ending"
+    [ending] = [event for event in judged.events if event.reason == st.REASON_LAUNCHER_SUCCEEDED]
+    assert ending.message == "job succeeded; launcher pod deleted; worker pods deleted"
+
+    # The pass after the write (the job as stored) deletes, and writes and says nothing more.
+    stored_body = {**body, "status": judged.status}
+    released = one_pass(settings, cluster, stored_body, later + dt.timedelta(seconds=21))
+    assert f"Pod {names.launcher_pod(NAME, 1)}" in cluster.deleted
+    assert f"StatefulSet {names.worker_set(NAME)}" in cluster.deleted
+    assert released.status == judged.status and released.events == []
+
+
+def test_the_previous_launcher_goes_once_the_next_attempt_is_stored(cluster):
+    """Attempt 1 exits 3 (Application); the pass that judged it begins attempt 2 and starts
+    its launcher at once (same Ready workers), then is cut off. The next leader must still
+    find attempt 1's launcher to judge it: Application, not a launcher lost."""
+    settings = Settings.from_env()
+    body, launched = launched_job(settings, runPolicy={"backoffLimit": 2})
+    cluster.launchers.append(ended_launcher(settings, launched, exit_code=3))
+    later = launched + dt.timedelta(seconds=120)
+    first = names.launcher_pod(NAME, 1)
+
+    cluster.partitioned = True
+    with pytest.raises(FencedError):
+        one_pass(settings, cluster, body, later)
+    assert f"Pod {first}" not in cluster.deleted
+
+    cluster.partitioned = False
+    judged = one_pass(settings, cluster, body, later + dt.timedelta(seconds=20))
+    assert judged.status["attempt"] == 2
+    assert judged.status["attempts"][0]["class"] == "Application", judged.status["attempts"]
+    assert judged.status["failureCounts"] == {"application": 1}
+    assert f"Pod {first}" not in cluster.deleted
+    assert judged.wake_after == 0.0
+
+    stored_body = {**body, "status": judged.status}
+    one_pass(settings, cluster, stored_body, later + dt.timedelta(seconds=21))
+    assert f"Pod {first}" in cluster.deleted, "deleted once attempt 2 is stored"
