@@ -175,8 +175,10 @@ def run_batch(kubectl: Kubectl, who: str, size: int, workers: int, image: str,
     kubectl("apply", "-n", namespace, "-f", "-", stdin=listing)
     seconds: dict[str, float] = {}
     outcomes: dict[str, str] = {}
+    seen = timeline.Seen(kubectl.json)  # pods as they were before the job deleted them
 
     def progress() -> bool:
+        seen.poll(namespace)
         pods = launcher_pods(kubectl, who, namespace)
         for name in names:
             if name not in seconds and name in pods:
@@ -193,8 +195,9 @@ def run_batch(kubectl: Kubectl, who: str, size: int, workers: int, image: str,
             stamp = first_step_time(kubectl, namespace, pods[name])
             if stamp is not None:
                 seconds[name] = stamp - applied
+    seen.poll(namespace)
     timelines = {name: timeline.relative(timeline.job_timeline(
-        kubectl.json, lambda ns, pod: kubectl("logs", "--timestamps", "-n", ns, pod, check=False),
+        seen.get, lambda ns, pod: kubectl("logs", "--timestamps", "-n", ns, pod, check=False),
         ours(who), namespace, name), applied) for name in names}
     if log_dir is not None:  # each launcher's output with the runtime's timestamps
         for name, pod in launcher_pods(kubectl, who, namespace).items():

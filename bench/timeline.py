@@ -158,6 +158,35 @@ def job_timeline(get: Callable[..., dict[str, Any]], logs: Callable[[str, str], 
     return {phase: phases.get(phase) for phase, _ in PHASES}
 
 
+class Seen:
+    """What a poll loop saw of a namespace's pods and ConfigMaps, kept after they are gone.
+
+    Jobs delete their pods when they end (ours and the MPI Operator's), and a terminating pod's
+    Ready condition turns False; so the timeline is read from the last body of each object seen
+    before its deletion began. :meth:`poll` takes one listing of each kind; :meth:`get` answers
+    as :func:`job_timeline` asks (``kind``, ``-n``, namespace, optionally ``-l key=value``)."""
+
+    def __init__(self, list_kind: Callable[..., dict[str, Any]]) -> None:
+        self._list = list_kind
+        self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def poll(self, namespace: str) -> None:
+        """List pods and ConfigMaps of ``namespace`` once and keep each live body."""
+        for kind in ("pods", "configmaps"):
+            for item in self._list(kind, "-n", namespace)["items"]:
+                key = (kind, namespace, item["metadata"]["name"])
+                if not item["metadata"].get("deletionTimestamp") or key not in self._objects:
+                    self._objects[key] = item
+
+    def get(self, kind: str, *args: str) -> dict[str, Any]:
+        """Every kept ``kind`` body of the namespace after ``-n``, filtered by ``-l k=v``."""
+        namespace = args[args.index("-n") + 1]
+        key, _, value = (args[args.index("-l") + 1] if "-l" in args else "").partition("=")
+        items = [body for (k, ns, _), body in self._objects.items() if k == kind and ns == namespace
+                 and (not key or (body["metadata"].get("labels") or {}).get(key) == value)]
+        return {"items": items}
+
+
 def relative(timeline: Mapping[str, float | None], applied: float) -> dict[str, float | None]:
     """``timeline`` as seconds after ``applied`` (Unix seconds of the ``kubectl apply``)."""
     return {phase: (None if when is None else round(when - applied, 2))

@@ -109,3 +109,19 @@ def test_the_table_prints_p50_per_phase_and_a_dash_for_a_phase_nobody_had() -> N
     assert first.split()[-2:] == ["5.0", "7.0"]
     preflight = next(line for line in text if line.startswith("pre-flight done"))
     assert preflight.split()[-2:] == ["-", "-"]
+
+
+def test_seen_keeps_a_pod_as_it_was_before_its_deletion_began_and_after_it_is_gone() -> None:
+    live = pod("j-worker-0", "worker", "j", 1, 2, 3, 5)
+    terminating = {**live, "metadata": {**live["metadata"], "deletionTimestamp": stamp(20)},
+                   "status": {"conditions": [], "containerStatuses": []}}
+    listings = iter([[live], [terminating], []])
+    seen = timeline.Seen(lambda kind, *args: {"items": next(listings) if kind == "pods" else []})
+
+    for _ in range(3):
+        seen.poll("ns")
+
+    [kept] = seen.get("pods", "-n", "ns", "-l", "monarch-operator.dev/job=j")["items"]
+    assert kept is live
+    assert seen.get("pods", "-n", "ns", "-l", "monarch-operator.dev/job=k")["items"] == []
+    assert seen.get("pods", "-n", "other")["items"] == []
