@@ -46,6 +46,14 @@ def recorded_pids(state_dir: Path) -> set[int]:
     return pids
 
 
+def alive(proc: Path) -> bool:
+    """Whether the process of ``/proc/<pid>`` runs (neither gone nor a zombie)."""
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def live_processes_of(state_dir: Path) -> list[str]:
     """Processes not dead (absent or zombie) whose command line or environment names
     ``state_dir`` (components, Kueue, operators, pods: KUBECONFIG or --kubeconfig)."""
@@ -53,9 +61,9 @@ def live_processes_of(state_dir: Path) -> list[str]:
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
+        if not alive(proc):
+            continue
         try:
-            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
             cmdline = (proc / "cmdline").read_bytes()
             text = cmdline + (proc / "environ").read_bytes()
         except OSError:
@@ -82,7 +90,15 @@ def test_multikueue_up_from_nothing_runs_the_sample_and_down_leaves_nothing(tmp_
         assert shlex.split(apply_line) == ["kubectl", "--kubeconfig", str(manager_kubeconfig),
                                            "apply", "-n", "team-a", "-f", str(SAMPLE)]
 
-        again = cli(state_dir, "up")  # idempotent: nothing started twice
+        # The printed command, with kubectl from `monarch-localcluster env`.
+        kubectl_dir = LocalCluster(state_dir).env()["PATH"].split(os.pathsep)[0]
+        applied = subprocess.run(shlex.split(apply_line), capture_output=True, text=True,
+                                 check=False, env={**os.environ, "PATH": f"{kubectl_dir}"
+                                                   f"{os.pathsep}{os.environ['PATH']}"})
+        assert applied.returncode == 0, applied.stderr
+
+        # While the job is dispatched and runs: `up` again starts nothing a second time.
+        again = cli(state_dir, "up")
         assert again.returncode == 0, again.stdout + again.stderr
         for side in ("worker", "manager"):
             assert f"[multikueue] {side}: Kueue already runs" in again.stdout, again.stdout
@@ -90,23 +106,15 @@ def test_multikueue_up_from_nothing_runs_the_sample_and_down_leaves_nothing(tmp_
         status = cli(state_dir, "status")
         assert status.returncode == 0, status.stdout
         assert "MultiKueueCluster worker: Active=True" in status.stdout
-
-        # The printed command, with kubectl from `monarch-localcluster env`.
-        kubectl_dir = LocalCluster(state_dir).env()["PATH"].split(os.pathsep)[0]
-        applied = subprocess.run(shlex.split(apply_line), capture_output=True, text=True,
-                                 check=False, env={**os.environ, "PATH": f"{kubectl_dir}"
-                                                   f"{os.pathsep}{os.environ['PATH']}"})
-        assert applied.returncode == 0, applied.stderr
         manager = Kubectl({"KUBECONFIG": str(manager_kubeconfig)})
-        done = wait_phase(manager, "team-a", "dispatched", "Succeeded", timeout=150)
+        done = wait_phase(manager, "team-a", "dispatched", "Succeeded", timeout=240)
         assert done["progress"]["percent"] == "100%", done
         pids = recorded_pids(state_dir)
         assert len(pids) == 14, pids  # 6 + 4 components, 2 Kueues, 2 operators
     finally:
         down = cli(state_dir, "down")
     assert down.returncode == 0, down.stdout + down.stderr
-    left = [pid for pid in pids if Path(f"/proc/{pid}").exists() and Path(
-        f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    left = [pid for pid in pids if alive(Path(f"/proc/{pid}"))]
     assert not left, left
     assert not live_processes_of(state_dir)
     status = cli(state_dir, "status")
