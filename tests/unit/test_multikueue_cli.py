@@ -195,3 +195,26 @@ def test_the_sample_is_dispatched_through_the_queue_the_pair_makes():
     sample = yaml.safe_load(multikueue_pair.SAMPLE.read_text())
     assert sample["spec"]["managedBy"] == "kueue.x-k8s.io/multikueue"
     assert sample["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == multikueue_pair.LOCAL_QUEUE
+
+
+def test_kueue_running_pid_is_only_this_clusters_kueue(tmp_path):
+    import subprocess
+    import sys
+
+    from monarch_operator.localcluster import kueue
+
+    config = tmp_path / "kueue" / "config.yaml"
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                f"--config={config}"])
+    try:
+        (tmp_path / kueue.PID_FILE).write_text(f"{process.pid}\n")
+        assert kueue.running_pid(tmp_path) == process.pid
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / kueue.PID_FILE).write_text(f"{process.pid}\n")  # a reused pid: not its Kueue
+        assert kueue.running_pid(other) is None
+    finally:
+        process.kill()
+        process.wait()
+    assert kueue.running_pid(tmp_path) is None
+    assert kueue.running_pid(tmp_path / "none") is None

@@ -65,12 +65,13 @@ PID_FILE = "kueue.pid"
 
 def running_pid(state_dir: Path) -> int | None:
     """The pid of the Kueue a :class:`KueueProcess` started for the cluster in ``state_dir``
-    (``<state_dir>/kueue.pid``) while that process still runs Kueue; else None (pids are reused:
-    its command line must still name ``kueue``)."""
+    (``<state_dir>/kueue.pid``) while that process still runs that Kueue; else None (pids are
+    reused: its command line must still name this cluster's ``kueue/config.yaml``)."""
+    config = f"--config={Path(state_dir).resolve() / 'kueue' / 'config.yaml'}".encode()
     try:
         pid = int((Path(state_dir) / PID_FILE).read_text().strip())
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            return pid if b"kueue" in cmdline.read() else None
+            return pid if config in cmdline.read().split(bytes(1)) else None
     except (OSError, ValueError):
         return None
 
@@ -184,7 +185,7 @@ class KueueProcess:
                  feature_gates: dict[str, bool] | None = None) -> None:
         self.multikueue = multikueue
         self.feature_gates = {"VisibilityOnDemand": False, **(feature_gates or {})}
-        self.state_dir = Path(state_dir)
+        self.state_dir = Path(state_dir).resolve()
         self.kubeconfig = Path(kubeconfig)
         self.kubectl = kubectl
         self.pods_ready_timeout_seconds = pods_ready_timeout_seconds
