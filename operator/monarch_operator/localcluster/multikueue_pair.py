@@ -71,7 +71,7 @@ def start_side(cluster: LocalCluster, kubectl: Kubectl, progress: Progress, *,
         RuntimeError: Kueue failed to start (its log's end in the message), kubectl failed.
     """
     install_crds(kubectl)
-    progress(f"CRD {'monarchjobs.monarch-operator.dev'} installed")
+    progress("CRD monarchjobs.monarch-operator.dev installed")
     started = Side(None, None)
     pid = kueue_mod.running_pid(cluster.state_dir)
     if pid is not None:
