@@ -23,9 +23,9 @@ import yaml
 from monarch_operator.controller.kueue import workload as wl
 from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.spec.spec import JobSpec
-from monarch_operator.localcluster import multikueue
+from monarch_operator.localcluster import multikueue, multikueue_pair
 from monarch_operator.localcluster.cluster import LocalCluster
-from monarch_operator.localcluster.demo import Kubectl, install_crds, start_operator, stop_process
+from monarch_operator.localcluster.demo import Kubectl, stop_process
 from monarch_operator.localcluster.kueue import KueueProcess
 from tests.cluster.helpers import (
     apply_manifest,
@@ -73,38 +73,28 @@ def manager(tmp_path_factory: pytest.TempPathFactory, local_cluster: LocalCluste
     cluster = LocalCluster(tmp_path_factory.mktemp("mk-manager"), nodes=0, node_agent=False,
                            stop_with_owner=True)
     proxy = TcpProxy(int(local_cluster.record()["ports"]["apiserver"]))
-    manager_kueue = None
-    operator = None
+    side = None
     try:
         cluster.up(progress=lambda message: print(f"[manager] {message}", flush=True))
         manager_kubectl = Kubectl(cluster.env())
-        install_crds(manager_kubectl)
-        manager_kueue = KueueProcess(
-            cluster.state_dir, cluster.kubeconfig, manager_kubectl, stop_with_owner=True,
-            multikueue=multikueue.manager_section(WORKER_LOST_TIMEOUT_SECONDS, 10),
-            feature_gates=multikueue.MANAGER_FEATURE_GATES)
-        manager_kueue.up()
-        operator = start_operator(cluster.state_dir, {**cluster.env(), **operator_env(cluster)},
-                                  namespaces=OPERATOR_NAMESPACES, stop_with_owner=True)
+        side = multikueue_pair.start_side(
+            cluster, manager_kubectl, lambda message: print(f"[manager] {message}", flush=True),
+            multikueue_section=multikueue.manager_section(WORKER_LOST_TIMEOUT_SECONDS, 10),
+            feature_gates=multikueue.MANAGER_FEATURE_GATES, operator_env=operator_env(cluster),
+            namespaces=OPERATOR_NAMESPACES, stop_with_owner=True)
         multikueue.connect(manager_kubectl, kubectl, f"https://127.0.0.1:{proxy.port}",
                            local_cluster.state_dir / "pki" / "ca.crt")
-        wait_until(lambda: _active(manager_kubectl), 60, "MultiKueueCluster worker Active")
+        multikueue_pair.wait_worker_active(manager_kubectl, "worker", 60)
         yield Manager(cluster, manager_kubectl, proxy)
     finally:
-        if operator is not None:
-            stop_process(operator)
-        if manager_kueue is not None:
-            manager_kueue.down()
+        if side is not None and side.operator is not None:
+            stop_process(side.operator)
+        if side is not None and side.kueue is not None:
+            side.kueue.down()
         proxy.close()
         cluster.down(quiet=True)
         kubectl("delete", "clusterrolebinding,clusterrole", multikueue.CLUSTER_ROLE,
                 "--ignore-not-found", check=False)
-
-
-def _active(kubectl: Kubectl) -> bool:
-    found = get_json(kubectl, "multikueuecluster", "worker") or {}
-    return any(c["type"] == "Active" and c["status"] == "True"
-               for c in (found.get("status") or {}).get("conditions") or [])
 
 
 def queue_objects(namespace: str, admission_check: str | None) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ Examples::
     monarch-localcluster node down kwok-gpu-1 --partition  # ... but its pods keep running
     monarch-localcluster node up kwok-gpu-1
     monarch-localcluster down            # stop every process it started
+    monarch-localcluster multikueue up   # ... with a MultiKueue manager beside it (docs/kueue.md)
 """
 
 from __future__ import annotations
@@ -85,15 +86,8 @@ def print_status(cluster: LocalCluster) -> int:
     return 0 if running else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
-    parser = argparse.ArgumentParser(prog="monarch-localcluster", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR,
-                        help=f"state directory (default: $MONARCH_LOCALCLUSTER_DIR, else "
-                             f"{DEFAULT_STATE_DIR})")
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start the cluster")
+def _add_up_flags(up: argparse.ArgumentParser) -> None:
+    """The flags of ``up``, also those of ``multikueue up`` (its worker is this cluster)."""
     up.add_argument("--nodes", type=int, default=3, help="kwok nodes (default %(default)s)")
     up.add_argument("--real-nodes", type=int, default=0, metavar="N",
                     help="real nodes instead (kubelet, containerd, kube-proxy, CoreDNS; images "
@@ -103,6 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--images", default="worker", metavar="NAMES",
                     help="with real nodes: images imported into every node, comma separated "
                          "(worker, operator, examples; default %(default)s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    parser = argparse.ArgumentParser(prog="monarch-localcluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR,
+                        help=f"state directory (default: $MONARCH_LOCALCLUSTER_DIR, else "
+                             f"{DEFAULT_STATE_DIR})")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_up_flags(sub.add_parser("up", help="start the cluster"))
     sub.add_parser("down", help="stop the cluster")
     sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH (kubectl, kubectl-monarch)")
     sub.add_parser("status", help="whether the cluster runs (exit 0) or not (exit 1), and where")
@@ -122,6 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     node.add_argument("--no-wait", action="store_true",
                       help="return at once instead of waiting for Ready=Unknown (down) or "
                            "Ready=True without taints (up)")
+    pair = sub.add_parser("multikueue", help="a Kueue MultiKueue pair: this cluster as the "
+                          "worker, a manager without nodes in <dir>/manager",
+                          description=MULTIKUEUE_HELP,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    pair_sub = pair.add_subparsers(dest="action", required=True)
+    pair_up = pair_sub.add_parser("up", help="start (or complete) both clusters, Kueue and "
+                                  "the operator on each, and connect them")
+    _add_up_flags(pair_up)
+    pair_up.add_argument("--namespace", default="team-a",
+                         help="namespace of the LocalQueue user-queue on both (default "
+                              "%(default)s)")
+    pair_sub.add_parser("down", help="stop both clusters")
+    pair_sub.add_parser("status", help="what runs (exit 0: everything, connected)")
     args = parser.parse_args(argv)
     cluster = LocalCluster(args.dir, nodes=getattr(args, "nodes", 3),
                            gpus_per_node=getattr(args, "gpus_per_node", DEFAULT_GPUS_PER_NODE),
@@ -133,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster.down()
     elif args.command == "node":
         return _node(cluster, args)
+    elif args.command == "multikueue":
+        return _multikueue(cluster, args)
     elif args.command == "env":
         if not cluster.is_running():
             print(f"# no local cluster runs in {cluster.state_dir} "
@@ -153,6 +173,44 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no local process ran for pod {args.pod}", file=sys.stderr)
             return 1
         sys.stdout.write(path.read_text(errors="replace"))
+    return 0
+
+
+MULTIKUEUE_HELP = """\
+monarch-localcluster multikueue up      # worker (this cluster) + manager, Kueue, operators, queues
+kubectl --kubeconfig <manager kubeconfig> apply -n team-a -f crds/samples/multikueue.yaml
+monarch-localcluster multikueue status  # what runs; exit 0 when all of it does, connected
+monarch-localcluster multikueue down    # stop both
+"""
+
+
+def _multikueue(cluster: LocalCluster, args: argparse.Namespace) -> int:
+    # Imported here: multikueue_pair uses demo's helpers, and demo imports this module.
+    from monarch_operator.localcluster import multikueue_pair
+
+    def progress(message: str) -> None:
+        print(f"[multikueue] {message}", flush=True)
+
+    if args.action == "up":
+        try:
+            manager = multikueue_pair.up(cluster, args.namespace, progress)
+        except (RuntimeError, TimeoutError) as error:
+            print(f"monarch-localcluster multikueue up: {error}", file=sys.stderr)
+            return 1
+        sample = multikueue_pair.SAMPLE
+        print(f"worker kubeconfig:  {cluster.kubeconfig}\n"
+              f"manager kubeconfig: {manager.kubeconfig}\n"
+              f"submit to the manager:\n"
+              f"  kubectl --kubeconfig {manager.kubeconfig} apply -n {args.namespace} "
+              f"-f {sample}\n"
+              f"  kubectl --kubeconfig {manager.kubeconfig} get monarchjobs -n "
+              f"{args.namespace} -w", flush=True)
+    elif args.action == "down":
+        multikueue_pair.down(cluster, progress)
+    else:
+        ok, lines = multikueue_pair.status(cluster)
+        print("\n".join(lines))
+        return 0 if ok else 1
     return 0
 
 

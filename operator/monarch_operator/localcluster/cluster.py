@@ -34,6 +34,8 @@ from typing import Any
 
 from monarch_operator.localcluster import certs, nodestate
 from monarch_operator.localcluster.binaries import ensure_binaries, ensure_node_binaries
+from monarch_operator.localcluster.kueue import PID_FILE as KUEUE_PID_FILE
+from monarch_operator.localcluster.kueue import running_pid as kueue_running_pid
 from monarch_operator.localcluster.node import configs as node_configs
 from monarch_operator.localcluster.node import network as node_network
 from monarch_operator.localcluster.node import nodes as real_nodes_mod
@@ -253,14 +255,21 @@ class LocalCluster:
                                         node_bin, images_cache())
 
     def down(self, quiet: bool = False) -> None:
-        """Stop every process of the cluster (an operator started for it by the demo or the
-        tests first, then the agent, ..., etcd last) and wait for them."""
+        """Stop every process of the cluster (an operator, then a Kueue, started for it by the
+        demo, the tests or ``monarch-localcluster multikueue up`` first, then the agent, ...,
+        etcd last) and wait for them."""
         pid = self.operator_pid()
         if pid is not None:
             _stop_group(pid)
             if not quiet:
                 print("stopped monarch-operator")
         (self.state_dir / "operator.pid").unlink(missing_ok=True)
+        pid = kueue_running_pid(self.state_dir)
+        if pid is not None:
+            _stop_group(pid)
+            if not quiet:
+                print("stopped kueue")
+        (self.state_dir / KUEUE_PID_FILE).unlink(missing_ok=True)
         self._stop_real_nodes(quiet)
         if not self._record.exists():
             return

@@ -58,6 +58,22 @@ _NAMESPACE_SELECTOR = {"matchExpressions": [{"key": "kubernetes.io/metadata.name
                                              "values": ["kube-system", NAMESPACE]}]}
 # CRDs served at two versions with a conversion webhook (config/components/crd/patches).
 _CONVERTED_CRDS = ("workloads", "localqueues", "clusterqueues", "cohorts", "multikueueclusters")
+# Where KueueProcess records the process's pid in the cluster's state dir, so that another
+# process (``monarch-localcluster down``, ``multikueue up`` run again) finds it.
+PID_FILE = "kueue.pid"
+
+
+def running_pid(state_dir: Path) -> int | None:
+    """The pid of the Kueue a :class:`KueueProcess` started for the cluster in ``state_dir``
+    (``<state_dir>/kueue.pid``) while that process still runs that Kueue; else None (pids are
+    reused: its command line must still name this cluster's ``kueue/config.yaml``)."""
+    config = f"--config={Path(state_dir).resolve() / 'kueue' / 'config.yaml'}".encode()
+    try:
+        pid = int((Path(state_dir) / PID_FILE).read_text().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return pid if config in cmdline.read().split(bytes(1)) else None
+    except (OSError, ValueError):
+        return None
 
 
 def ensure_kueue() -> Path:
@@ -169,7 +185,7 @@ class KueueProcess:
                  feature_gates: dict[str, bool] | None = None) -> None:
         self.multikueue = multikueue
         self.feature_gates = {"VisibilityOnDemand": False, **(feature_gates or {})}
-        self.state_dir = Path(state_dir)
+        self.state_dir = Path(state_dir).resolve()
         self.kubeconfig = Path(kubeconfig)
         self.kubectl = kubectl
         self.pods_ready_timeout_seconds = pods_ready_timeout_seconds
@@ -210,6 +226,7 @@ class KueueProcess:
             webhook_port, health_port, cert_dir, self.pods_ready_timeout_seconds,
             self.multikueue)))
         self.process = self._start(built / "kueue", config_path, cert_dir)
+        (self.state_dir / PID_FILE).write_text(f"{self.process.pid}\n")
         self._wait_ready(f"http://127.0.0.1:{health_port}/readyz", timeout)
         manifests = list(yaml.safe_load_all((built / "webhooks.yaml").read_text()))
         hooks = url_webhooks([m for m in manifests if m], base_url, ca_bundle)
@@ -225,6 +242,7 @@ class KueueProcess:
                      "--ignore-not-found", check=False)
         if self.process is None:
             return
+        (self.state_dir / PID_FILE).unlink(missing_ok=True)
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             try:
