@@ -56,3 +56,28 @@ def test_init_process_group_outside_a_role_proc_says_what_is_missing(monkeypatch
 
     with pytest.raises(RuntimeError, match="RANK.*unset: call it in an actor of a role proc"):
         init_process_group()
+
+
+def test_a_master_port_held_on_another_address_is_not_given(monkeypatch) -> None:
+    # TCPStore listens on every address: a port free on 127.0.0.2 but held on 127.0.0.1 (an
+    # etcd, in the CI run of 2026-12-05) failed rank 0 with EADDRINUSE.
+    from monarch_operator.launcher.programs import distributed
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy = held.getsockname()[1]
+        assert not distributed._free_on_every_address(busy)
+        real_socket = socket.socket
+        offered = iter([busy])
+
+        class FirstOffersTheHeldPort(real_socket):
+            def getsockname(self):  # noqa: ANN202
+                name = super().getsockname()
+                return (name[0], next(offered, name[1]))
+
+        monkeypatch.setattr(distributed.socket, "socket", FirstOffersTheHeldPort)
+        port = free_port("127.0.0.2")
+
+    assert port != busy
+    assert distributed._free_on_every_address(port)

@@ -26,6 +26,7 @@ Imports the standard library only (it runs in every role proc; torch only inside
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import ipaddress
 import os
@@ -135,7 +136,13 @@ def interface_of(address: str) -> str | None:
 
 
 def free_port(address: str, avoid: Collection[int] = ()) -> int:
-    """A TCP port free on this host's ``address`` now, not one of ``avoid``.
+    """A TCP port free on this host's ``address`` now, and free for a bind to every address,
+    not one of ``avoid``: a ``MASTER_PORT``.
+
+    torch.distributed's TCPStore listens on all of the host's addresses, not on ``address``
+    alone; a port the kernel hands out for ``address`` may be held on another one (e.g. by a
+    process on 127.0.0.1), and the store then fails with EADDRINUSE (seen on a loaded CI
+    machine, where an etcd held 127.0.0.1:52555 and rank 0 of 127.0.0.2 was given 52555).
 
     Raises:
         OSError: ``address`` is not this host's, or no such port was found.
@@ -144,9 +151,30 @@ def free_port(address: str, avoid: Collection[int] = ()) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.bind((address, 0))
             port = int(probe.getsockname()[1])
-        if port not in avoid:
+        if port not in avoid and _free_on_every_address(port):
             return port
     raise OSError(f"no free port on {address} outside {sorted(avoid)}")
+
+
+def _free_on_every_address(port: int) -> bool:
+    """Whether ``port`` can be bound on the IPv4 wildcard, and on the IPv6 one where this host
+    has IPv6 (TCPStore tries IPv6 first)."""
+    families = [(socket.AF_INET, "0.0.0.0")]
+    if socket.has_ipv6:
+        families.append((socket.AF_INET6, "::"))
+    for family, wildcard in families:
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this host
+            continue
+        with probe:
+            try:
+                probe.bind((wildcard, port))
+            except OSError as error:
+                if family == socket.AF_INET6 and error.errno == errno.EADDRNOTAVAIL:
+                    continue  # IPv6 off in this namespace
+                return False
+    return True
 
 
 def form_role_groups(

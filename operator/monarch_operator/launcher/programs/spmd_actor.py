@@ -25,7 +25,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -36,6 +35,7 @@ from typing import IO, Any
 import cloudpickle
 from monarch.actor import Actor, current_rank, current_size, endpoint
 
+from monarch_operator.launcher.programs.distributed import free_port
 from monarch_operator.launcher.session.procstacks import flight_recorder_env
 from monarch_operator.launcher.session.rankstacks import ENV_STACKS_DIR, host_dir, wrap_argv
 
@@ -261,10 +261,9 @@ class SpmdRank(Actor):
 
     @endpoint
     async def free_port(self, address: str) -> int:
-        """Return a TCP port free on ``address`` now (the default ``MASTER_PORT``)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((address, 0))
-            return int(probe.getsockname()[1])
+        """Return a TCP port free on ``address`` and on every address now (the default
+        ``MASTER_PORT``; :func:`.distributed.free_port`)."""
+        return free_port(address)
 
     def _prefix(self, rank: int, group_rank: int) -> str:
         if not self._world.prefix_output:
