@@ -148,6 +148,12 @@ def test_audit_events_become_writes_and_lease_writes():
     assert tenure.lease_write(lease_event(2, B, None), NS, LEASE, "chaos-op-").holder is None
     assert tenure.lease_write(lease, "other", LEASE, "chaos-op-") is None
     assert tenure.lease_write(lease_event(2, B, B, code=409), NS, LEASE, "chaos-op-") is None
+    # A create names its object in the body only.
+    created = lease_event(0.5, A, A)
+    created = {**created, "verb": "create", "objectRef": {**created["objectRef"], "name": ""},
+               "responseObject": {**created["responseObject"], "metadata": {"name": LEASE}}}
+    assert tenure.lease_write(created, NS, LEASE, "chaos-op-").holder == A
+    assert tenure.lease_write(created, NS, "another", "chaos-op-") is None
 
 
 def test_the_audit_policy_logs_lease_writes_of_the_lease_group_only(tmp_path):

@@ -41,6 +41,10 @@ USER_PREFIX = "chaos-op-"
 # Audited writes are checked against the Lease's tenures at most this often (seconds), and at
 # the end.
 AUDIT_EVERY_S = 15.0
+# Between two checks, writes received in the last this many seconds before the newest audited
+# event are left to the next check (or the last): their replica's Lease write may be logged
+# just after them (the audit log is in the order requests complete).
+AUDIT_SETTLE_S = 2.0
 # A replica must answer /healthz within this many seconds of its start (a rolling update
 # waits for it, as a Deployment waits for readiness).
 READY_S = 45.0
@@ -314,20 +318,25 @@ class ReplicatedOperator:
         while self.pending and time.monotonic() < deadline:
             self.tick(judge)
             time.sleep(0.5)
-        self.judge_writes(judge)
+        self.judge_writes(judge, final=True)
 
-    def judge_writes(self, judge: Judge) -> None:
+    def judge_writes(self, judge: Judge, final: bool = False) -> None:
         """Read the audit log on from where the last call stopped; judge every write of a
         replica so far against its tenures of the Lease (from the Lease writes so far: a
         replica's acquisition is in the log before any write it makes as the leader) and the
-        replicas' ends."""
+        replicas' ends. Unless ``final``, writes of the last ``AUDIT_SETTLE_S`` before the
+        newest audited one wait for the next check."""
         self._audit_checked = time.monotonic()
         self._read_audit()
         ends = {r.user: (r.ended_at, r.ended_why) for r in self.started
                 if r.ended_at is not None}
         held = tenure.tenures(self.lease_writes, RD)
+        newest = max([w.at for w in self.writes] + [w.at for w in self.lease_writes],
+                     default=0.0)
+        writes = self.writes if final else [w for w in self.writes
+                                            if w.at <= newest - AUDIT_SETTLE_S]
         judge(checks.LEADER_ALONE, "operator replicas",
-              tenure.leader_problems(self.writes, held, ends))
+              tenure.leader_problems(writes, held, ends))
 
     def _read_audit(self) -> None:
         """Add the replicas' writes and the Lease's writes in the audit log from where the last

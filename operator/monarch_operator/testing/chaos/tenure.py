@@ -89,11 +89,13 @@ def lease_write(event: dict[str, Any], namespace: str, name: str,
     """
     ref = event.get("objectRef") or {}
     if (event.get("verb") not in ("create", "update", "patch") or ref.get("resource") != "leases"
-            or ref.get("namespace") != namespace or ref.get("name") != name):
+            or ref.get("namespace") != namespace):
         return None
     code = int((event.get("responseStatus") or {}).get("code") or 0)
     body = event.get("responseObject") or event.get("requestObject")
     if not 200 <= code < 300 or not isinstance(body, dict):
+        return None
+    if (ref.get("name") or (body.get("metadata") or {}).get("name")) != name:
         return None
     identity = (body.get("spec") or {}).get("holderIdentity")
     received = _stamp(event["requestReceivedTimestamp"])
