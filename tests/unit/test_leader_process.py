@@ -213,3 +213,28 @@ def test_sigterm_to_the_leader_sets_kopf_s_stop_flag_in_its_thread(server):
     assert seen == {"main thread": False, "stopped": True}
     assert server.record.holder is None
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_sigterm_as_the_lease_is_won_releases_it_without_starting_kopf(server):
+    """Field case (short chaos soak, 2026-12-05): a replica SIGTERMed 0.2 s after it took the
+    Lease started kopf anyway, with no renewer and no stop flag set; it wrote until its renew
+    deadline and did not exit until SIGKILLed 20 s later."""
+    api = FakeLeaseApi(server)
+    original = api.create
+
+    def create(holder, duration, timeout):
+        record = original(holder, duration, timeout)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled before acquire() returns
+        return record
+
+    api.create = create
+    started: list[bool] = []
+
+    def kopf(stop_flag: threading.Event) -> None:
+        started.append(stop_flag.wait(3 * RD))
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert run.run_elected(election(), kopf, api=api, exit_process=pytest.fail) == 0
+    assert started == []
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert server.record.holder is None

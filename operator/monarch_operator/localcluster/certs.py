@@ -41,10 +41,10 @@ def _pem_cert(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def _name(common_name: str, organization: str | None = None) -> x509.Name:
+def _name(common_name: str, organization: str | tuple[str, ...] | None = None) -> x509.Name:
     attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
-    if organization:
-        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    groups = (organization,) if isinstance(organization, str) else organization or ()
+    attributes += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
     return x509.Name(attributes)
 
 
@@ -149,11 +149,13 @@ def write_pki(directory: Path, server_names: tuple[str, ...] = ()) -> None:
         path.chmod(0o600)
 
 
-def write_client_cert(directory: Path, user: str, organization: str | None = None, *,
+def write_client_cert(directory: Path, user: str,
+                      organization: str | tuple[str, ...] | None = None, *,
                       common_name: str | None = None,
                       server_names: tuple[str, ...] = ()) -> None:
-    """Sign a client certificate for ``user`` (CN) in ``organization`` (O, the Kubernetes group)
-    with the CA that ``write_pki`` wrote there; writes ``<user>.crt`` and ``<user>.key``.
+    """Sign a client certificate for ``user`` (CN) in ``organization`` (O, the Kubernetes group;
+    several O attributes when a tuple: one group each) with the CA that ``write_pki`` wrote
+    there; writes ``<user>.crt`` and ``<user>.key``.
 
     Args:
         common_name: the CN when it differs from the file name ``user`` (a kubelet's

@@ -64,11 +64,17 @@ Progress = Callable[[str], None]
 # user agent, response code), nothing else. Reads are not logged (they are most of the
 # traffic), nor node leases (renewed every few seconds by kwok). Tests read <logs>/audit.log,
 # e.g. to show that the operator writes nothing to a running job while nothing changes (C5).
+# Clients in group AUDIT_LEASES_GROUP (user_kubeconfig(groups=...)) have their writes to Leases
+# logged with bodies (the chaos soak's replicas: who took and gave up the operator's Lease when).
+AUDIT_LEASES_GROUP = "monarch-operator.dev:audit-leases"
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived"],
     "rules": [
+        {"level": "RequestResponse", "userGroups": [AUDIT_LEASES_GROUP],
+         "verbs": ["create", "update", "patch", "delete"],
+         "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]},
         {"level": "None", "resources": [{"group": "coordination.k8s.io",
                                          "resources": ["leases"]}]},
         {"level": "Metadata",
@@ -444,9 +450,10 @@ class LocalCluster:
         return {"KUBECONFIG": str(self.kubeconfig),
                 "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
-    def user_kubeconfig(self, user: str) -> Path:
+    def user_kubeconfig(self, user: str, groups: tuple[str, ...] = ()) -> Path:
         """A kubeconfig for the running cluster whose client certificate names ``user`` (group
-        ``system:masters``), so that this client's requests carry its own name in the audit log.
+        ``system:masters``, and ``groups``: e.g. :data:`AUDIT_LEASES_GROUP`), so that this
+        client's requests carry its own name in the audit log.
 
         Returns:
             ``<state_dir>/kubeconfig-<user>``.
@@ -457,7 +464,7 @@ class LocalCluster:
             raise RuntimeError(f"no local cluster in {self.state_dir}")
         port = json.loads(self._record.read_text())["ports"]["apiserver"]
         pki = self.state_dir / "pki"
-        certs.write_client_cert(pki, user, "system:masters")
+        certs.write_client_cert(pki, user, ("system:masters", *groups))
         path = self.state_dir / f"kubeconfig-{user}"
         self._write_kubeconfig(port, path, pki / f"{user}.crt", pki / f"{user}.key")
         return path

@@ -174,6 +174,10 @@ class Elector:
         """Ask :meth:`acquire` or :meth:`lead` to return at their next wait."""
         self._stopped.set()
 
+    def stop_requested(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stopped.is_set()
+
     def _wait(self, seconds: float) -> bool:
         if self._wait_for is not None:
             return self._wait_for(max(0.0, seconds)) or self._stopped.is_set()

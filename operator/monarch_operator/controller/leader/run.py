@@ -100,15 +100,18 @@ def run_elected(settings: ElectionSettings, run_kopf: Callable[[threading.Event]
             "leader": elector.may_write(), "identity": settings.identity,
             "holder": elector.holder, "lease": f"{settings.namespace}/{settings.name}"})
     kopf_stop = threading.Event()
+    acquired = False
     try:
-        if not elector.acquire():
+        acquired = elector.acquire()
+        if not acquired:
             logger.info("leader election: stopped while standing by")
             return 0
     finally:
         if standby is not None:
             standby.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if not acquired:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     # kopf runs in a thread of its own, where it sets no signal handlers: SIGTERM and SIGINT
     # set its stop flag here. (In the main thread kopf would take them itself, and then wait
     # 5 s for its stop flag's waiter, a task it never cancels: the hand-over would take 5 s.)
@@ -116,6 +119,15 @@ def run_elected(settings: ElectionSettings, run_kopf: Callable[[threading.Event]
         signal.signal(sig, lambda signum, _frame: (
             logger.info("leader election: %s received, stopping the operator",
                         signal.Signals(signum).name), kopf_stop.set()))
+    if elector.stop_requested():
+        # A signal came as the Lease was won (before the handlers above): nothing ran yet.
+        # Without this check kopf would start with no renewer and no stop flag, and write
+        # until the renew deadline, then hang until SIGKILL (short chaos soak, 2026-12-05).
+        logger.info("leader election: stopped as the Lease was won; releasing it")
+        elector.release()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        return 0
     kopf_done = threading.Event()
     lost: list[str] = []
 

@@ -40,10 +40,6 @@ INVARIANTS = (ATTEMPT_CLASS, BUDGETS, ONE_LAUNCHER, NO_SURVIVOR, NO_PHANTOM, FIN
 LEADER_INVARIANTS = frozenset({LEADER_ALONE, LEADER_EXIT})
 # A deposed leader's exit status (controller/leader/run.py EXIT_LOST).
 EXIT_LOST = 3
-# Audited writes: the verbs, and how late (seconds) a write sent before its replica ended
-# may be received (the API server's stamp and our clock readings are on one machine).
-WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-LEADER_SLACK_S = 0.5
 # Classes only an attempt whose launcher started can end with.
 LAUNCHED_CLASSES = frozenset({SUCCEEDED, APPLICATION, INFRASTRUCTURE, SUSPENDED})
 FINAL_PHASES = ("Succeeded", "Failed")
@@ -264,64 +260,3 @@ def epoch(text: Any) -> float | None:
 
 def _clock(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%H:%M:%S")
-
-
-@dataclass(frozen=True)
-class AuditWrite:
-    """One write request of an operator replica as the API server's audit log has it:
-    ``at`` epoch seconds it was received, ``user`` the client certificate's name, ``what``
-    ``verb resource namespace/name``."""
-
-    at: float
-    user: str
-    what: str
-
-
-def audit_write(event: dict[str, Any]) -> AuditWrite | None:
-    """An ``audit.k8s.io/v1`` Event as an :class:`AuditWrite`; None for reads and Leases
-    (the elector's own tries, which are not the operator acting)."""
-    ref = event.get("objectRef") or {}
-    if event.get("verb") not in WRITE_VERBS or ref.get("resource") == "leases":
-        return None
-    at = dt.datetime.fromisoformat(str(event["requestReceivedTimestamp"]).replace("Z", "+00:00"))
-    resource = str(ref.get("resource", "")) + ("/" + ref["subresource"]
-                                               if ref.get("subresource") else "")
-    return AuditWrite(at.timestamp(), str((event.get("user") or {}).get("username")),
-                      f"{event['verb']} {resource} {ref.get('namespace', '')}/"
-                      f"{ref.get('name', '')}")
-
-
-def leader_problems(writes: list[AuditWrite], holders: list[tuple[float, str | None]],
-                    ends: dict[str, tuple[float, str]],
-                    slack: float = LEADER_SLACK_S) -> list[Problem]:
-    """One replica acts at a time: no write of a replica received more than ``slack`` seconds
-    after it ended (``ends``: user -> (epoch, why): SIGKILL, SIGSTOP of a partitioned leader,
-    its exit), nor between two readings of the Lease (``holders``: (epoch, holder user or
-    None)) that both name another holder; a replica no reading names as holder writes
-    nothing.
-
-    Returns:
-        One problem per such write (its user, what and when, and why it may not be).
-    """
-    problems: list[Problem] = []
-    readings = sorted(holders)
-    for write in sorted(writes, key=lambda w: w.at):
-        seen = f"{write.user}: {write.what} at {_clock_ms(write.at)}"
-        end = ends.get(write.user)
-        if end is not None and write.at > end[0] + slack:
-            problems.append((f"no write by {write.user} after its {end[1]} at "
-                             f"{_clock_ms(end[0])}", seen))
-            continue
-        before = [h for at, h in readings if at <= write.at - slack]
-        after = [h for at, h in readings if at >= write.at + slack]
-        if write.user not in {h for _, h in readings}:
-            problems.append((f"no write by {write.user}, which never held the Lease", seen))
-        elif before and after and before[-1] == after[0] and before[-1] not in (None,
-                                                                                write.user):
-            problems.append((f"no write by {write.user} while {before[-1]} held the Lease",
-                             seen))
-    return problems
-
-
-def _clock_ms(seconds: float) -> str:
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%H:%M:%S.%f")[:-3]

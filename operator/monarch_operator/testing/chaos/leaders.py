@@ -1,12 +1,14 @@
 """The operator under test as replicas under leader election (issue 34 item 6): the soak's
 leader faults (the leader killed by SIGKILL or SIGTERM, partitioned by SIGSTOP past its renew
 deadline, the standby killed, a rolling update) and what is judged of them (exit statuses, and
-that one replica acts at a time: :func:`.checks.leader_problems` over the API server's audit
-log and the Lease as the soak read it).
+that one replica acts at a time: :func:`.tenure.leader_problems` over the API server's audit
+log: each replica's writes against its tenures of the Lease, from the Lease's own audited
+writes).
 
 Each replica is a ``monarch-operator --leader-elect`` process with its own identity
 (``r0``, ``r1``, ...) and client certificate (``chaos-op-<identity>``, the user its writes carry
-in the audit log). A replica that ends (killed, stopped, exited) is replaced by a new one, as a
+in the audit log; group ``AUDIT_LEASES_GROUP``, so that its Lease writes are logged with their
+bodies). A replica that ends (killed, stopped, exited) is replaced by a new one, as a
 Deployment's ReplicaSet would.
 """
 
@@ -27,17 +29,22 @@ from pathlib import Path
 
 import kubernetes
 
-from monarch_operator.localcluster.cluster import LocalCluster, free_port
+from monarch_operator.localcluster.cluster import AUDIT_LEASES_GROUP, LocalCluster, free_port
 from monarch_operator.localcluster.orphans import stop_with_parent
-from monarch_operator.testing.chaos import checks, faults
+from monarch_operator.testing.chaos import checks, faults, tenure
 
 LEASE = "monarch-operator"
 # The elector's timings (its defaults, controller-runtime's): lease duration, renew deadline,
 # retry period, seconds.
 LD, RD, RP = 15.0, 10.0, 2.0
 USER_PREFIX = "chaos-op-"
-# Audited writes are checked against the Lease at most this often (seconds), and at the end.
+# Audited writes are checked against the Lease's tenures at most this often (seconds), and at
+# the end.
 AUDIT_EVERY_S = 15.0
+# Between two checks, writes received in the last this many seconds before the newest audited
+# event are left to the next check (or the last): their replica's Lease write may be logged
+# just after them (the audit log is in the order requests complete).
+AUDIT_SETTLE_S = 2.0
 # A replica must answer /healthz within this many seconds of its start (a rolling update
 # waits for it, as a Deployment waits for readiness).
 READY_S = 45.0
@@ -111,7 +118,8 @@ class ReplicatedOperator:
     started: list[Replica] = field(default_factory=list)
     pending: list[Pending] = field(default_factory=list)
     holders: list[tuple[float, str | None]] = field(default_factory=list)
-    writes: list[checks.AuditWrite] = field(default_factory=list)
+    writes: list[tenure.AuditWrite] = field(default_factory=list)
+    lease_writes: list[tenure.LeaseWrite] = field(default_factory=list)
     leader_faults: dict[str, int] = field(default_factory=lambda: dict(faults.LEADER_FAULTS))
 
     def __post_init__(self) -> None:
@@ -136,7 +144,7 @@ class ReplicatedOperator:
     def start_one(self) -> Replica:
         """Start one more replica (a standby unless the Lease is free); returns it."""
         name = f"r{len(self.started)}"
-        kubeconfig = self.cluster.user_kubeconfig(USER_PREFIX + name)
+        kubeconfig = self.cluster.user_kubeconfig(USER_PREFIX + name, (AUDIT_LEASES_GROUP,))
         health = f"http://127.0.0.1:{free_port()}/healthz"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"operator-{name}.log", "ab") as log:
@@ -191,7 +199,8 @@ class ReplicatedOperator:
     # -- the Lease ---------------------------------------------------------------------------
     def holder(self) -> str | None:
         """The Lease's holder as a user name (``chaos-op-<identity>``), None when it has none,
-        does not exist or cannot be read now; each reading is kept for the leader check."""
+        does not exist or cannot be read now; each reading is kept (which replica to fault,
+        and its role; the leader check uses the audited Lease writes instead)."""
         try:
             lease = self._leases.read_namespaced_lease(LEASE, self.lease_namespace,
                                                        _request_timeout=5)
@@ -309,24 +318,32 @@ class ReplicatedOperator:
         while self.pending and time.monotonic() < deadline:
             self.tick(judge)
             time.sleep(0.5)
-        self.judge_writes(judge)
+        self.judge_writes(judge, final=True)
 
-    def judge_writes(self, judge: Judge) -> None:
+    def judge_writes(self, judge: Judge, final: bool = False) -> None:
         """Read the audit log on from where the last call stopped; judge every write of a
-        replica so far against the Lease readings and the replicas' ends."""
+        replica so far against its tenures of the Lease (from the Lease writes so far: a
+        replica's acquisition is in the log before any write it makes as the leader) and the
+        replicas' ends. Unless ``final``, writes of the last ``AUDIT_SETTLE_S`` before the
+        newest audited one wait for the next check."""
         self._audit_checked = time.monotonic()
-        self.writes.extend(self._read_audit())
+        self._read_audit()
         ends = {r.user: (r.ended_at, r.ended_why) for r in self.started
                 if r.ended_at is not None}
+        held = tenure.tenures(self.lease_writes, RD)
+        newest = max([w.at for w in self.writes] + [w.at for w in self.lease_writes],
+                     default=0.0)
+        writes = self.writes if final else [w for w in self.writes
+                                            if w.at <= newest - AUDIT_SETTLE_S]
         judge(checks.LEADER_ALONE, "operator replicas",
-              checks.leader_problems(self.writes, self.holders, ends))
+              tenure.leader_problems(writes, held, ends))
 
-    def _read_audit(self) -> list[checks.AuditWrite]:
-        """The replicas' writes in the audit log from where the last read stopped (at the end
-        of the last whole line)."""
+    def _read_audit(self) -> None:
+        """Add the replicas' writes and the Lease's writes in the audit log from where the last
+        read stopped (at the end of the last whole line)."""
         path = self.cluster.audit_log
         if not path.exists():
-            return []
+            return
         with open(path, "rb") as log:
             if log.seek(0, 2) < self._audit_offset:
                 self._audit_offset = 0  # rotated
@@ -335,12 +352,16 @@ class ReplicatedOperator:
         complete = data.rfind(b"\n") + 1
         self._audit_offset += complete
         needle = f'"username":"{USER_PREFIX}'.encode()
-        found = []
         for line in data[:complete].splitlines():
-            write = checks.audit_write(json.loads(line)) if needle in line else None
+            if needle not in line:
+                continue
+            event = json.loads(line)
+            write = tenure.audit_write(event)
             if write is not None:
-                found.append(write)
-        return found
+                self.writes.append(write)
+            lease = tenure.lease_write(event, self.lease_namespace, LEASE, USER_PREFIX)
+            if lease is not None:
+                self.lease_writes.append(lease)
 
     def _wait(self, condition: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
