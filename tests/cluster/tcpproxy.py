@@ -59,9 +59,15 @@ class TcpProxy:
                 continue
             server.settimeout(None)
             with self._lock:
+                closed = self._closed
                 if self._stalled:  # stall() came while this connection was being made
                     frozen.set()
-                self._connections.append((client, server, frozen))
+                if not closed:
+                    self._connections.append((client, server, frozen))
+            if closed:  # close() ran while this connection was being made: reset_all missed it
+                client.close()
+                server.close()
+                return
             for source, sink in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(source, sink, frozen),
                                  daemon=True).start()

@@ -200,6 +200,8 @@ def test_the_sample_is_dispatched_through_the_queue_the_pair_makes():
 def test_kueue_running_pid_is_only_this_clusters_kueue(tmp_path):
     import subprocess
     import sys
+    import time
+    from pathlib import Path
 
     from monarch_operator.localcluster import kueue
 
@@ -207,6 +209,12 @@ def test_kueue_running_pid_is_only_this_clusters_kueue(tmp_path):
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                                 f"--config={config}"])
     try:
+        # Until the child has exec'd, its command line is still pytest's (no --config): wait.
+        cmdline = Path(f"/proc/{process.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while str(config) not in cmdline.read_bytes().decode(errors="replace"):
+            assert time.monotonic() < deadline, "the child never exec'd"
+            time.sleep(0.05)
         (tmp_path / kueue.PID_FILE).write_text(f"{process.pid}\n")
         assert kueue.running_pid(tmp_path) == process.pid
         other = tmp_path / "other"
