@@ -145,10 +145,10 @@ def test_targets_group_procs_by_host_address_and_leave_lost_hosts_out():
     ranks = {"trainer": [info("trainer", 0, "a", 10), info("trainer", 1, "a", 11),
                          info("trainer", 2, "b", 12)],
              "ref": [info("ref", 0, "a", 20), info("ref", 1, "c", 21)]}
-    addresses = {"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.0.3"}
+    addresses = {"a": "10.244.0.11", "b": "10.244.0.12", "c": "10.244.0.13"}
     targets = jobstacks.proc_targets("run1", ranks, addresses, left_out={"b"})
-    assert list(targets) == ["10.0.0.1", "10.0.0.3"]
-    host, procs = targets["10.0.0.1"]
+    assert list(targets) == ["10.244.0.11", "10.244.0.13"]
+    host, procs = targets["10.244.0.11"]
     assert host == "a" and [(p.role, p.rank, p.pid) for p in procs] == [
         ("trainer", 0, 10), ("trainer", 1, 11), ("ref", 0, 20)]
     assert procs[2].path == "/tmp/monarch-stacks-run1/ref-rank-0.stack"
