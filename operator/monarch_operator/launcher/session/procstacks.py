@@ -137,6 +137,12 @@ def register(path: str) -> str | None:
     return None
 
 
+def _mark(target: ProcTarget) -> tuple[str, str]:
+    """The line that opens a part of ``target``'s output (without its part and role), and its
+    role quoted for the shell."""
+    return f"@@monarch-stacks rank={target.rank} pid={target.pid}", shlex.quote(target.role)
+
+
 def collect_script(targets: Sequence[ProcTarget], wait_s: float = WAIT_S) -> str:
     """The shell script one host runs for ``targets`` (see the module doc); POSIX sh with
     ``kill``, ``readlink``, ``wc`` and ``head``."""
@@ -145,8 +151,7 @@ def collect_script(targets: Sequence[ProcTarget], wait_s: float = WAIT_S) -> str
     for index, target in enumerate(targets):
         path = shlex.quote(target.path)
         base = shlex.quote(target.path.removesuffix(".stack"))
-        mark = f"@@monarch-stacks rank={target.rank} pid={target.pid}"
-        role = shlex.quote(target.role)
+        mark, role = _mark(target)
         lines.append(
             f"s{index}={path}; b{index}={base}\n"
             f"if holds {target.pid} \"$s{index}\"; then\n"
@@ -164,8 +169,7 @@ def collect_script(targets: Sequence[ProcTarget], wait_s: float = WAIT_S) -> str
 done
 [ -n "$pokes" ] && kill $pokes 2>/dev/null""")
     for index, target in enumerate(targets):
-        mark = f"@@monarch-stacks rank={target.rank} pid={target.pid}"
-        role = shlex.quote(target.role)
+        mark, role = _mark(target)
         lines.append(
             f"case \" $live \" in *\" {index} \"*)\n"
             f"  echo \"{mark} part=stack role=\"{role}; head -c {MAX_PART_BYTES} \"$s{index}\""
