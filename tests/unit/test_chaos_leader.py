@@ -43,12 +43,14 @@ def write_event(at: float, user: str, what: str = "c000-launcher") -> dict:
             "stageTimestamp": stamp(at + 0.01)}
 
 
-def judge(events: list[dict], ends: dict | None = None) -> list[tuple[str, str]]:
+def judge(events: list[dict], ends: dict | None = None,
+          resumed: dict | None = None) -> list[tuple[str, str]]:
     """The leader check over audit ``events`` as the soak runs it."""
     leases = [w for e in events if (w := tenure.lease_write(e, NS, LEASE, "chaos-op-"))]
     writes = [w for e in events if (w := tenure.audit_write(e))]
     ends = {user: (BASE + at, why) for user, (at, why) in (ends or {}).items()}
-    return tenure.leader_problems(writes, tenure.tenures(leases, RD), ends)
+    resumed = {user: BASE + at for user, at in (resumed or {}).items()}
+    return tenure.leader_problems(writes, tenure.tenures(leases, RD), ends, resumed=resumed)
 
 
 def renewals(user: str, start: float, end: float) -> list[dict]:
@@ -119,6 +121,26 @@ def test_no_write_after_the_replica_ended_even_within_its_tenure():
     assert len(problems) == 1
     expected, seen = problems[0]
     assert expected == f"no write by {A} after its SIGKILL at 22:01:45.000" and "c001" in seen
+
+
+def test_a_write_received_while_its_replica_was_stopped_was_sent_before_the_stop():
+    # A leads (renewing up to 110) and is SIGSTOPped at 105.0; the API server, paused itself,
+    # reads A's write at 109.0, before A's SIGCONT at 118: A sent it before 105.0, as leader.
+    stopped = {A: (105.0, "SIGSTOP (partitioned)")}
+    events = [*renewals(A, 100, 104), write_event(109.0, A)]
+    assert judge(events, stopped, resumed={A: 118.0}) == []
+    # The same write received after the SIGCONT was sent after it: a write past A's end.
+    late = [*renewals(A, 100, 104), write_event(118.2, A)]
+    assert [p[0] for p in judge(late, stopped, resumed={A: 118.0})] == [
+        f"no write by {A} after its SIGSTOP (partitioned) at 22:01:45.000"]
+    # Not resumed yet (or never stopped): no write after the end at all.
+    assert len(judge(events, stopped)) == 1
+    # Sent before the stop still has to fall in a tenure: B stopped at 105 had none then.
+    other = [*renewals(A, 100, 110), lease_event(90, B, B), lease_event(92, B, None),
+             write_event(108.0, B)]
+    assert [p[0] for p in judge(other, {B: (105.0, "SIGSTOP (partitioned)")},
+                                resumed={B: 112.0})] == [
+        f"no write by {B} while {A} held the Lease"]
 
 
 def test_the_tenures_of_a_lease_its_acquisitions_releases_and_deadlines():

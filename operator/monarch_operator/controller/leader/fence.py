@@ -12,12 +12,22 @@ Two paths carry the operator's writes, and both are wrapped (once per process):
 - the Kubernetes client's ``RESTClientObject.request`` (every pass of the reconcile loop);
 - kopf's ``kopf._cogs.clients.api.request`` (its annotations, status progress, Events).
 
-Reads (GET, and kopf's watch streams) pass: they change nothing. The elector's own client
-(:mod:`.lease`) calls :data:`UNFENCED_REQUEST` directly.
+A write is checked twice: when it is asked for, and again on each try, just before its first
+byte goes out (urllib3's ``HTTPConnection.request``, aiohttp's ``ClientRequest.send``: after
+the connection and its TLS handshake, which on a loaded machine take long enough for a pause
+to fall in between, and on each retry the clients make on their own: kopf retries a write for
+up to a minute after a timeout or a 5xx). A pause can then only fall in the few Python
+statements between the second check and the socket's ``send``. The wire checks apply only
+to writes that went through one of the two wrapped paths (a context variable marks them), so
+the elector's own client (:mod:`.lease`), which calls :data:`UNFENCED_REQUEST` directly, is
+never refused. Reads (GET, and kopf's watch streams) pass: they change nothing. Short chaos
+soak, CI 2026-12-04: a replica resumed 15 s after its SIGSTOP sent a ``create statefulsets``
+whose only check had passed before the pause.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 from collections.abc import Callable
@@ -30,6 +40,10 @@ logger = logging.getLogger("monarch_operator.leader")
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # The client's request as it was before install(): what the elector's own client calls.
 UNFENCED_REQUEST: Callable[..., Any] = rest.RESTClientObject.request
+# Set while one of the operator's fenced writes is under way (in its thread or task): the wire
+# checks apply to those requests only.
+_FENCED_WRITE: contextvars.ContextVar[bool] = contextvars.ContextVar("fenced_write",
+                                                                     default=False)
 
 
 class FencedError(RuntimeError):
@@ -45,8 +59,10 @@ def _refuse(method: str, url: str) -> FencedError:
 def install(may_write: Callable[[], bool]) -> None:
     """Refuse every write of the operator from now on whenever ``may_write()`` is false.
 
-    ``may_write`` is asked on each write request (e.g. :meth:`.Elector.may_write`); a refused
-    request raises :class:`FencedError` in its caller. Installing again replaces the check.
+    ``may_write`` is asked when a write is asked for and again on each of its tries before
+    its first byte is sent (e.g. :meth:`.Elector.may_write`); a refused request raises
+    :class:`FencedError` in its caller (urllib3 and aiohttp close the connection it had).
+    Installing again replaces the check.
     """
     state = _STATE
     state["may_write"] = may_write
@@ -54,11 +70,18 @@ def install(may_write: Callable[[], bool]) -> None:
         return
     state["installed"] = True
 
-    @functools.wraps(UNFENCED_REQUEST)
-    def fenced_request(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+    def check(method: str, url: str) -> None:
         if method.upper() in WRITE_METHODS and not state["may_write"]():
             raise _refuse(method, url)
-        return UNFENCED_REQUEST(self, method, url, *args, **kwargs)
+
+    @functools.wraps(UNFENCED_REQUEST)
+    def fenced_request(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        check(method, url)
+        token = _FENCED_WRITE.set(True)
+        try:
+            return UNFENCED_REQUEST(self, method, url, *args, **kwargs)
+        finally:
+            _FENCED_WRITE.reset(token)
 
     rest.RESTClientObject.request = fenced_request
 
@@ -68,11 +91,41 @@ def install(may_write: Callable[[], bool]) -> None:
 
     @functools.wraps(kopf_request)
     async def fenced_kopf_request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        if method.upper() in WRITE_METHODS and not state["may_write"]():
-            raise _refuse(method, url)
-        return await kopf_request(method, url, *args, **kwargs)
+        check(method, url)
+        token = _FENCED_WRITE.set(True)
+        try:
+            return await kopf_request(method, url, *args, **kwargs)
+        finally:
+            _FENCED_WRITE.reset(token)
 
     api.request = fenced_kopf_request
+    _install_wire_checks(check)
+
+
+def _install_wire_checks(check: Callable[[str, str], None]) -> None:
+    """The second check of a fenced write, on each try, right before it is sent."""
+    import aiohttp
+    from urllib3 import connection
+
+    urllib3_send = _STATE["urllib3_send"] = connection.HTTPConnection.request
+
+    @functools.wraps(urllib3_send)
+    def checked_urllib3_send(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if _FENCED_WRITE.get():
+            check(method, url)
+        return urllib3_send(self, method, url, *args, **kwargs)
+
+    connection.HTTPConnection.request = checked_urllib3_send  # type: ignore[method-assign]
+
+    aiohttp_send = _STATE["aiohttp_send"] = aiohttp.ClientRequest.send
+
+    @functools.wraps(aiohttp_send)
+    async def checked_aiohttp_send(self: Any, conn: Any) -> Any:
+        if _FENCED_WRITE.get():
+            check(str(self.method), str(self.url))
+        return await aiohttp_send(self, conn)
+
+    aiohttp.ClientRequest.send = checked_aiohttp_send  # type: ignore[method-assign]
 
 
 def uninstall() -> None:
@@ -80,9 +133,13 @@ def uninstall() -> None:
     if not _STATE.pop("installed", False):
         return
     rest.RESTClientObject.request = UNFENCED_REQUEST
+    import aiohttp
     from kopf._cogs.clients import api
+    from urllib3 import connection
 
     api.request = _STATE.pop("kopf_request")
+    connection.HTTPConnection.request = _STATE.pop("urllib3_send")  # type: ignore[method-assign]
+    aiohttp.ClientRequest.send = _STATE.pop("aiohttp_send")  # type: ignore[method-assign]
 
 
 _STATE: dict[str, Any] = {}

@@ -64,6 +64,7 @@ class Replica:
     health_url: str
     ended_at: float | None = None
     ended_why: str = ""
+    resumed_at: float | None = None  # epoch just before SIGCONT (a partitioned replica)
 
     @property
     def user(self) -> str:
@@ -285,6 +286,7 @@ class ReplicatedOperator:
                 if len(self.live()) < self.replicas:
                     self.start_one()
             elif due.action == "resume" and due.replica is not None:
+                due.replica.resumed_at = time.time()
                 os.kill(due.replica.process.pid, signal.SIGCONT)
                 self.pending.append(Pending(now + EXIT_AFTER_RESUME_S, "exited", due.replica))
             elif due.action == "exited" and due.replica is not None:
@@ -330,13 +332,14 @@ class ReplicatedOperator:
         self._read_audit()
         ends = {r.user: (r.ended_at, r.ended_why) for r in self.started
                 if r.ended_at is not None}
+        resumed = {r.user: r.resumed_at for r in self.started if r.resumed_at is not None}
         held = tenure.tenures(self.lease_writes, RD)
         newest = max([w.at for w in self.writes] + [w.at for w in self.lease_writes],
                      default=0.0)
         writes = self.writes if final else [w for w in self.writes
                                             if w.at <= newest - AUDIT_SETTLE_S]
         judge(checks.LEADER_ALONE, "operator replicas",
-              tenure.leader_problems(writes, held, ends))
+              tenure.leader_problems(writes, held, ends, resumed=resumed))
 
     def _read_audit(self) -> None:
         """Add the replicas' writes and the Lease's writes in the audit log from where the last

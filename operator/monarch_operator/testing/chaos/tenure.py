@@ -136,11 +136,17 @@ def tenures(writes: list[LeaseWrite], renew_deadline: float) -> list[Tenure]:
 
 def leader_problems(writes: list[AuditWrite], held: list[Tenure],
                     ends: dict[str, tuple[float, str]],
-                    slack: float = LEADER_SLACK_S) -> list[Problem]:
+                    slack: float = LEADER_SLACK_S,
+                    resumed: dict[str, float] | None = None) -> list[Problem]:
     """One replica acts at a time: each write of a replica is received within one of its
     tenures (``held``, from :func:`tenures`: no earlier than the acquiring write, at most
     ``slack`` seconds after its end), and at most ``slack`` seconds after the replica ended
     (``ends``: user -> (epoch, why): SIGKILL, SIGSTOP of a partitioned leader, its exit).
+
+    ``resumed``: user -> epoch just before a stopped (SIGSTOP) replica was sent SIGCONT. A write
+    received between its stop and then was sent before the stop (a stopped process sends
+    nothing; the API server read it late, e.g. while paused itself): it is judged as sent at
+    the stop. A write received after the SIGCONT is a write after the replica's end.
 
     Returns:
         One problem per such write (its user, what and when, and why it may not be).
@@ -149,18 +155,22 @@ def leader_problems(writes: list[AuditWrite], held: list[Tenure],
     for write in sorted(writes, key=lambda w: w.at):
         seen = f"{write.user}: {write.what} at {_clock_ms(write.at)}"
         end = ends.get(write.user)
+        sent = write.at
         if end is not None and write.at > end[0] + slack:
-            problems.append((f"no write by {write.user} after its {end[1]} at "
-                             f"{_clock_ms(end[0])}", seen))
-            continue
+            resume = (resumed or {}).get(write.user)
+            if resume is None or write.at >= resume:
+                problems.append((f"no write by {write.user} after its {end[1]} at "
+                                 f"{_clock_ms(end[0])}", seen))
+                continue
+            sent = end[0]
         mine = [t for t in held if t.user == write.user]
-        if any(t.start <= write.at <= t.end + slack for t in mine):
+        if any(t.start <= sent <= t.end + slack for t in mine):
             continue
         if not mine:
             problems.append((f"no write by {write.user}, which never held the Lease", seen))
             continue
-        other = next((t for t in held if t.start <= write.at <= t.end), None)
-        after = [t for t in mine if t.end < write.at]
+        other = next((t for t in held if t.start <= sent <= t.end), None)
+        after = [t for t in mine if t.end < sent]
         if other is not None:
             problems.append((f"no write by {write.user} while {other.user} held the Lease",
                              seen))
