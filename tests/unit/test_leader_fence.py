@@ -69,7 +69,8 @@ def leader_for(checks: int) -> list[int]:
     return made
 
 
-def test_a_write_allowed_when_asked_but_not_when_sent_never_reaches_the_server(api_server):
+def test_a_write_allowed_when_asked_but_not_when_sent_never_reaches_the_server(api_server,
+                                                                             caplog):
     url, seen, _ = api_server
     made = leader_for(1)  # the check when asked passes; leadership ends while it connects
     api = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(
@@ -77,6 +78,7 @@ def test_a_write_allowed_when_asked_but_not_when_sent_never_reaches_the_server(a
     with pytest.raises(fence.FencedError):
         api.create_namespaced_config_map("ns", {"metadata": {"name": "x"}}, _request_timeout=5)
     assert seen == [] and made[0] == 2
+    assert "refused POST" in caplog.text and "before sending" in caplog.text
     # Reads are never checked; writes of a leader pass both checks.
     api.read_namespaced_config_map("x", "ns", _request_timeout=5)
     fence.install(lambda: True)

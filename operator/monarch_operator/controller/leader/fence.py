@@ -50,9 +50,9 @@ class FencedError(RuntimeError):
     """A write refused because this replica may no longer write (not the leader any more)."""
 
 
-def _refuse(method: str, url: str) -> FencedError:
-    logger.error("leader election: refused %s %s: this replica is not the leader any more",
-                 method.upper(), url)
+def _refuse(method: str, url: str, stage: str) -> FencedError:
+    logger.error("leader election: refused %s %s %s: this replica is not the leader any more",
+                 method.upper(), url, stage)
     return FencedError(f"{method.upper()} {url} refused: not the leader (leader election)")
 
 
@@ -70,9 +70,9 @@ def install(may_write: Callable[[], bool]) -> None:
         return
     state["installed"] = True
 
-    def check(method: str, url: str) -> None:
+    def check(method: str, url: str, stage: str = "when asked") -> None:
         if method.upper() in WRITE_METHODS and not state["may_write"]():
-            raise _refuse(method, url)
+            raise _refuse(method, url, stage)
 
     @functools.wraps(UNFENCED_REQUEST)
     def fenced_request(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
@@ -102,7 +102,7 @@ def install(may_write: Callable[[], bool]) -> None:
     _install_wire_checks(check)
 
 
-def _install_wire_checks(check: Callable[[str, str], None]) -> None:
+def _install_wire_checks(check: Callable[[str, str, str], None]) -> None:
     """The second check of a fenced write, on each try, right before it is sent."""
     import aiohttp
     from urllib3 import connection
@@ -112,7 +112,7 @@ def _install_wire_checks(check: Callable[[str, str], None]) -> None:
     @functools.wraps(urllib3_send)
     def checked_urllib3_send(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         if _FENCED_WRITE.get():
-            check(method, url)
+            check(method, url, "before sending")
         return urllib3_send(self, method, url, *args, **kwargs)
 
     connection.HTTPConnection.request = checked_urllib3_send  # type: ignore[method-assign]
@@ -122,7 +122,7 @@ def _install_wire_checks(check: Callable[[str, str], None]) -> None:
     @functools.wraps(aiohttp_send)
     async def checked_aiohttp_send(self: Any, conn: Any) -> Any:
         if _FENCED_WRITE.get():
-            check(str(self.method), str(self.url))
+            check(str(self.method), str(self.url), "before sending")
         return await aiohttp_send(self, conn)
 
     aiohttp.ClientRequest.send = checked_aiohttp_send  # type: ignore[method-assign]
