@@ -42,7 +42,7 @@ from monarch_operator.launcher.options import UsageError, build_job_parser
 from monarch_operator.launcher.programs import jobstacks
 from monarch_operator.launcher.programs.distributed import RoleGroup, form_role_groups
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.session import earlyimport, waiting
+from monarch_operator.launcher.session import waiting
 from monarch_operator.launcher.session.causes import monarch_loss
 from monarch_operator.launcher.session.exitrecords import ExitRecord, collect
 from monarch_operator.launcher.session.lifecycle import (
@@ -58,9 +58,6 @@ from monarch_operator.launcher.session.procenv import set_environment
 
 # Modules every role proc imports (pre-flight ``ImportFailed`` names a host that lacks them).
 JOB_MODULES = ("monarch", "monarch_operator.launcher.programs.rankside")
-# What the launcher itself imports for a job once the pre-flight passed (its rank probe): imported
-# during the pre-flight (:mod:`.earlyimport`).
-JOB_IMPORTS = ("monarch_operator.launcher.programs.rankside",)
 # Label of the per-host proc dimension (Monarch's SPMD helpers read the last label as local rank).
 _PROCS_LABEL = "gpus"
 # Limit for identifying the ranks after their procs started, seconds.
@@ -316,7 +313,6 @@ class Job:
             stack.callback(install_termination_handlers())
             self.report_plan()
             hosts = [host for mesh in self.plan.meshes for host in mesh.hosts]
-            earlyimport.start(JOB_IMPORTS)  # overlaps the pre-flight's ssh rounds
             self.addresses = check_hosts(self.session, hosts, self.reporter)
             self.reporter.progress(f"pre-flight ok on {len(self.addresses)} hosts")
             install_fault_hook(self.recorder)

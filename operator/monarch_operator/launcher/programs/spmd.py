@@ -39,7 +39,7 @@ from monarch_operator.launcher.hosts.placement import is_loopback_name
 from monarch_operator.launcher.hosts.sources import resolve_host_source
 from monarch_operator.launcher.programs import spmdstacks
 from monarch_operator.launcher.report import Reporter
-from monarch_operator.launcher.session import earlyimport, waiting
+from monarch_operator.launcher.session import waiting
 from monarch_operator.launcher.session.causes import monarch_loss
 from monarch_operator.launcher.session.lifecycle import (
     FaultRecorder,
@@ -354,7 +354,6 @@ class SpmdLauncher:
         if self._stack is not None:
             return
         names = [host.name for host in self.hosts]
-        earlyimport.start(["monarch_operator.launcher.programs.spmd_actor"])  # beside pre-flight
         addresses = check_hosts(self.session, names, self.reporter)
         self.reporter.progress(f"pre-flight ok on {len(addresses)} hosts")
         install_fault_hook(self.recorder)  # before the first Monarch import (its log settings)
