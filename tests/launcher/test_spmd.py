@@ -442,6 +442,26 @@ def test_json_output_reports_plan_progress_and_the_failing_rank(
     assert result["failures"][1]["exit_code"] in (5, 143)
 
 
+def wait_for_rank_stack_taker(script: str, rank: int, timeout_s: float = 60.0) -> None:
+    """Wait until the rank ``rank`` running ``script`` has written its pid file in its stacks
+    folder (:mod:`launcher.session.rankstacks`: the bootstrap writes it once SIGUSR2 dumps its
+    stack); AssertionError after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid, _ in processes_mentioning(script):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            env = dict(item.decode(errors="replace").partition("=")[::2] for item in environ)
+            folder = env.get("MONARCH_STACKS_DIR")
+            if env.get("RANK") == str(rank) and folder and Path(
+                    folder, f"rank-{rank}.pid").exists():
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank} of {script} did not start within {timeout_s}s")
+
+
 def test_worker_lost_mid_run_fails_the_ranks_of_that_host(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
@@ -449,6 +469,10 @@ def test_worker_lost_mid_run_fails_the_ranks_of_that_host(
     script = copy_script(tmp_path, "exit_with.py")
 
     def kill_worker_on_b() -> None:
+        # "2 ranks ready" means the rank actors are up; their scripts may still be starting.
+        # Wait until rank 0 (on the host that stays) has registered its stack taker, or the
+        # stacks taken after the loss truthfully find "no rank running" there.
+        wait_for_rank_stack_taker(str(script), rank=0)
         for pid, args in processes_mentioning(f"tcp://{b}:{monarch_port}"):
             # The worker itself: not the launcher's ssh client, not the session guard above it.
             worker = "run_worker_loop_forever" in args and "monarch-session-guard" not in args
