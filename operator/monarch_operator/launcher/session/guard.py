@@ -13,7 +13,14 @@ hangup for the worker when the launcher's ssh client goes away, the guard does i
   keepalives went unanswered (``ClientAliveInterval``; see :mod:`launcher.session.ssh`);
 - it then sends SIGTERM to the worker, its process group and every descendant it has at that
   moment (Monarch's procs and the processes they started, the ranks, each in a group of its
-  own), waits up to ``grace`` seconds and sends SIGKILL to whichever is left;
+  own), waits up to ``grace`` seconds and sends SIGKILL to whichever is left. Each process
+  found at the hangup is pinned (a pidfd where Python and the kernel have them, its start time
+  otherwise), and its group is signalled only while one of its members is still there: the
+  SIGKILL never reaches a process that took the pid of one that ended meanwhile. (Until
+  2026-12-05 it was sent by pid: in CI, where the loopback hosts start ~160 processes a second
+  and ``pid_max`` 32768 wraps every few minutes, a session closing at the end of one run killed
+  a worker of the next run that had taken a pid of its ended rank: "the worker on 127.0.0.7
+  exited (ssh exit status 137)");
 - when the worker ends first, the guard exits with the worker's status (``128 + N`` when it was
   killed by signal N), so ssh reports it.
 
@@ -53,36 +60,63 @@ if worker == 0:
     os._exit(127)
 ended = threading.Event()
 hung_up = threading.Event()
-def children():
-    found = {}
+def stat_of(pid):
+    with open("/proc/%d/stat" % pid) as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+def scan():
+    starts, children, group = {}, {}, []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open("/proc/%s/stat" % entry) as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-                found.setdefault(int(fields[1]), []).append(int(entry))
+                fields = stat_of(int(entry))
+                starts[int(entry)] = fields[19]
+                children.setdefault(int(fields[1]), []).append(int(entry))
+                if int(fields[2]) == worker:
+                    group.append(int(entry))
             except (OSError, ValueError, IndexError):
                 pass
-    return found
-def tree(root):
-    by_parent, found, todo = children(), [], [root]
+    return starts, children, group
+def pin(pid, start):
+    handle = None
+    try:
+        handle = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pass
+    entry = (pid, start, handle)
+    if not alive(entry):
+        if handle is not None:
+            os.close(handle)
+        return None
+    return entry
+def pinned_tree():
+    starts, children, group = scan()
+    found, todo = {}, [worker] + group
     while todo:
         pid = todo.pop()
-        found.append(pid)
-        todo.extend(by_parent.get(pid, ()))
-    return found
-def alive(pid):
-    if pid == worker:
-        return not ended.is_set()
+        if pid not in found and pid in starts:
+            found[pid] = pin(pid, starts[pid])
+            todo.extend(children.get(pid, ()))
+    return [entry for entry in found.values() if entry is not None]
+def alive(entry, in_group=False):
     try:
-        with open("/proc/%d/stat" % pid) as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
+        fields = stat_of(entry[0])
+        return (fields[19] == entry[1] and fields[0] not in ("Z", "X")
+                and (not in_group or int(fields[2]) == worker))
+    except (OSError, ValueError, IndexError):
         return False
-def send(pids, number):
-    for pid in pids:
+def send(entries, number):
+    for entry in entries:
         try:
-            os.kill(pid, number)
+            if entry[2] is not None:
+                signal.pidfd_send_signal(entry[2], number)
+            elif alive(entry):
+                os.kill(entry[0], number)
+        except OSError:
+            pass
+def signal_group(entries, number):
+    if any(alive(entry, in_group=True) for entry in entries):
+        try:
+            os.killpg(worker, number)
         except OSError:
             pass
 def hang_up():
@@ -95,20 +129,15 @@ def hang_up():
         except OSError:
             break
     hung_up.set()
-    pids = tree(worker)
-    try:
-        os.killpg(worker, signal.SIGTERM)
-    except OSError:
-        pass
-    send(pids, signal.SIGTERM)
+    entries = pinned_tree()
+    signal_group(entries, signal.SIGTERM)
+    send(entries, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+    while time.monotonic() < deadline and any(alive(entry) for entry in entries):
         time.sleep(0.05)
-    try:
-        os.killpg(worker, signal.SIGKILL)
-    except OSError:
-        pass
-    send([pid for pid in pids if alive(pid)], signal.SIGKILL)
+    left = [entry for entry in entries if alive(entry)]
+    signal_group(left, signal.SIGKILL)
+    send(left, signal.SIGKILL)
     os._exit(129)
 watcher = threading.Thread(target=hang_up, daemon=True)
 watcher.start()
