@@ -272,11 +272,30 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _kill(pid: int) -> None:
+def _pin(pid: int) -> int | None:
+    """A pidfd of ``pid`` while it is alive (not a zombie), else None. Signals go through it:
+    a recorded pid whose process ended may have been taken by another process since (on a
+    loaded machine ``pid_max`` 32768 wraps in minutes), which a signal by pid would hit."""
     try:
-        os.kill(pid, signal.SIGKILL)
+        handle = os.pidfd_open(pid)
+    except OSError:
+        return None
+    if not _alive(pid):  # checked after the pidfd pins it: the same process, or none
+        os.close(handle)
+        return None
+    return handle
+
+
+def _kill(pid: int) -> None:
+    handle = _pin(pid)
+    if handle is None:
+        return
+    try:
+        signal.pidfd_send_signal(handle, signal.SIGKILL)
     except ProcessLookupError:
         return
+    finally:
+        os.close(handle)
     try:
         os.waitpid(pid, 0)
     except ChildProcessError:
@@ -313,26 +332,47 @@ def stop_node(name: str, known: object = (), keep: set[int] | None = None) -> No
     repeatedly until none is left (a shim may start a process while others die); then, when
     nothing is kept, remove its cgroups deepest first."""
     deadline = time.monotonic() + 20
-    while True:
-        pids = processes_of(name) | {int(p) for p in known if _alive(int(p))}  # type: ignore[attr-defined]
-        pids -= keep or set()
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in pids:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"node {name}: processes {sorted(pids)} survive SIGKILL")
-        time.sleep(0.1)
+    # The known pids are pinned once (pidfds): by the next round a process that ended may have
+    # left its pid to an unrelated one. The node's own are found by membership each round.
+    pinned = {int(p): h for p in known  # type: ignore[attr-defined]
+              if int(p) not in (keep or set()) and (h := _pin(int(p))) is not None}
+    try:
+        while True:
+            pids = processes_of(name) - (keep or set()) - set(pinned)
+            for pid, handle in list(pinned.items()):
+                try:
+                    signal.pidfd_send_signal(handle, 0)  # raises once it was reaped
+                    if not _alive(pid):  # not reaped: the pid is still its own; a zombie?
+                        raise ProcessLookupError
+                    signal.pidfd_send_signal(handle, signal.SIGKILL)
+                except ProcessLookupError:
+                    os.close(pinned.pop(pid))
+            if not pids and not pinned:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _reap_round(pids | set(pinned))
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {name}: processes {sorted(pids | set(pinned))} "
+                                   "survive SIGKILL")
+            time.sleep(0.1)
+    finally:
+        for handle in pinned.values():
+            os.close(handle)
     if not keep:
         remove_cgroups(name)
+
+
+def _reap_round(pids: set[int]) -> None:
+    """Reap those of ``pids`` that are this process's ended children."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
 
 def remove_cgroups(name: str) -> None:
