@@ -14,6 +14,9 @@ start) until ``running`` ends. Then, one try after another, alternating:
   standby takes the Lease once it expires. The killed pod is then deleted so that the
   Deployment gives a fresh standby (a container killed again and again would wait out the
   kubelet's growing restart back-off).
+- ``sigterm``: the leading pod's operator process gets SIGTERM on this machine, as the
+  kubelet sends it: the hand-over itself (kopf stops, the Lease is released, the standby's
+  watch sees it), without the kubelet's own reaction time; the pod is then deleted, as above.
 - ``delete``: ``kubectl delete pod`` (SIGTERM and the grace period, as a rolling update or a
   drain does): the leader releases the Lease on its way out.
 
@@ -55,7 +58,7 @@ SAMPLE = ROOT / "examples" / "rl_kl" / "monarchjob.yaml"
 NAMESPACE = "chart-failover"
 RELEASE = "mo"
 FULLNAME = f"{RELEASE}-monarch-operator"  # the chart's Deployment and Lease
-MODES = ("sigkill", "delete")
+MODES = ("sigkill", "sigterm", "delete")
 POLL_S = 0.1
 # Seconds a try may take to fail over before it counts as failed (the Lease lasts 15 s).
 FAILOVER_LIMIT_S = 60.0
@@ -135,10 +138,10 @@ def one_try(kubectl: Kubectl, leases: client.CoordinationV1Api, mode: str) -> di
         and holder_pod(leases) in found and found), 180)
     leader = holder_pod(leases)
     (standby,) = set(pods) - {leader}
-    if mode == "sigkill":
+    if mode in ("sigkill", "sigterm"):
         pid = operator_pid(leader)
         started = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL if mode == "sigkill" else signal.SIGTERM)
     else:
         started = time.monotonic()
         # In the background: the Lease is read meanwhile, not after kubectl's own start-up.
@@ -146,7 +149,7 @@ def one_try(kubectl: Kubectl, leases: client.CoordinationV1Api, mode: str) -> di
                          env=kubectl.env, stdout=subprocess.DEVNULL)
     wait_until(f"{standby} leading", lambda: holder_pod(leases) == standby, FAILOVER_LIMIT_S)
     seconds = time.monotonic() - started
-    if mode == "sigkill":  # a fresh standby instead of a restart back-off
+    if mode != "delete":  # a fresh standby instead of a restart back-off
         kubectl("delete", "pod", leader, "-n", NAMESPACE, "--grace-period=0", "--force",
                 "--wait=false")
     return {"mode": mode, "seconds": round(seconds, 2), "from": leader, "to": standby}
@@ -178,11 +181,17 @@ def job_outcome(kubectl: Kubectl, name: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tries", type=int, default=10, help="tries of each mode (default 10)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"which ways to end the leader, comma-separated (default "
+                             f"{','.join(MODES)})")
     parser.add_argument("--state-dir", type=Path, default=Path("/tmp/monarch-bench-failover"))
     parser.add_argument("--json", type=Path, help="write the results here, not to stdout")
     args = parser.parse_args(argv)
     if args.tries < 1:
         parser.error("--tries must be at least 1")
+    modes = [mode for mode in args.modes.split(",") if mode]
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes: each of {', '.join(MODES)}, not {args.modes!r}")
 
     def note(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -202,12 +211,12 @@ def main(argv: list[str] | None = None) -> int:
              "--timeout=300s", "--set", f"watchNamespaces={{{NAMESPACE}}}")
         config.load_kube_config(str(cluster.kubeconfig))
         leases = client.CoordinationV1Api()
-        steps = int(TRY_ESTIMATE_S * args.tries * len(MODES)) + 60
+        steps = int(TRY_ESTIMATE_S * args.tries * len(modes)) + 60
         for job in (sample_job("running", steps), sample_job("gated", 3)):
             kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=json.dumps(job))
         wait_for_phase(kubectl, NAMESPACE, "running", ("Running",), timeout=600, progress=note)
         for number in range(args.tries):
-            for mode in MODES:
+            for mode in modes:
                 tried = one_try(kubectl, leases, mode)
                 note(f"try {number + 1}/{args.tries} {mode}: {tried['from']} -> "
                      f"{tried['to']} in {tried['seconds']:.1f}s")
