@@ -17,6 +17,8 @@ import pytest
 import yaml
 
 from monarch_operator.localcluster.demo import launcher_log, wait_for_phase
+from tests.cluster.helpers import job_status, wait_until
+from tests.cluster.test_kubectl_plugin import plugin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -28,6 +30,7 @@ PLACEMENT = re.compile(
 )
 STEP = re.compile(r"^step (?P<step>\d+)/\d+ loss=(?P<loss>\S+) kl=(?P<kl>\S+)$", re.MULTILINE)
 TIMEOUT_S = 420
+STEP_SECONDS = 10  # rl_kl's --step-seconds where a run must still be going after step 1
 
 
 def sample(path: str, name: str, **launcher: Any) -> dict[str, Any]:
@@ -55,11 +58,26 @@ def failed_message(job: dict[str, Any]) -> str:
 
 
 def test_user_program_with_separate_roles_succeeds(kubectl, namespace, local_cluster):
-    job, log = run_job(
-        kubectl, namespace, sample("rl_kl/monarchjob.yaml", "rl-kl"), local_cluster.state_dir
-    )
+    """The rl_kl sample with 10 s steps; after step 1, ``kubectl monarch stacks`` (issue 35
+    item 4: SIGUSR1 to the launcher through the real kubelet's exec, the launcher's ssh to every
+    worker pod) prints every rank of both roles, and the job goes on to Succeeded."""
+    body = sample("rl_kl/monarchjob.yaml", "rl-kl")
+    body["spec"]["launcher"]["args"] += ["--step-seconds", str(STEP_SECONDS)]
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(body))
+    wait_until(lambda: (job_status(kubectl, namespace, "rl-kl").get("progress") or {}).get(
+        "step", 0) >= 1, TIMEOUT_S, "rl-kl at step 1")
 
+    asked = plugin(local_cluster, "stacks", "rl-kl", "-n", namespace, "--wait", "25")
+
+    job = wait_for_phase(kubectl, namespace, "rl-kl", ("Succeeded", "Failed"), timeout=TIMEOUT_S)
+    log = launcher_log(kubectl, local_cluster.state_dir, namespace, "rl-kl")
+    assert asked.returncode == 0, (asked.stdout, asked.stderr)
+    for role, ranks, hosts in (("trainer", 4, "rl-kl-worker-[01]"), ("ref", 2, "rl-kl-worker-2")):
+        for rank in range(ranks):
+            assert re.search(rf"\b{role} rank {rank} on {hosts}\S*: ", asked.stdout), (
+                asked.stdout)
     assert job["status"]["phase"] == "Succeeded", log[-4000:]
+    assert len(job["status"].get("attempts", [])) == 1, job["status"]  # nothing was stopped
     trainer_hosts = {host for host, _ in placements(log, "trainer")}
     assert trainer_hosts == {"rl-kl-worker-0", "rl-kl-worker-1"}, log[-4000:]
     assert {host for host, _ in placements(log, "ref")} == {"rl-kl-worker-2"}, log[-4000:]
@@ -135,7 +153,8 @@ def test_an_uncaught_raise_fails_the_job_naming_role_rank_host(kubectl, namespac
 
 
 def test_a_rank_exiting_3_fails_the_job_with_exit_code_3(kubectl, namespace, local_cluster):
-    body = sample("rl_kl/monarchjob.yaml", "exit3", args=["--exit-at-step", "2", "--exit-code", "3"])
+    body = sample("rl_kl/monarchjob.yaml", "exit3",
+                  args=["--exit-at-step", "2", "--exit-code", "3"])
 
     job, log = run_job(kubectl, namespace, body, local_cluster.state_dir)
 
