@@ -114,6 +114,11 @@ class OperatorProcess:
 @pytest.fixture(scope="session")
 def operator_process(local_cluster: LocalCluster, kubectl: Kubectl) -> Iterator[OperatorProcess]:
     """The CRDs installed and ``monarch-operator`` running (restartable by tests)."""
+    yield from run_operator(local_cluster, kubectl)
+
+
+def run_operator(local_cluster: LocalCluster, kubectl: Kubectl) -> Iterator[OperatorProcess]:
+    """Install the CRDs, start the operator, yield its handle, stop it (a fixture's body)."""
     install_crds(kubectl)
     handle = OperatorProcess(local_cluster)
     handle.start()

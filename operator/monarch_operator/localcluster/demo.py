@@ -19,6 +19,7 @@ from typing import Any
 from monarch_operator import constants
 from monarch_operator.localcluster.cli import DEFAULT_STATE_DIR, pod_log_path
 from monarch_operator.localcluster.cluster import LocalCluster
+from monarch_operator.localcluster.kubeget import InProcessGet
 from monarch_operator.localcluster.orphans import stop_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -34,17 +35,30 @@ KEPT_IMAGES = ("worker", "examples")
 
 
 class Kubectl:
-    """kubectl against one kubeconfig; every call raises with stderr on failure."""
+    """kubectl against one kubeconfig; every call raises with stderr on failure.
+
+    A plain ``get ... -o json`` (what every wait polls) is answered in this process by the
+    Python client instead of a kubectl run (:mod:`monarch_operator.localcluster.kubeget`),
+    with the same output and exit status.
+    """
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = {**os.environ, **env}
+        kubeconfig = self.env.get("KUBECONFIG", "")
+        self._get = InProcessGet(kubeconfig) if kubeconfig and os.pathsep not in kubeconfig \
+            else None
 
     def __call__(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        result = subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True,
-                                env=self.env, check=False)
-        if check and result.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
-        return result.stdout
+        answered = self._get.answer(args) if self._get is not None and stdin is None else None
+        if answered is not None:
+            returncode, stdout, stderr = answered
+        else:
+            result = subprocess.run(["kubectl", *args], input=stdin, capture_output=True,
+                                    text=True, env=self.env, check=False)
+            returncode, stdout, stderr = result.returncode, result.stdout, result.stderr
+        if check and returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {stderr.strip()}")
+        return stdout
 
     def json(self, *args: str) -> Any:
         return json.loads(self("get", *args, "-o", "json"))
