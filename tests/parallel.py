@@ -20,7 +20,9 @@
 - **Priority.** Two cores are saturated by four workers, and the real-node unit is the longest
   chain (35 of 39 minutes in the first parallel run). Workers run at nice :data:`WORKER_NICE`;
   the real-node cluster's fixture puts its worker back to 0 (:func:`unnice`), so the nodes,
-  their pods and that worker get the larger share and the other units fill the rest.
+  their pods and that worker get the larger share and the other units fill the rest. That
+  fixture is the ``tests/e2e`` package's: the cluster goes, and its worker back to
+  :data:`WORKER_NICE` (:func:`renice`), as soon as the folder's last test is done.
 
 Whether run in parallel or not, the end of the run prints a phase table: the set-up's seconds
 (``MONARCH_SETUP_SECONDS``, from ``scripts/test.sh``), then per test folder the tests run, the
@@ -74,6 +76,13 @@ def unnice() -> None:
         os.setpriority(os.PRIO_PROCESS, 0, 0)
     except PermissionError:
         pass
+
+
+def renice() -> None:
+    """Put a pytest-xdist worker back to :data:`WORKER_NICE` once its real nodes are gone (the
+    real-node fixture's teardown), so that it no longer comes before the other workers."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.nice(max(0, WORKER_NICE - os.getpriority(os.PRIO_PROCESS, 0)))
 
 
 def worker_pod_cidr(worker: str) -> str:

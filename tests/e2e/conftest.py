@@ -30,7 +30,7 @@ from tests.conftest import (  # noqa: F401  (fixtures re-registered for this clu
     run_cluster,
     run_operator,
 )
-from tests.parallel import unnice
+from tests.parallel import renice, unnice
 
 REAL_NODES = 2
 GPUS_PER_NODE = 4
@@ -43,7 +43,10 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     unnice()  # the longest chain of a parallel run (tests/parallel.py)
     cluster = LocalCluster(tmp_path_factory.mktemp("realcluster"), real_nodes=REAL_NODES,
                            gpus_per_node=GPUS_PER_NODE, images=IMAGES, stop_with_owner=True)
-    yield from run_cluster(cluster)
+    try:
+        yield from run_cluster(cluster)
+    finally:
+        renice()
 
 
 @pytest.fixture(scope="package")
