@@ -27,5 +27,8 @@ USAGE
       exit 0 ;;
   esac
 done
+# The arguments are checked before the set-up (a first one takes 35 minutes): the demo's own
+# parser, run by the machine's python3 (standard library only).
+python3 operator/monarch_operator/localcluster/args.py demo "$@"
 scripts/setup.sh
 exec .venv/bin/python -m monarch_operator.localcluster.demo "$@"

@@ -235,7 +235,19 @@ def pytest_configure(config: pytest.Config) -> None:
         # Before any cluster is made; processes the tests start inherit it.
         os.environ.setdefault("MONARCH_LOCALCLUSTER_POD_CIDR", worker_pod_cidr(worker))
         os.nice(WORKER_NICE - os.getpriority(os.PRIO_PROCESS, 0))
+    elif not config.getoption("pyargs", False):
+        missing = missing_paths(config.args, config.invocation_params.dir)
+        if missing:
+            # Under pytest-xdist only the workers collect, and a path they cannot find ended
+            # the run as "no tests ran"; say it as pytest alone does.
+            raise pytest.UsageError("file or directory not found: " + ", ".join(missing))
     config.pluginmanager.register(PhaseClock(config), "monarch-phase-clock")
+
+
+def missing_paths(args: list[str], cwd: Path) -> list[str]:
+    """The test paths among pytest's ``args`` (``path`` or ``path::test``) that do not exist,
+    relative to ``cwd``, as given."""
+    return [arg for arg in args if not (cwd / arg.split("::", 1)[0]).exists()]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -172,3 +172,10 @@ def test_a_run_of_a_few_modules_refreshes_theirs_and_keeps_the_rest(tmp_path: Pa
                       "tests/cluster/test_a.py": 100.0}
     assert list(merged) == [parallel.REAL_NODES_UNIT, "tests/cluster/test_b.py",
                             "tests/cluster/test_a.py"]
+
+
+def test_a_mistyped_test_path_is_named_before_the_workers_start(tmp_path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("")
+    args = ["tests/test_a.py::test_x", "tests", "tests/test_b.py", "tests/test_c.py::t"]
+    assert parallel.missing_paths(args, tmp_path) == ["tests/test_b.py", "tests/test_c.py::t"]

@@ -26,23 +26,9 @@ import sysconfig
 from pathlib import Path
 
 from monarch_operator.localcluster import nodestate
+from monarch_operator.localcluster.args import default_state_dir
 from monarch_operator.localcluster.cluster import LocalCluster
 from monarch_operator.localcluster.node.network import HOST_IP
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-def default_state_dir() -> Path:
-    """The state directory when ``--dir`` is not given, the same from any working directory:
-    ``$MONARCH_LOCALCLUSTER_DIR`` (made absolute), else ``.localcluster`` in this source
-    checkout, else (an installed package) ``~/.local/state/monarch-localcluster``."""
-    configured = os.environ.get("MONARCH_LOCALCLUSTER_DIR")
-    if configured:
-        return Path(configured).resolve()
-    if (REPO_ROOT / "pyproject.toml").exists():
-        return REPO_ROOT / ".localcluster"
-    return Path.home() / ".local" / "state" / "monarch-localcluster"
-
 
 DEFAULT_STATE_DIR = default_state_dir()
 # Fake GPUs per node when `up` is not told (docs/local-cluster.md says so; a unit test checks).

@@ -6,7 +6,6 @@ operator as a process, apply a manifest, wait for a job's phase with progress ou
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from monarch_operator import constants
+from monarch_operator.localcluster.args import demo_parser
 from monarch_operator.localcluster.cli import DEFAULT_STATE_DIR, pod_log_path
 from monarch_operator.localcluster.cluster import LocalCluster
 from monarch_operator.localcluster.kubeget import InProcessGet
@@ -26,8 +26,6 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 CRDS_DIR = REPO_ROOT / "crds"
 SAMPLE = REPO_ROOT / "crds" / "samples" / "demo.yaml"
 FINAL_PHASES = ("Succeeded", "Failed")
-# The demo's real nodes: two, so that the sample's three workers spread over both.
-DEMO_NODES = 2
 DEMO_GPUS_PER_NODE = 4
 # The images the demo imports into its nodes; with --keep the examples image too.
 DEMO_IMAGES = ("worker",)
@@ -201,25 +199,29 @@ def jobs_table(kubectl: Kubectl, namespace: str) -> str:
     return f"\n$ kubectl get monarchjobs -n {namespace}\n{table}\n"
 
 
+def timed_out(kubectl: Kubectl, state_dir: Path, namespace: str, timeout: float,
+              error: TimeoutError) -> str:
+    """What the demo says when the sample job has not finished within ``timeout`` seconds:
+    the job's table, its conditions' last reasons, the end of the launcher's output so far and
+    where to look next (no traceback: a slow machine is not a crash)."""
+    lines = [f"[demo] the job did not finish within {timeout:.0f} s ({error}); "
+             "--timeout SECONDS waits longer", jobs_table(kubectl, namespace)]
+    job = kubectl.json("monarchjob", "demo", "-n", namespace)
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        lines.append(f"  condition {condition.get('type')}={condition.get('status')} "
+                     f"{condition.get('reason', '')}: {condition.get('message', '')}".rstrip(": "))
+    output = launcher_log(kubectl, state_dir, namespace, "demo").strip().splitlines()
+    if output:
+        lines.append("--- the launcher's output so far (its last 20 lines) ---")
+        lines.extend(output[-20:])
+    lines.append(f"[demo] more: kubectl describe monarchjob demo -n {namespace}; "
+                 f"the operator's log: {state_dir / 'logs' / 'operator.log'}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns 0 when the sample job Succeeded."""
-    parser = argparse.ArgumentParser(prog="scripts/demo.sh", description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR,
-                        help="state directory: kubeconfig, logs, pod output (default %(default)s)")
-    parser.add_argument("--namespace", default="team-a",
-                        help="namespace of the sample job (default %(default)s)")
-    parser.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
-                        help="how long to wait for the job to finish (default %(default)s)")
-    parser.add_argument("--keep", action="store_true",
-                        help="leave cluster and operator running, with the examples image "
-                             "imported too (examples/*/monarchjob*.yaml run there)")
-    parser.add_argument("--nodes", type=int, default=DEMO_NODES, metavar="N",
-                        help="real nodes (kubelet, containerd, images built from images/; "
-                             "default %(default)s)")
-    parser.add_argument("--simulated", action="store_true",
-                        help="kwok nodes whose pods the node agent runs as host processes "
-                             "instead of real nodes (no images built)")
-    args = parser.parse_args(argv)
+    args = demo_parser().parse_args(argv)
     started = time.monotonic()
     # A kept cluster is for trying the examples by hand: their image is built and imported too.
     cluster = LocalCluster(args.dir, real_nodes=0 if args.simulated else args.nodes,
@@ -252,8 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         kubectl("delete", "monarchjob", "demo", "-n", args.namespace, "--ignore-not-found",
                 "--wait=true")
         print(kubectl("apply", "-n", args.namespace, "-f", str(SAMPLE)).strip(), flush=True)
-        job = wait_for_phase(kubectl, args.namespace, "demo", FINAL_PHASES, args.timeout,
-                             progress=lambda line: print(line, flush=True))
+        try:
+            job = wait_for_phase(kubectl, args.namespace, "demo", FINAL_PHASES, args.timeout,
+                                 progress=lambda line: print(line, flush=True))
+        except TimeoutError as error:
+            print(timed_out(kubectl, cluster.state_dir, args.namespace, args.timeout, error),
+                  flush=True)
+            return 1
         # What a user sees from then on: the finished job's workers released (cleanupPolicy
         # DeleteWorkers), so READY, the workers Ready now, is 0/N.
         released_by = time.monotonic() + 60
