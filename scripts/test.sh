@@ -21,13 +21,13 @@ esac
 # there, and a test folder that needs a part still building (the Go builds, the images) gets its
 # tests once that part is done (tests/parallel.py: SETUP_NEEDS); a fixture that asks for a binary
 # or an image first waits for its build. On a fresh machine that puts the unit and launcher
-# tests in the 15-20 minutes of Go builds; on a warm one the set-up ends in seconds. The set-up
-# runs at nice 19: the tests keep their speed (and their deadlines), the builds take the CPU
-# the tests leave (about half of it: many tests wait on the API server or on pods).
+# tests in the 15-20 minutes of Go builds; on a warm one the set-up ends in seconds. Every part
+# but the venv runs at nice 19 (scripts/setup.sh): the venv comes first, then the tests keep
+# their speed and deadlines and the builds take the CPU the tests leave.
 t0=$SECONDS
 state=$(mktemp -d "${TMPDIR:-/tmp}/monarch-setup-state.XXXXXX")
 export MONARCH_SETUP_STATE="$state"
-nice -n 19 scripts/setup.sh --images 2>"$state/setup.log" &
+scripts/setup.sh --images 2>"$state/setup.log" &
 setup_pid=$!
 shown=0
 show_setup() {  # the set-up's lines not shown yet
