@@ -13,16 +13,10 @@
 # for one binary never build it twice (build-binaries.sh holds a lock per build).
 #   scripts/setup.sh            the above without the images (built on first use)
 #   scripts/setup.sh --images   the images too (scripts/test.sh: the end-to-end tests need them)
-# With MONARCH_SETUP_STATE set to a folder, each part's end is written there as it comes
-# (NAME.done or NAME.failed, holding its seconds; all.done or all.failed at the end):
-# scripts/test.sh starts the tests once the venv is done and runs the rest beside them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '[setup] %s\n' "$*" >&2; }
-# state FILE SECONDS: a part's end in $MONARCH_SETUP_STATE (see above), when it is set.
-state() { [ -z "${MONARCH_SETUP_STATE:-}" ] || echo "$2" >"$MONARCH_SETUP_STATE/$1"; }
-trap 'code=$?; [ "$code" = 0 ] || state all.failed $((SECONDS - ${started:-0}))' EXIT
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 with_images=false
 [ "${1:-}" = "--images" ] && with_images=true
@@ -89,27 +83,19 @@ node_images=(coredns)
 # part NAME CMD...: run CMD in the background, its output in $parts/NAME.log; one line when it
 # ends (its seconds), and its log's end if it failed.
 parts=$(mktemp -d "${TMPDIR:-/tmp}/monarch-setup.XXXXXX")
-trap 'code=$?; rm -rf "$parts"; [ "$code" = 0 ] || state all.failed $((SECONDS - ${started:-0}))' EXIT
+trap 'rm -rf "$parts"' EXIT
 declare -A pid_of=() awaited=()
 part() {
   local name="$1"; shift
   log "$name: started"
   (
-    # Beside the tests (scripts/test.sh), every part but the venv, which the tests wait for,
-    # runs at nice 19: the tests keep their speed and deadlines, the builds take the CPU they
-    # leave (many tests wait on the API server or on pods).
-    if [ -n "${MONARCH_SETUP_STATE:-}" ] && [ "$name" != venv ]; then
-      renice -n 19 -p "$BASHPID" >/dev/null
-    fi
     t0=$SECONDS
     if "$@" >"$parts/$name.log" 2>&1; then
       log "$name: done in $((SECONDS - t0)) s"
-      state "$name.done" $((SECONDS - t0))
     else
       code=$?
       log "$name: FAILED (exit $code) after $((SECONDS - t0)) s; the end of its output:"
       tail -n 40 "$parts/$name.log" | sed "s/^/[setup] $name| /" >&2
-      state "$name.failed" $((SECONDS - t0))
       exit "$code"
     fi
   ) &
@@ -148,4 +134,3 @@ fi
 await venv control-plane node helm kueue scanners
 $with_images && await images coredns-image
 log "ready in $((SECONDS - started)) s"
-state all.done $((SECONDS - started))

@@ -15,11 +15,6 @@
 - **Order.** Units start longest first, by the seconds recorded in :data:`DURATIONS_FILE`
   (``--store-durations`` writes it from a run), so the longest chain (the real nodes: images,
   nodes, jobs) starts at once and no long module is left to start last.
-- **Set-up beside the tests.** ``scripts/test.sh`` starts the tests once the venv is there and
-  the rest of the set-up (Go builds, images) goes on beside them (:mod:`tests.setup_parts`). A
-  unit goes out first among those whose folder's set-up parts (:data:`SETUP_NEEDS`) have
-  ended; when none has, a worker with a test left besides its last waits for the next test,
-  and one down to its last takes the first unit, whose fixture then waits for its build.
 - **Clusters.** Each worker starts its own kwok cluster on first use, with its own pod range
   (:func:`worker_pod_cidr`), so that no two clusters hand out the same pod IP.
 - **Priority.** Two cores are saturated by four workers, and the real-node unit is the longest
@@ -47,8 +42,6 @@ from pathlib import Path
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
-from tests import setup_parts
-
 DURATIONS_FILE = Path(__file__).with_name("durations.json")
 # Every run's unit seconds also go here (``cp`` it over DURATIONS_FILE to refresh the order).
 LAST_DURATIONS_FILE = Path.home() / ".cache" / "monarch-operator" / "durations-last.json"
@@ -74,25 +67,6 @@ ALONE_UNITS: dict[str, str] = {
         "it plants processes of ended standalone runs and of live ones; another worker's "
         "pre-flight stops the first kind, and its scans would stop other workers' leftovers",
 }
-
-# The set-up parts (tests.setup_parts.PARTS) each test folder needs ended before its units go
-# out; a folder not named here needs every part. tests/unit's chart modules need helm too, a
-# short build their fixture waits for.
-SETUP_NEEDS: dict[str, tuple[str, ...]] = {
-    "tests/unit": (),
-    "tests/launcher": (),
-    "tests/cluster": ("control-plane", "helm", "kueue"),
-    "tests/scan": ("scanners", "helm"),
-    "tests/images": ("images", "coredns-image"),
-}
-
-
-def setup_ready(unit: str, state: Path | None = None) -> bool:
-    """Whether every set-up part work unit ``unit`` needs (:data:`SETUP_NEEDS` of its folder)
-    has ended (:func:`tests.setup_parts.ended`; always, with no set-up beside the tests)."""
-    folder = "tests/e2e" if unit == REAL_NODES_UNIT else folder_of(unit)
-    needs = SETUP_NEEDS.get(folder, setup_parts.PARTS)
-    return all(setup_parts.ended(part, state) for part in needs)
 
 
 def unnice() -> None:
@@ -145,12 +119,7 @@ class UnitScheduling(LoadScopeScheduling):
         """Send ``node`` the next unit, except that a unit of :data:`ALONE_UNITS` waits until
         every other worker has stopped: while another one still takes units, this one stops
         once its last test is all it holds (an xdist worker runs its last test only when told
-        what comes next, or to stop); the last worker left takes the machine-alone units.
-        While the set-up runs beside the tests, the next unit is the first whose set-up parts
-        have ended (:func:`setup_ready`); with none such, ``node`` gets nothing while it holds
-        a test besides its last (the next test's end asks again), else the first unit."""
-        if not self._ready_unit_first(node):
-            return
+        what comes next, or to stop); the last worker left takes the machine-alone units."""
         if next(iter(self.workqueue)) in ALONE_UNITS:
             others = [other for other in self.assigned_work if other is not node]
             if any(not other.shutting_down for other in others):
@@ -161,19 +130,6 @@ class UnitScheduling(LoadScopeScheduling):
             if others:  # stopping: they finish their last tests first (see remove_node)
                 return
         super()._assign_work_unit(node)
-
-    def _ready_unit_first(self, node) -> bool:  # type: ignore[no-untyped-def]
-        """Move the first unit whose set-up has ended (machine-alone units aside: they keep
-        their place at the end) to the head of the queue; False when there is none and
-        ``node`` still holds a test besides its last, so it is better asked again later."""
-        if setup_parts.state_dir() is None or next(iter(self.workqueue)) in ALONE_UNITS:
-            return True
-        ready = next((unit for unit in self.workqueue
-                      if unit not in ALONE_UNITS and setup_ready(unit)), None)
-        if ready is None:
-            return self._pending_of(self.assigned_work.get(node, {})) <= 1
-        self.workqueue.move_to_end(ready, last=False)
-        return True
 
     def remove_node(self, node):  # type: ignore[no-untyped-def]
         """xdist's, then the workers left are offered work again: a worker waiting for the
@@ -262,22 +218,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                  -expected_seconds(unit_of(item.nodeid), recorded)))
 
 
-def setup_lines(outcomes: dict[str, tuple[str, float]]) -> list[str]:
-    """The phase table's lines on a set-up that ran beside the tests (empty when none did):
-    each part's seconds, and the whole set-up's or the parts still running at the end."""
-    if not outcomes:
-        return []
-    parts = ", ".join(f"{name} {seconds:.0f}" + ("" if outcome == "done" else " FAILED")
-                      for name, (outcome, seconds) in outcomes.items() if name != "all")
-    if "all" in outcomes:
-        outcome, seconds = outcomes["all"]
-        whole = f"ended in {seconds:.0f} s" + ("" if outcome == "done" else ", FAILED")
-    else:
-        running = [part for part in setup_parts.PARTS if part not in outcomes]
-        whole = "still running: " + ", ".join(running)
-    return [f"set-up beside the tests: {whole} (seconds per part: {parts})"]
-
-
 @dataclass
 class _Folder:
     tests: set[str] = field(default_factory=set)
@@ -320,8 +260,6 @@ class PhaseClock:
         write(f"{'phase':<22}{'tests':>7}{'wall s':>9}{'test-s':>9}")
         if setup:
             write(f"{'set-up':<22}{'':>7}{float(setup):>9.0f}{'':>9}")
-        for line in setup_lines(setup_parts.outcomes()):
-            write(line)
         for name in sorted(self.folders):
             folder = self.folders[name]
             wall = max(0.0, folder.last_stop - folder.first_start)

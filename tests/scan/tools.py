@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from tests import setup_parts
 from tests.chart import ROOT
 
 INSTALL_SCRIPT = ROOT / "scripts" / "install-scanners.sh"
@@ -20,9 +19,7 @@ def scanner(name: str) -> Path:
 
     Not installed: the test is skipped with the command that installs it, except under ``CI``
     (set by ``.ci/run``), where ``scripts/setup.sh`` has installed it and its absence fails.
-    While the set-up runs beside the tests, this first waits for its ``scanners`` part.
     """
-    setup_parts.wait_for("scanners")
     venv = Path(subprocess.run(["bash", str(INSTALL_SCRIPT), "--path"], capture_output=True,
                                text=True, check=True).stdout.strip())
     tool = venv / "bin" / name
