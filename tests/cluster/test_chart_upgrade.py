@@ -9,8 +9,12 @@ not have, and a CRD with one more optional, defaulted spec field, applied first 
 docs/install.md says. Across it: no pod of ``demo`` or ``gated`` is deleted or restarted, their
 StatefulSets are as they were, no attempt, restart or failure is added, ``queued``'s Workload
 is the same object (its place in the queue kept), and the stored jobs, read through the new
-schema, reconcile. A job created after the upgrade, and ``queued`` once admitted, get the new
-defaults (docs/install.md, "Upgrades and running jobs"). All end as they would have.
+schema, reconcile. ``restarting`` is between two attempts (a worker's sshd killed, its
+restarted container not Ready) and ``suspended`` has been suspended mid-run: neither gains an
+attempt, a restart or a count across the upgrade, and each ends with exactly the attempts it
+had coming. A job created after the upgrade, ``queued`` once admitted and ``suspended`` once
+resumed get the new defaults (docs/install.md, "Upgrades and running jobs"). All end as they
+would have.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from monarch_operator import constants
 from monarch_operator.localcluster.cli import pod_log_path
 from tests.chart import CHART, NEW_ENV, NEW_FIELD, NEW_LABEL, NEW_VERSION, ROOT, helm, newer_chart
 from tests.cluster.helpers import (
@@ -33,6 +38,7 @@ from tests.cluster.helpers import (
     job_manifest,
     job_pods,
     job_status,
+    running_attempt,
     wait_phase,
     wait_until,
 )
@@ -43,6 +49,8 @@ pytestmark = pytest.mark.cluster
 RELEASE = "mo"
 FULLNAME = f"{RELEASE}-monarch-operator"
 CRD_FILE = ROOT / "crds" / "monarchjobs.monarch-operator.dev.yaml"
+# The jobs whose pods, StatefulSet and counters the upgrade must leave as they were.
+DISTURBED = ("demo", "gated", "restarting", "suspended")
 # The worker image's entrypoint as the node agent runs it (its IMAGE_PATHS), here from a shell.
 WORKER_ENTRYPOINT = ROOT / "images" / "worker" / "entrypoint.sh"
 
@@ -73,6 +81,23 @@ def gated_worker_template(flag: Path) -> dict:
     return {"spec": {"containers": [{"name": "worker", "command": ["sh", "-c", script]}]}}
 
 
+def restarted_worker_template(markers: Path, flag: Path) -> dict:
+    """Workers that start at once the first time and, when their container is restarted,
+    wait for ``flag`` before sshd (not Ready until then). ``markers`` is writable by the pods."""
+    script = (f'marker={markers}/"$HOSTNAME"; if [ -e "$marker" ]; then '
+              f"while [ ! -e {flag} ]; do sleep 0.2; done; fi; "
+              f'touch "$marker"; exec {WORKER_ENTRYPOINT}')
+    return {"spec": {"containers": [{"name": "worker", "command": ["sh", "-c", script]}]}}
+
+
+def first_attempt_hangs(flag: Path | None = None) -> dict:
+    """A launcher whose first attempt runs until stopped; a later one ends (0) at once, or
+    once ``flag`` exists."""
+    then = f"while [ ! -e {flag} ]; do sleep 0.2; done" if flag else "true"
+    return {"command": ["sh", "-c",
+                        f'if [ "$MONARCH_ATTEMPT" = 1 ]; then exec sleep 600; fi; {then}']}
+
+
 def queued(name: str, **spec) -> str:
     body = yaml.safe_load(job_manifest(name, workers={"replicas": 2, "gpusPerWorker": 2},
                                        **spec))
@@ -92,8 +117,9 @@ def snapshot(kubectl, namespace: str, job: str) -> dict:
     status = job_status(kubectl, namespace, job)
     return {
         "pods": pods,
-        "statefulset": (worker_set["metadata"]["uid"], worker_set["metadata"]["generation"],
-                        json.dumps(worker_set["spec"]["template"], sort_keys=True)),
+        "statefulset": worker_set and (
+            worker_set["metadata"]["uid"], worker_set["metadata"]["generation"],
+            json.dumps(worker_set["spec"]["template"], sort_keys=True)),
         "attempt": status.get("attempt"),
         "attempts": len(status.get("attempts", [])),
         "restartCount": status.get("restartCount", 0),
@@ -232,6 +258,16 @@ def run_c33(kubectl, helm_env, namespace: str, scope: tuple[str, ...], tmp_path:
     apply_manifest(kubectl, namespace, queued(
         "demo", progress={"reportIntervalSeconds": 1},
         launcher={"command": ["python3", "-c", reporting_program(demo_done)]}))
+    markers, restart_gate, resumed_done = (flags / "markers", flags / "restart-gate",
+                                           flags / "resumed-done")
+    markers.mkdir()
+    markers.chmod(0o777)
+    apply_manifest(kubectl, namespace, job_manifest(
+        "restarting", workers={"replicas": 2, "gpusPerWorker": 1,
+                               "template": restarted_worker_template(markers, restart_gate)},
+        launcher=first_attempt_hangs()))
+    apply_manifest(kubectl, namespace, job_manifest(
+        "suspended", launcher=first_attempt_hangs(resumed_done)))
     wait_until(lambda: step(kubectl, namespace, "demo") >= 2, 120, "demo reporting steps")
     apply_manifest(kubectl, namespace, job_manifest(
         "gated", workers={"replicas": 2, "gpusPerWorker": 1,
@@ -245,7 +281,8 @@ def run_c33(kubectl, helm_env, namespace: str, scope: tuple[str, ...], tmp_path:
                "gated's workers running, not Ready")
     assert job_status(kubectl, namespace, "gated")["phase"] in ("Pending", "Starting")
     assert job_status(kubectl, namespace, "demo")["phase"] == "Running"
-    before = {job: snapshot(kubectl, namespace, job) for job in ("demo", "gated")}
+    between_attempts_and_suspended(kubectl, namespace)
+    before = {job: snapshot(kubectl, namespace, job) for job in DISTURBED}
     workload_uid = get_json(kubectl, "workloads", "-n", namespace, "-l",
                             "monarch-operator.dev/job=queued")["items"][0]["metadata"]["uid"]
     demo_labels, demo_env = worker_template(kubectl, namespace, "demo")
@@ -284,8 +321,10 @@ def run_c33(kubectl, helm_env, namespace: str, scope: tuple[str, ...], tmp_path:
     demo = get_json(kubectl, "monarchjob", "demo", "-n", namespace)
     assert demo["spec"][NEW_FIELD[0]] == NEW_FIELD[1]
     assert demo["metadata"]["generation"] == 1
-    after = {job: snapshot(kubectl, namespace, job) for job in ("demo", "gated")}
+    after = {job: snapshot(kubectl, namespace, job) for job in DISTURBED}
     assert after == before
+    assert [job_status(kubectl, namespace, job)["phase"] for job in ("restarting", "suspended")
+            ] == ["Restarting", "Suspended"]
     assert worker_template(kubectl, namespace, "demo") == (demo_labels, demo_env)
     assert job_status(kubectl, namespace, "queued")["phase"] == "Queued"
     assert get_json(kubectl, "workloads", "-n", namespace, "-l",
@@ -295,6 +334,12 @@ def run_c33(kubectl, helm_env, namespace: str, scope: tuple[str, ...], tmp_path:
     # Everything ends as it would have without the upgrade.
     gate_open.touch()
     demo_done.touch()
+    restart_gate.touch()
+    kubectl("patch", "monarchjob", "suspended", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"spec": {"suspend": False}}))
+    wait_phase(kubectl, namespace, "suspended", "Running", timeout=120)
+    assert_new_defaults(kubectl, namespace, "suspended")  # its workers are made on resuming
+    resumed_done.touch()
     wait_phase(kubectl, namespace, "queued", "Running", timeout=120)
     # queued's StatefulSet is made after the upgrade: the new defaults apply to it.
     assert_new_defaults(kubectl, namespace, "queued")
@@ -305,3 +350,38 @@ def run_c33(kubectl, helm_env, namespace: str, scope: tuple[str, ...], tmp_path:
                 ) == (1, 1, 0), (job, status)
         assert not any((status.get("failureCounts") or {}).values()), (job, status)
     assert job_status(kubectl, namespace, "demo")["progress"]["step"] > after_upgrade
+    # The attempts each had coming, and not one more.
+    for job, classes, restarts, counts in (
+            ("restarting", ["Infrastructure", "Succeeded"], 1, {"infrastructure": 1}),
+            ("suspended", ["Suspended", "Succeeded"], 0, {})):
+        status = wait_phase(kubectl, namespace, job, "Succeeded", timeout=120)
+        assert ([attempt["class"] for attempt in status["attempts"]], status.get("attempt"),
+                status.get("restartCount", 0), status.get("failureCounts") or {},
+                ) == (classes, 2, restarts, counts), (job, status)
+
+
+def between_attempts_and_suspended(kubectl, namespace: str) -> None:
+    """Stop ``restarting``'s first attempt by killing a worker's sshd (the container restarts
+    and waits: the job stays Restarting) and suspend ``suspended`` mid-run; wait until both
+    have settled (no pod terminating, nothing left to change before the upgrade)."""
+    for job in ("restarting", "suspended"):
+        running_attempt(kubectl, namespace, job, 1)
+    kubectl("exec", "restarting-worker-1", "-n", namespace, "--", "sh", "-c",
+            f'kill "$(cat {constants.SSHD_STATE_DIR}/sshd.pid)"')
+    kubectl("patch", "monarchjob", "suspended", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"spec": {"suspend": True}}))
+
+    def restarting_settled() -> bool:
+        pods = job_pods(kubectl, namespace, "restarting")
+        restarted = [pod for pod in pods if pod["metadata"]["name"] == "restarting-worker-1"
+                     and any(c.get("restartCount", 0) >= 1 and "running" in c.get("state", {})
+                             for c in pod["status"].get("containerStatuses", []))]
+        workers = [pod for pod in pods
+                   if pod["metadata"]["labels"].get("monarch-operator.dev/role") == "worker"]
+        return (job_status(kubectl, namespace, "restarting").get("phase") == "Restarting"
+                and len(workers) == 2 and len(restarted) == 1
+                and not any(pod["metadata"].get("deletionTimestamp") for pod in pods))
+    wait_until(restarting_settled, 90, "restarting between attempts: its launcher gone, "
+               "worker-1's restarted container waiting")
+    wait_until(lambda: job_status(kubectl, namespace, "suspended").get("phase") == "Suspended"
+               and not job_pods(kubectl, namespace, "suspended"), 90, "suspended, no pods")
