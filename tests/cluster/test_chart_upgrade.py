@@ -229,7 +229,7 @@ def chart_queue(kueue, kubectl, chart_namespace):
         kubectl("delete", "resourceflavor", flavor, "--wait=false", check=False)
 
 
-def test_c33_helm_upgrade_leaves_running_gated_and_queued_jobs_alone(
+def test_c33_helm_upgrade_leaves_jobs_in_every_phase_alone(
         kubectl, helm_env, chart_namespace, chart_queue, restore_crd, tmp_path, local_cluster,
         flags):
     started = time.monotonic()
