@@ -373,6 +373,9 @@ class Agent:
             read_only = bool(mount.get("readOnly")) or volumes.read_only_kind(kinds[mount["name"]])
             mounts.append(sandbox.Mount(pod_volumes[mount["name"]] / mount.get("subPath", ""),
                                         mount["mountPath"], read_only))
+        # "The image" is this checkout and Python: bound back where a volume would hide it.
+        mounts += [sandbox.Mount(root, str(root)) for root in sandbox.hidden_roots(
+            (mount["mountPath"] for mount in spec.get("volumeMounts") or []), IMAGE_ROOTS)]
         mounts.append(sandbox.Mount(termination_path, podfiles.termination_message_path(spec)))
         return log_path, termination_path, mounts
 

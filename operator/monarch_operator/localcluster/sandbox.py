@@ -227,6 +227,21 @@ class Mount:
         return f"{'ro:' if self.read_only else ''}{self.source}={self.target}"
 
 
+def hidden_roots(targets: Iterable[str], roots: Iterable[Path]) -> list[Path]:
+    """The ``roots`` that a mount at one of ``targets`` (container paths) would hide: each
+    root at or under a target, less those inside another root returned, in ``roots``' order.
+
+    On the local cluster "the image" is this machine's checkout and Python (the agent's
+    ``IMAGE_ROOTS``); a real image's files never sit under a volume's mount point, but a
+    checkout under /tmp does under an emptyDir at /tmp (the chart's operator pod has one). The
+    agent binds these roots back at their own paths after the volumes."""
+    mount_points = [Path(target) for target in targets]
+    hidden = [root for root in roots
+              if any(root == point or root.is_relative_to(point) for point in mount_points)]
+    return [root for root in dict.fromkeys(hidden)
+            if not any(root != other and root.is_relative_to(other) for other in hidden)]
+
+
 def start(command: list[str], *, hostname: str, mounts: Iterable[Mount | tuple[Path, str]],
           env: dict[str, str], workdir: Path, log_path: Path, name: str,
           working_dir: str = "", user: tuple[int, int, Iterable[int]] | None = None,
