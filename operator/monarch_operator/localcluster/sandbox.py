@@ -237,7 +237,7 @@ def hidden_roots(targets: Iterable[str], roots: Iterable[Path]) -> list[Path]:
     agent binds these roots back at their own paths after the volumes."""
     mount_points = [Path(target) for target in targets]
     hidden = [root for root in roots
-              if any(root == point or root.is_relative_to(point) for point in mount_points)]
+              if any(root.is_relative_to(point) for point in mount_points)]
     return [root for root in dict.fromkeys(hidden)
             if not any(root != other and root.is_relative_to(other) for other in hidden)]
 
