@@ -35,6 +35,11 @@ MANAGED_BY_MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 
 # Annotation on the hostfile ConfigMap: the job uid it was built for (stale-hostfile detection).
 ANNOTATION_JOB_UID = f"{GROUP}/job-uid"
+# Annotation on a MonarchJob: where its program last saved its state, for an attempt that has
+# no status.lastCheckpoint of its own. The MultiKueue manager's operator sets it when a worker
+# cluster's copy stopped with a checkpoint (controller/kueue/manager.py); MultiKueue copies
+# annotations to the next copy, whose launcher then gets it as MONARCH_CHECKPOINT.
+ANNOTATION_RESUME_CHECKPOINT = f"{GROUP}/resume-checkpoint"
 
 # sshd listens here inside every worker container (non-root, so above 1024).
 SSH_PORT = 2222

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from monarch_operator import constants
 from monarch_operator.controller.kueue import workload as wl
 from monarch_operator.controller.spec.settings import Settings
 from monarch_operator.controller.spec.spec import JobSpec
@@ -28,6 +29,7 @@ from monarch_operator.localcluster.cluster import LocalCluster
 from monarch_operator.localcluster.demo import Kubectl, stop_process
 from monarch_operator.localcluster.kueue import KueueProcess
 from tests.cluster.helpers import (
+    CHECKPOINTING_PROGRAM,
     apply_manifest,
     condition,
     get_json,
@@ -35,10 +37,17 @@ from tests.cluster.helpers import (
     job_pods,
     job_status,
     wait_phase,
+    wait_ready_for_a_stop,
     wait_until,
 )
 from tests.cluster.tcpproxy import TcpProxy
-from tests.cluster.test_kueue import KUEUE, QUEUE_LABEL, cluster_queue, kueue_objects
+from tests.cluster.test_kueue import (
+    KUEUE,
+    QUEUE_LABEL,
+    cluster_queue,
+    kueue_objects,
+    priority_classes,
+)
 from tests.conftest import OPERATOR_NAMESPACES, operator_env
 
 pytestmark = pytest.mark.cluster
@@ -344,6 +353,66 @@ def test_suspend_on_the_manager_gives_the_quota_back_and_resume_runs_it_again(
     wait_phase(mk, namespace, "pause", "Succeeded", timeout=150)
     second = worker_copy(kubectl, namespace, "pause")
     assert second is None or second["metadata"]["uid"] != first_uid
+
+
+def test_c37_preempted_on_the_manager_the_program_checkpoints_and_the_next_dispatch_resumes(
+        kubectl, manager, pair):
+    """Issue 37 item 5: a dispatched job with a checkpoint grace period, preempted on the
+    manager, keeps its quota there while MultiKueue has the worker's Kueue evict the copy; the
+    worker's operator asks the launcher to stop first, the program saves and names its
+    checkpoint, and only once the copied status shows that does the manager give the quota
+    back (MultiKueue then deletes the copy). The next dispatch's launcher starts from it."""
+    namespace, mk = pair, manager.kubectl
+    with priority_classes(kubectl, namespace), priority_classes(mk, namespace):
+        low = yaml.safe_load(dispatched_job(
+            "low", workers={"replicas": 2, "gpusPerWorker": 2},
+            runPolicy={"checkpointGracePeriodSeconds": 30},
+            launcher={"command": ["python3", "-c",
+                                  CHECKPOINTING_PROGRAM.replace("ckpt-demo", "mk-low")]}))
+        low["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = f"low-{namespace}"
+        apply_manifest(mk, namespace, yaml.safe_dump(low))
+        wait_phase(kubectl, namespace, "low", "Running", timeout=120)
+        first_uid = worker_copy(kubectl, namespace, "low")["metadata"]["uid"]
+        wait_ready_for_a_stop(kubectl, namespace, "low-launcher")
+        high = yaml.safe_load(dispatched_job(
+            "high", workers={"replicas": 2, "gpusPerWorker": 1},
+            launcher={"command": ["sh", "-c", "exit 0"]}))
+        high["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = f"high-{namespace}"
+        apply_manifest(mk, namespace, yaml.safe_dump(high))
+
+        def launcher_terminating() -> dict[str, Any] | None:
+            pod = get_json(kubectl, "pod", "low-launcher", "-n", namespace)
+            return pod if pod and pod["metadata"].get("deletionTimestamp") else None
+
+        launcher = wait_until(launcher_terminating, 60, "the worker's launcher asked to stop")
+        assert launcher["metadata"]["deletionGracePeriodSeconds"] == 30, launcher["metadata"]
+        # While it saves, the copy is the same and the manager still holds the quota.
+        assert worker_copy(kubectl, namespace, "low")["metadata"]["uid"] == first_uid
+        held = next(w for w in workloads(mk, namespace) if w["metadata"]["name"].startswith(
+            "low-"))
+        assert wl_condition(held, "Evicted").get("status") == "True", held["status"]
+        assert wl_condition(held, "QuotaReserved").get("status") == "True", held["status"]
+
+        queued = wait_until(lambda: awaiting_dispatch(mk, namespace, "low"), 90,
+                            "low Queued (AwaitingDispatch) on the manager")
+        ended = [record for record in queued["attempts"] if record.get("class")]
+        assert ended[-1]["class"] == "Evicted", queued["attempts"]
+        where = ended[-1]["checkpoint"]
+        assert where.startswith("/ckpt/mk-low/step-"), ended
+        assert queued["lastCheckpoint"]["location"] == where, queued
+        job = get_json(mk, "monarchjob", "low", "-n", namespace)
+        assert job["metadata"]["annotations"][constants.ANNOTATION_RESUME_CHECKPOINT] == where
+        released = [event["message"] for event in get_json(
+            mk, "events", "-n", namespace, "--field-selector", "involvedObject.name=low")["items"]
+            if event.get("reason") == "QuotaReleased"]
+        assert any(f"once the worker cluster's copy had stopped (checkpoint {where}" in message
+                   for message in released), released
+
+        wait_phase(mk, namespace, "high", "Succeeded", timeout=150)
+        done = wait_phase(mk, namespace, "low", "Succeeded", timeout=150)
+        # A new copy, attempt 1 there, its launcher given the checkpoint the first one saved.
+        assert [record["number"] for record in done["attempts"]] == [1], done["attempts"]
+        assert done["attempts"][0]["resumedFrom"] == where, done["attempts"]
 
 
 def test_c37_a_lost_worker_turns_the_manager_job_back_to_awaiting_dispatch(

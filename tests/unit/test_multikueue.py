@@ -71,6 +71,9 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         sent["workload_status"].append(status) or True))
     monkeypatch.setattr(client, "set_workload_active", lambda workload, active, notes: (
         sent["active"].append((active, notes))))
+    sent["annotations"] = []
+    monkeypatch.setattr(client, "annotate_job", lambda namespace, name, notes: (
+        sent["annotations"].append((name, notes))))
     monkeypatch.setattr(writes, "patch_job_status", lambda namespace, name, status: (
         sent["job_status"].append(copy.deepcopy(status)) or {}))
     monkeypatch.setattr(deletes, "delete_monarchjob", lambda namespace, name: (
@@ -127,6 +130,113 @@ def test_an_eviction_gives_the_quota_back_at_once_and_writes_no_job_status(api):
     quota = next(c for c in released["conditions"] if c["type"] == "QuotaReserved")
     assert quota["status"] == "False"
     assert not api["job_status"]
+
+
+# Evicted on the manager 10 s before NOW (Kueue clears status.clusterName as it evicts).
+EVICTED_AT = "2026-12-05T11:59:50Z"
+DISPATCHED_EVICTED = {**EVICTED, "conditions": [
+    {**c, "lastTransitionTime": EVICTED_AT} for c in EVICTED["conditions"]],
+    "admissionChecks": [{"name": "mk", "state": "Pending",
+                         "message": "Reset to Pending after eviction. Previously: Ready"}]}
+NEVER_DISPATCHED = {**DISPATCHED_EVICTED, "admissionChecks": [
+    {"name": "mk", "state": "Pending", "message": ""}]}
+GRACE = {"runPolicy": {"checkpointGracePeriodSeconds": 30}}
+# The copy's status while its launcher saves (attempt 1 running, an earlier eviction of the
+# same copy before it), and once the worker's operator ended the attempt.
+SAVING = {"phase": "Queued", "attempt": 2, "attempts": [
+    {"number": 1, "class": "Evicted", "endTime": "2026-12-05T11:50:00Z"},
+    {"number": 2, "startTime": "2026-12-05T11:51:00Z", "launchTime": "2026-12-05T11:51:05Z"}]}
+STOPPED = {"phase": "Queued", "attempt": 3, "attempts": [
+    *SAVING["attempts"][:1],
+    {"number": 2, "launchTime": "2026-12-05T11:51:05Z", "class": "Evicted",
+     "endTime": "2026-12-05T11:59:58Z", "exitCode": 0, "checkpoint": "s3://ck/step-40"},
+    {"number": 3, "startTime": "2026-12-05T11:59:58Z"}],
+    "lastCheckpoint": {"location": "s3://ck/step-40", "attempt": 2}}
+
+
+def evicted_workload(status: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": "demo-w", "namespace": "team-a", "generation": 1,
+                         "ownerReferences": [{"uid": UID, "controller": True}]},
+            "spec": {}, "status": copy.deepcopy(status)}
+
+
+def test_a_dispatched_job_with_a_grace_period_keeps_the_quota_while_its_copy_saves(api):
+    api["workload"] = evicted_workload(DISPATCHED_EVICTED)
+    outcome = reconcile.reconcile(dispatched(SAVING, **GRACE), Settings(), NOW)
+    assert not api["workload_status"] and not api["annotations"] and not api["job_status"]
+    # Woken at the grace period's end plus the margin, counted from the eviction (10 s ago).
+    assert outcome.wake_after == pytest.approx(30 + manager.STOP_MARGIN_SECONDS - 10)
+
+    outcome = reconcile.reconcile(dispatched(STOPPED, **GRACE), Settings(), NOW)
+    [released] = api["workload_status"]
+    assert wl_condition(released, "QuotaReserved")["status"] == "False"
+    assert api["annotations"] == [
+        ("demo", {constants.ANNOTATION_RESUME_CHECKPOINT: "s3://ck/step-40"})]
+    [event] = outcome.events
+    assert "once the worker cluster's copy had stopped (checkpoint s3://ck/step-40" in (
+        event.message)
+
+
+def test_the_quota_goes_back_past_the_grace_period_even_if_the_copy_never_shows_it_stopped(api):
+    api["workload"] = evicted_workload(DISPATCHED_EVICTED)
+    late = NOW + dt.timedelta(seconds=30 + manager.STOP_MARGIN_SECONDS)
+    outcome = reconcile.reconcile(dispatched(SAVING, **GRACE), Settings(), late)
+    assert len(api["workload_status"]) == 1 and not api["annotations"]
+    assert "did not show it stopped" in outcome.events[0].message
+
+
+NOT_LAUNCHED = {"phase": "Starting", "attempt": 1, "attempts": [
+    {"number": 1, "startTime": "2026-12-05T11:59:40Z"}]}
+
+
+@pytest.mark.parametrize(("workload_status", "spec"), [
+    (DISPATCHED_EVICTED, {}),    # no grace period: nothing to wait for
+    (NEVER_DISPATCHED, GRACE),  # no worker admitted a copy: nothing runs anywhere
+])
+def test_without_a_grace_period_or_a_dispatch_the_quota_goes_back_at_once(api, workload_status,
+                                                                          spec):
+    api["workload"] = evicted_workload(workload_status)
+    outcome = reconcile.reconcile(dispatched(NOT_LAUNCHED, **spec), Settings(), NOW)
+    assert len(api["workload_status"]) == 1 and not api["annotations"]
+    assert "at once" in outcome.events[0].message
+
+
+def test_a_copy_the_manager_has_not_seen_launch_is_waited_for_too(api):
+    # MultiKueue copies the status when the worker's Workload changes: the copy may have
+    # launched although the status here does not say so yet.
+    api["workload"] = evicted_workload(DISPATCHED_EVICTED)
+    outcome = reconcile.reconcile(dispatched(NOT_LAUNCHED, **GRACE), Settings(), NOW)
+    assert not api["workload_status"] and outcome.wake_after is not None
+    assert manager.was_dispatched({"status": DISPATCHED_EVICTED})
+    assert not manager.was_dispatched({"status": NEVER_DISPATCHED})
+
+
+def test_copy_stopped_counts_only_an_eviction_ended_after_this_one():
+    since = dt.datetime(2026, 12, 5, 11, 59, 50, tzinfo=dt.UTC)
+    assert not manager.copy_stopped(SAVING, since)  # its ended attempt is older
+    assert manager.copy_stopped(STOPPED, since)
+    assert not manager.copy_stopped({}, since)
+    failed = copy.deepcopy(STOPPED)
+    failed["attempts"][1]["class"] = "Application"
+    assert not manager.copy_stopped(failed, since)
+    # Ended, but its launcher's last state not read yet: the checkpoint may still come.
+    unread = copy.deepcopy(STOPPED)
+    for key in ("exitCode", "checkpoint"):
+        unread["attempts"][1].pop(key)
+    assert not manager.copy_stopped(unread, since)
+    unread["attempts"][1]["exitCode"] = 143  # read: it named no checkpoint
+    assert manager.copy_stopped(unread, since)
+
+
+def test_the_resume_checkpoint_annotation_reaches_the_spec():
+    body = dispatched()
+    body["metadata"]["annotations"] = {constants.ANNOTATION_RESUME_CHECKPOINT: "s3://ck/1"}
+    assert JobSpec.from_body(body).resume_checkpoint == "s3://ck/1"
+    assert JobSpec.from_body(dispatched()).resume_checkpoint is None
+
+
+def wl_condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
 
 
 def test_after_a_lost_worker_the_stale_running_status_becomes_awaiting_dispatch(api):
@@ -228,3 +338,19 @@ def test_a_copy_finishes_its_workload_only_after_its_finished_status_is_written(
     own = Pass(job=JobSpec.from_body(dispatched(queue="q") | {"spec": {"image": "i"}}),
                status={}, now=NOW)
     assert multikueue.may_finish(own, finished_written=False)  # not a copy: as before
+
+
+def test_an_evicted_copy_gives_its_quota_back_only_after_its_ended_attempt_is_written():
+    body = dispatched()
+    body["spec"].pop("managedBy")
+    body["metadata"]["annotations"] = {"kueue.x-k8s.io/prebuilt-workload-name": "w1"}
+    state = Pass(job=JobSpec.from_body(body), status=copy.deepcopy(STOPPED), now=NOW,
+                 stored=copy.deepcopy(SAVING))
+    assert not multikueue.may_release(state)  # MultiKueue would copy the saving status
+    assert state.wake_after == multikueue.FINISH_RECHECK_SECONDS
+    written = Pass(job=JobSpec.from_body(body), status=copy.deepcopy(STOPPED), now=NOW,
+                   stored=copy.deepcopy(STOPPED))
+    assert multikueue.may_release(written)
+    own = Pass(job=JobSpec.from_body(dispatched(queue="q") | {"spec": {"image": "i"}}),
+               status=copy.deepcopy(STOPPED), now=NOW, stored=copy.deepcopy(SAVING))
+    assert multikueue.may_release(own)  # not a copy: as before

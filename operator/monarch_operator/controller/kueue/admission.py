@@ -73,7 +73,8 @@ def queue_of(state: Pass, settings: Settings) -> str | None:
     if state.job.queue_name:
         return state.job.queue_name
     first_pass = (state.status.get("attempt") == 1 and not state.status.get("conditions"))
-    if settings.kueue and first_pass and client.local_queue_exists(state.job.namespace, wl.DEFAULT_LOCAL_QUEUE):
+    if settings.kueue and first_pass and client.local_queue_exists(state.job.namespace,
+                                                                   wl.DEFAULT_LOCAL_QUEUE):
         return wl.DEFAULT_LOCAL_QUEUE
     return None
 
@@ -128,7 +129,7 @@ def gate(state: Pass, settings: Settings) -> Queue | None:
             return Queue(workload, False, job)
         return Queue(workload, True, _with_admission(job, updates))
     left = _stop(state, verdict)
-    if verdict.state == wl.STATE_EVICTED and not left:
+    if verdict.state == wl.STATE_EVICTED and not left and multikueue.may_release(state):
         client.write_workload_status(workload, wl.released_status(workload, state.now_text))
     _queued(state, queue, verdict, left)
     return Queue(workload, False, job)

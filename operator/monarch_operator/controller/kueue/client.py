@@ -136,6 +136,14 @@ def label_job_queue(namespace: str, name: str, queue: str) -> None:
         {"metadata": {"labels": {wl.LABEL_QUEUE_NAME: queue}}})
 
 
+def annotate_job(namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+    """Merge ``annotations`` into the MonarchJob's own (None removes one): the manager's
+    operator writes the job's metadata, never its status, which MultiKueue owns."""
+    _api().patch_namespaced_custom_object(
+        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name,
+        {"metadata": {"annotations": annotations}})
+
+
 def adopt_workload(workload: dict[str, Any], owner: dict[str, Any],
                    owner_uid: str) -> dict[str, Any]:
     """Make the job ``owner`` (its controller owner reference, :func:`..builders.common.

@@ -8,9 +8,16 @@ v0.19.2). No pod, StatefulSet, Secret or ConfigMap is made here, and the job's s
 written: MultiKueue replaces it wholesale with the worker copy's
 (``externalframeworks/adapter.go``, ``copyStatusFromRemote``). What the operator still does:
 
-- an evicted Workload's quota is given back at once (nothing runs here to stop first), as
-  Kueue's job integrations do after stopping the job; MultiKueue then deletes the worker's
-  copy;
+- an evicted Workload's quota is given back, as Kueue's job integrations do after stopping
+  the job; MultiKueue then deletes the worker's copy. Nothing runs here, so that is at once,
+  except for a dispatched job with ``runPolicy.checkpointGracePeriodSeconds`` above 0: while
+  the quota stays reserved MultiKueue marks the worker's Workload for deactivation ("Evicted
+  on manager") instead of deleting the copy, the worker's Kueue evicts it and the worker's
+  operator stops the launcher first, giving the program its grace period to save its state.
+  The quota goes back once the status MultiKueue copies shows that attempt ended
+  (:func:`copy_stopped`), or :data:`STOP_MARGIN_SECONDS` past the grace period (a worker that
+  does not answer). The checkpoint the copy named is kept on the job
+  (``monarch-operator.dev/resume-checkpoint``), which MultiKueue copies to the next dispatch;
 - ``spec.suspend: true`` deactivates the Workload (``spec.active: false``: evicted, quota
   given back, the worker's copy deleted), and ``false`` activates it again, only when the
   operator deactivated it;
@@ -25,6 +32,7 @@ written: MultiKueue replaces it wholesale with the worker copy's
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -33,7 +41,9 @@ from monarch_operator import constants, names
 from monarch_operator.controller.k8s import errors, writes
 from monarch_operator.controller.kueue import admission, client
 from monarch_operator.controller.kueue import workload as wl
+from monarch_operator.controller.spec.policy import EVICTED
 from monarch_operator.controller.spec.settings import Settings
+from monarch_operator.controller.state import deadlines
 from monarch_operator.controller.state import status as st
 from monarch_operator.controller.state.passstate import Event, Pass
 
@@ -49,6 +59,10 @@ REASON_ACTIVATED = "WorkloadActivated"
 # On the Workload: the operator set spec.active false for spec.suspend (and only then sets it
 # true again; Kueue deactivates Workloads itself too, e.g. after backoffLimitCount).
 ANNOTATION_DEACTIVATED = f"{constants.GROUP}/deactivated-for-suspend"
+# How long past a dispatched job's checkpoint grace period the quota stays reserved for the
+# worker's copy to show it stopped: the worker's Kueue and operator reacting to the
+# deactivation, the launcher's pod ending and MultiKueue copying the status (seconds).
+STOP_MARGIN_SECONDS = 30.0
 
 
 def dispatch(state: Pass, settings: Settings) -> bool:
@@ -70,11 +84,8 @@ def dispatch(state: Pass, settings: Settings) -> bool:
         return False
     _follow_suspend(state, workload)
     verdict = wl.admission(workload)
-    if verdict.state == wl.STATE_EVICTED:  # nothing runs here: give the quota back now
-        if client.write_workload_status(workload, wl.released_status(workload, state.now_text)):
-            state.events.append(Event("Normal", REASON_QUOTA_RELEASED, (
-                f"evicted by Kueue ({verdict.reason}: {verdict.message}); quota given back, "
-                "MultiKueue deletes the worker cluster's copy")))
+    if verdict.state == wl.STATE_EVICTED:
+        _release(state, workload, verdict)
         return False  # the Workload's next event brings the pass that says Queued
     if verdict.state in (wl.STATE_FINISHED, wl.STATE_ADMITTED):
         return False  # MultiKueue's to copy (its admission check is Ready once dispatched)
@@ -85,6 +96,123 @@ def dispatch(state: Pass, settings: Settings) -> bool:
     if st.get_condition(state.status, st.RUNNING) is not None:
         state.condition(st.RUNNING, False, REASON_AWAITING_DISPATCH, "not running anywhere")
     return True
+
+
+def _release(state: Pass, workload: dict[str, Any], verdict: wl.Admission) -> None:
+    """Give an evicted Workload's quota back, unless the worker's copy is still being given
+    its checkpoint grace period (:func:`hold_seconds`: a pass comes back by its deadline)."""
+    hold = hold_seconds(state.job.run_policy.checkpoint_grace_seconds, workload,
+                        state.status, state.now)
+    if hold is not None:
+        state.wake_in(hold)
+        return
+    stopped = copy_stopped(state.status, evicted_at(workload))
+    where = checkpoint_of(state.status) if stopped else None
+    if where and where != state.job.resume_checkpoint:
+        client.annotate_job(state.job.namespace, state.job.name,
+                            {constants.ANNOTATION_RESUME_CHECKPOINT: where})
+    if not client.write_workload_status(workload, wl.released_status(workload, state.now_text)):
+        return
+    if stopped:
+        after = ("once the worker cluster's copy had stopped"
+                 + (f" (checkpoint {where}, kept for the next dispatch)" if where else ""))
+    elif state.job.run_policy.checkpoint_grace_seconds <= 0:
+        after = "at once (no runPolicy.checkpointGracePeriodSeconds to give)"
+    elif not (was_dispatched(workload) or launcher_running(state.status)):
+        after = "at once (not dispatched: nothing runs on a worker cluster)"
+    else:
+        after = (f"the worker cluster's copy did not show it stopped within "
+                 f"runPolicy.checkpointGracePeriodSeconds + {STOP_MARGIN_SECONDS:.0f} s")
+    state.events.append(Event("Normal", REASON_QUOTA_RELEASED, (
+        f"evicted by Kueue ({verdict.reason}: {verdict.message}); quota given back {after}; "
+        "MultiKueue deletes the worker cluster's copy")))
+
+
+# How Kueue words an admission check it reset as it evicted the Workload
+# (pkg/workload/evict/evict.go, resetChecksOnEviction, v0.19.2); it clears status.clusterName
+# at the same time, so this is what is left saying that a worker had admitted the copy.
+_RESET_AFTER_READY = "Previously: Ready"
+
+
+def was_dispatched(workload: dict[str, Any]) -> bool:
+    """Whether the evicted Workload had been dispatched: its MultiKueue admission check was
+    ``Ready`` (a worker admitted the copy) when Kueue evicted it, or still is."""
+    return any(check.get("state") == "Ready"
+               or str(check.get("message") or "").endswith(_RESET_AFTER_READY)
+               for check in (workload.get("status") or {}).get("admissionChecks") or [])
+
+
+def launcher_running(status: dict[str, Any]) -> bool:
+    """Whether the status MultiKueue last copied shows the copy's launcher running (its
+    current attempt launched, not ended). The copy may be further on than this: MultiKueue
+    copies the status when the worker's Workload changes, not each time the copy's does."""
+    attempts = status.get("attempts") or []
+    current = attempts[-1] if attempts else {}
+    return (current.get("number") == status.get("attempt") and bool(current.get("launchTime"))
+            and not current.get("endTime"))
+
+
+def evicted_at(workload: dict[str, Any]) -> dt.datetime | None:
+    """When Kueue evicted the Workload (its ``Evicted`` condition's lastTransitionTime, UTC),
+    or None when it has no such time."""
+    for condition in (workload.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == wl.EVICTED and condition.get("status") == "True":
+            try:
+                return deadlines.parse_time(str(condition.get("lastTransitionTime")))
+            except ValueError:
+                return None
+    return None
+
+
+def copy_stopped(status: dict[str, Any], since: dt.datetime | None) -> bool:
+    """Whether the worker copy's status (as MultiKueue copied it here) shows its running
+    attempt ended by an eviction at or after ``since``, its launcher's end read: the worker's
+    operator ends the attempt (class ``Evicted``, ``endTime``) once its launcher is gone,
+    having had its grace period, and records the launcher's ``exitCode`` and the checkpoint
+    it named from the pod's last state (one read, possibly a pass later; a copy is seen
+    between the two). An earlier eviction of the same copy ends before ``since``."""
+    ended = [record for record in status.get("attempts") or [] if record.get("class")]
+    if not ended or ended[-1].get("class") != EVICTED or not ended[-1].get("endTime"):
+        return False
+    if ended[-1].get("exitCode") is None and not ended[-1].get("checkpoint"):
+        return False
+    if since is None:
+        return True
+    try:
+        return deadlines.parse_time(str(ended[-1]["endTime"])) >= since
+    except ValueError:
+        return False
+
+
+def checkpoint_of(status: dict[str, Any]) -> str | None:
+    """The checkpoint the copy's program last named (``status.lastCheckpoint.location``)."""
+    return (status.get("lastCheckpoint") or {}).get("location") or None
+
+
+def hold_seconds(grace_seconds: int, workload: dict[str, Any], status: dict[str, Any],
+                 now: dt.datetime) -> float | None:
+    """How many more seconds an evicted Workload's quota stays reserved, or None to give it
+    back now.
+
+    Args:
+        grace_seconds: the job's ``runPolicy.checkpointGracePeriodSeconds``.
+        workload: the manager's Workload (Evicted=True, quota still reserved).
+        status: the job's status, as MultiKueue copied it from the worker's copy.
+        now: the current time (aware UTC).
+
+    Returns:
+        None when nothing needs the quota kept: no grace period, never dispatched
+        (:func:`was_dispatched`, :func:`launcher_running`), the copy shows its attempt ended
+        (:func:`copy_stopped`), or the grace period plus :data:`STOP_MARGIN_SECONDS` from the
+        eviction is over; else the seconds left of that.
+    """
+    since = evicted_at(workload)
+    if grace_seconds <= 0 or since is None or copy_stopped(status, since):
+        return None
+    if not (was_dispatched(workload) or launcher_running(status)):
+        return None
+    left = grace_seconds + STOP_MARGIN_SECONDS - (now - since).total_seconds()
+    return left if left > 0 else None
 
 
 def _ensure_workload(state: Pass, settings: Settings, queue: str) -> dict[str, Any] | None:

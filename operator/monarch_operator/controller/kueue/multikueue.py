@@ -115,3 +115,18 @@ def may_finish(state: Pass, finished_written: bool) -> bool:
         return True
     state.wake_in(FINISH_RECHECK_SECONDS)
     return False
+
+
+def may_release(state: Pass) -> bool:
+    """Whether an evicted copy, its pods gone, may give its Workload's quota back now: always,
+    unless it is a MultiKueue copy whose ended attempt (and checkpoint) is not written yet
+    (then a pass comes back soon). The quota given back is the Workload change on which
+    MultiKueue copies the copy's status to the manager, whose operator waits for that ended
+    attempt before it gives its own quota back (:func:`.manager.hold_seconds`)."""
+    if not state.job.prebuilt_workload:
+        return True
+    if all(state.status.get(key) == state.stored.get(key)
+           for key in ("attempts", "lastCheckpoint")):
+        return True
+    state.wake_in(FINISH_RECHECK_SECONDS)
+    return False

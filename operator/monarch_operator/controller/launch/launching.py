@@ -173,15 +173,18 @@ def _launch(state: Pass, settings: Settings, worker_pods: list[dict[str, Any]],
     pods it starts on are recorded so that losing one is noticed."""
     job = state.job
     attempt = int(state.status["attempt"])
+    # An earlier attempt's checkpoint, else the one the job's annotation names (a MultiKueue
+    # copy dispatched again after its previous copy saved one: controller/kueue/manager.py).
+    resume = checkpoints.location(state.status) or job.resume_checkpoint
     _, (launcher, created) = writes.ensure_together(
         build_hostfile_configmap(job, settings, worker_pods),
         build_launcher_pod(job, settings, attempt, int(state.status.get("restartCount") or 0),
-                           checkpoints.location(state.status)),
+                           resume),
         owner_uid=job.uid)
     state.status["attemptWorkers"] = attempts.snapshot_of(job.worker_pod_names(), worker_pods)
     images = attempts.image_ids(worker_pods, WORKER_CONTAINER)
     state.status = attempts.update_current(state.status, launchTime=state.now_text,
-                                           launcherPod=launcher_name,
+                                           launcherPod=launcher_name, resumedFrom=resume,
                                            **({"workerImages": images} if images else {}))
     if created:
         state.events.append(Event("Normal", st.REASON_LAUNCHER_STARTED,

@@ -114,6 +114,9 @@ class JobSpec:
     # On a MultiKueue worker's copy: the Workload MultiKueue made for it (annotation, else
     # label kueue.x-k8s.io/prebuilt-workload-name), adopted instead of making one.
     prebuilt_workload: str | None = None
+    # Annotation monarch-operator.dev/resume-checkpoint: the checkpoint an attempt without a
+    # status.lastCheckpoint of its own starts from (a MultiKueue copy dispatched again).
+    resume_checkpoint: str | None = None
 
     @property
     def groups(self) -> tuple[WorkerGroup, ...]:
@@ -229,6 +232,8 @@ class JobSpec:
             prebuilt_workload=((metadata.get("annotations") or {}).get(KUEUE_PREBUILT_WORKLOAD)
                                or (metadata.get("labels") or {}).get(KUEUE_PREBUILT_WORKLOAD)
                                or None),
+            resume_checkpoint=((metadata.get("annotations") or {}).get(
+                constants.ANNOTATION_RESUME_CHECKPOINT) or None),
         )
 
     @property
