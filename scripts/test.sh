@@ -5,9 +5,10 @@
 #   MONARCH_TEST_WORKERS=N   N pytest-xdist workers (default 2; 0: one test at a time). Each
 #                            worker runs whole modules on a kwok cluster of its own, all the
 #                            real-node tests run in one worker, longest modules first, the
-#                            machine-alone modules last (tests/parallel.py). One at a time the
-#                            suite takes about 70 minutes, and a fresh machine's set-up 31 more:
-#                            over CI's 90 (docs/development.md, "How the suite runs in parallel").
+#                            machine-alone modules last (tests/parallel.py). With 2 workers the
+#                            tests take 40-45 minutes on 2 cores with warm caches, and a fresh
+#                            machine's set-up about 21 more; one at a time about 70 minutes
+#                            (docs/development.md, "How the suite runs in parallel").
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
