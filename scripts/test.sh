@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Usage: scripts/test.sh [PYTEST ARGUMENTS...]   e.g. scripts/test.sh tests/unit -k hostfile
 # All tests: unit, launcher over loopback sshd, cluster (operator on the local control plane),
 # images and end to end (the sample MonarchJob to Succeeded on real nodes). The end of the
 # output has a phase table (set-up, each test folder) and the 40 slowest tests with --durations=40.
