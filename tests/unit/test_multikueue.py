@@ -173,8 +173,8 @@ def test_a_dispatched_job_with_a_grace_period_keeps_the_quota_while_its_copy_sav
     assert api["annotations"] == [
         ("demo", {constants.ANNOTATION_RESUME_CHECKPOINT: "s3://ck/step-40"})]
     [event] = outcome.events
-    assert "once the worker cluster's copy had stopped (checkpoint s3://ck/step-40" in (
-        event.message)
+    assert ("once the worker cluster's copy had stopped; checkpoint s3://ck/step-40 kept for "
+            "the next dispatch") in event.message
 
 
 def test_the_quota_goes_back_past_the_grace_period_even_if_the_copy_never_shows_it_stopped(api):
@@ -182,7 +182,34 @@ def test_the_quota_goes_back_past_the_grace_period_even_if_the_copy_never_shows_
     late = NOW + dt.timedelta(seconds=30 + manager.STOP_MARGIN_SECONDS)
     outcome = reconcile.reconcile(dispatched(SAVING, **GRACE), Settings(), late)
     assert len(api["workload_status"]) == 1 and not api["annotations"]
-    assert "did not show it stopped" in outcome.events[0].message
+    assert "after waiting in vain for the worker cluster's copy" in outcome.events[0].message
+
+
+def test_a_checkpoint_in_the_copied_status_is_kept_however_the_quota_goes_back(api):
+    # Saved on a schedule (status.lastCheckpoint), then suspended: the copy goes at once, and
+    # the next dispatch still starts from it.
+    saved = {**SAVING, "lastCheckpoint": {"location": "s3://ck/step-30", "attempt": 2}}
+    api["workload"] = evicted_workload(DISPATCHED_EVICTED)
+    api["workload"]["spec"] = {"active": False}
+    reconcile.reconcile(dispatched(saved, suspend=True, **GRACE), Settings(), NOW)
+    assert len(api["workload_status"]) == 1
+    assert api["annotations"] == [
+        ("demo", {constants.ANNOTATION_RESUME_CHECKPOINT: "s3://ck/step-30"})]
+    # Already on the job: not written again.
+    api["annotations"].clear()
+    body = dispatched(saved, **GRACE)
+    body["metadata"]["annotations"] = {constants.ANNOTATION_RESUME_CHECKPOINT: "s3://ck/step-30"}
+    api["workload"]["spec"] = {}
+    reconcile.reconcile(body, Settings(), NOW + dt.timedelta(seconds=120))
+    assert api["annotations"] == []
+
+
+def test_a_suspended_job_holds_no_quota_for_a_copy_multikueue_deletes_at_once(api):
+    api["workload"] = evicted_workload(DISPATCHED_EVICTED)
+    api["workload"]["spec"] = {"active": False}
+    outcome = reconcile.reconcile(dispatched(SAVING, suspend=True, **GRACE), Settings(), NOW)
+    assert len(api["workload_status"]) == 1
+    assert "at once (deactivated" in outcome.events[-1].message
 
 
 NOT_LAUNCHED = {"phase": "Starting", "attempt": 1, "attempts": [

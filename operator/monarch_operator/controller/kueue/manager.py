@@ -16,8 +16,10 @@ written: MultiKueue replaces it wholesale with the worker copy's
   operator stops the launcher first, giving the program its grace period to save its state.
   The quota goes back once the status MultiKueue copies shows that attempt ended
   (:func:`copy_stopped`), or :data:`STOP_MARGIN_SECONDS` past the grace period (a worker that
-  does not answer). The checkpoint the copy named is kept on the job
-  (``monarch-operator.dev/resume-checkpoint``), which MultiKueue copies to the next dispatch;
+  does not answer). Not for a deactivated Workload (``spec.suspend``): MultiKueue deletes a
+  copy whose Workload spec differs at once. The last checkpoint the copied status names is
+  kept on the job (``monarch-operator.dev/resume-checkpoint``) whenever the quota goes back,
+  and MultiKueue copies it to the next dispatch;
 - ``spec.suspend: true`` deactivates the Workload (``spec.active: false``: evicted, quota
   given back, the worker's copy deleted), and ``false`` activates it again, only when the
   operator deactivated it;
@@ -107,25 +109,32 @@ def _release(state: Pass, workload: dict[str, Any], verdict: wl.Admission) -> No
         state.wake_in(hold)
         return
     stopped = copy_stopped(state.status, evicted_at(workload))
-    where = checkpoint_of(state.status) if stopped else None
+    where = checkpoint_of(state.status)  # this copy's, or one saved earlier on a schedule
     if where and where != state.job.resume_checkpoint:
         client.annotate_job(state.job.namespace, state.job.name,
                             {constants.ANNOTATION_RESUME_CHECKPOINT: where})
     if not client.write_workload_status(workload, wl.released_status(workload, state.now_text)):
         return
     if stopped:
-        after = ("once the worker cluster's copy had stopped"
-                 + (f" (checkpoint {where}, kept for the next dispatch)" if where else ""))
+        after = "once the worker cluster's copy had stopped"
     elif state.job.run_policy.checkpoint_grace_seconds <= 0:
         after = "at once (no runPolicy.checkpointGracePeriodSeconds to give)"
+    elif not _active(workload):
+        after = "at once (deactivated: MultiKueue deletes the worker cluster's copy at once)"
     elif not (was_dispatched(workload) or launcher_running(state.status)):
         after = "at once (not dispatched: nothing runs on a worker cluster)"
     else:
-        after = (f"the worker cluster's copy did not show it stopped within "
-                 f"runPolicy.checkpointGracePeriodSeconds + {STOP_MARGIN_SECONDS:.0f} s")
+        after = (f"after waiting in vain for the worker cluster's copy to show it stopped "
+                 f"(runPolicy.checkpointGracePeriodSeconds + {STOP_MARGIN_SECONDS:.0f} s)")
+    kept = f"; checkpoint {where} kept for the next dispatch" if where else ""
     state.events.append(Event("Normal", REASON_QUOTA_RELEASED, (
-        f"evicted by Kueue ({verdict.reason}: {verdict.message}); quota given back {after}; "
-        "MultiKueue deletes the worker cluster's copy")))
+        f"evicted by Kueue ({verdict.reason}: {verdict.message}); quota given back {after}"
+        f"{kept}; MultiKueue deletes the worker cluster's copy")))
+
+
+def _active(workload: dict[str, Any]) -> bool:
+    """Whether the Workload is active (``spec.active`` not false)."""
+    return (workload.get("spec") or {}).get("active") is not False
 
 
 # How Kueue words an admission check it reset as it evicted the Workload
@@ -201,13 +210,19 @@ def hold_seconds(grace_seconds: int, workload: dict[str, Any], status: dict[str,
         now: the current time (aware UTC).
 
     Returns:
-        None when nothing needs the quota kept: no grace period, never dispatched
-        (:func:`was_dispatched`, :func:`launcher_running`), the copy shows its attempt ended
+        None when nothing needs the quota kept: no grace period, the Workload deactivated,
+        never dispatched (:func:`was_dispatched`, :func:`launcher_running`), the copy shows
+        its attempt ended
         (:func:`copy_stopped`), or the grace period plus :data:`STOP_MARGIN_SECONDS` from the
         eviction is over; else the seconds left of that.
     """
     since = evicted_at(workload)
     if grace_seconds <= 0 or since is None or copy_stopped(status, since):
+        return None
+    # Deactivated (spec.suspend, or by Kueue): the copy's Workload spec no longer matches this
+    # one's, and MultiKueue deletes such a copy at once (isRemoteSpecOutOfSync in
+    # multikueue/workload.go): there is no grace period to keep the quota for.
+    if not _active(workload):
         return None
     if not (was_dispatched(workload) or launcher_running(status)):
         return None
