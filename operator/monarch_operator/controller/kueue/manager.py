@@ -103,29 +103,19 @@ def dispatch(state: Pass, settings: Settings) -> bool:
 def _release(state: Pass, workload: dict[str, Any], verdict: wl.Admission) -> None:
     """Give an evicted Workload's quota back, unless the worker's copy is still being given
     its checkpoint grace period (:func:`hold_seconds`: a pass comes back by its deadline)."""
-    hold = hold_seconds(state.job.run_policy.checkpoint_grace_seconds, workload,
-                        state.status, state.now)
+    hold, after = hold_seconds(state.job.run_policy.checkpoint_grace_seconds, workload,
+                               state.status, state.now)
     if hold is not None:
         state.wake_in(hold)
         return
-    stopped = copy_stopped(state.status, evicted_at(workload))
-    where = checkpoint_of(state.status)  # this copy's, or one saved earlier on a schedule
+    # This copy's checkpoint, or one saved on a schedule (launch.checkpoints.location's read;
+    # launch is a layer above this one).
+    where = (state.status.get("lastCheckpoint") or {}).get("location") or None
     if where and where != state.job.resume_checkpoint:
         client.annotate_job(state.job.namespace, state.job.name,
                             {constants.ANNOTATION_RESUME_CHECKPOINT: where})
     if not client.write_workload_status(workload, wl.released_status(workload, state.now_text)):
         return
-    if stopped:
-        after = "once the worker cluster's copy had stopped"
-    elif state.job.run_policy.checkpoint_grace_seconds <= 0:
-        after = "at once (no runPolicy.checkpointGracePeriodSeconds to give)"
-    elif not _active(workload):
-        after = "at once (deactivated: MultiKueue deletes the worker cluster's copy at once)"
-    elif not (was_dispatched(workload) or launcher_running(state.status)):
-        after = "at once (not dispatched: nothing runs on a worker cluster)"
-    else:
-        after = (f"after waiting in vain for the worker cluster's copy to show it stopped "
-                 f"(runPolicy.checkpointGracePeriodSeconds + {STOP_MARGIN_SECONDS:.0f} s)")
     kept = f"; checkpoint {where} kept for the next dispatch" if where else ""
     state.events.append(Event("Normal", REASON_QUOTA_RELEASED, (
         f"evicted by Kueue ({verdict.reason}: {verdict.message}); quota given back {after}"
@@ -193,15 +183,10 @@ def copy_stopped(status: dict[str, Any], since: dt.datetime | None) -> bool:
         return False
 
 
-def checkpoint_of(status: dict[str, Any]) -> str | None:
-    """The checkpoint the copy's program last named (``status.lastCheckpoint.location``)."""
-    return (status.get("lastCheckpoint") or {}).get("location") or None
-
-
 def hold_seconds(grace_seconds: int, workload: dict[str, Any], status: dict[str, Any],
-                 now: dt.datetime) -> float | None:
-    """How many more seconds an evicted Workload's quota stays reserved, or None to give it
-    back now.
+                 now: dt.datetime) -> tuple[float | None, str]:
+    """How many more seconds an evicted Workload's quota stays reserved (None: give it back
+    now), and, when None, the words for the Event saying why it goes back now.
 
     Args:
         grace_seconds: the job's ``runPolicy.checkpointGracePeriodSeconds``.
@@ -210,24 +195,30 @@ def hold_seconds(grace_seconds: int, workload: dict[str, Any], status: dict[str,
         now: the current time (aware UTC).
 
     Returns:
-        None when nothing needs the quota kept: no grace period, the Workload deactivated,
-        never dispatched (:func:`was_dispatched`, :func:`launcher_running`), the copy shows
-        its attempt ended
-        (:func:`copy_stopped`), or the grace period plus :data:`STOP_MARGIN_SECONDS` from the
-        eviction is over; else the seconds left of that.
+        None when nothing needs the quota kept: the copy shows its attempt ended
+        (:func:`copy_stopped`), no grace period, the Workload deactivated, never dispatched
+        (:func:`was_dispatched`, :func:`launcher_running`), or the grace period plus
+        :data:`STOP_MARGIN_SECONDS` from the eviction is over; else the seconds left of that.
+        The words: "once the worker cluster's copy had stopped", "at once (...)" or "after
+        waiting in vain ..."; empty while it holds.
     """
     since = evicted_at(workload)
-    if grace_seconds <= 0 or since is None or copy_stopped(status, since):
-        return None
+    if copy_stopped(status, since):
+        return None, "once the worker cluster's copy had stopped"
+    if grace_seconds <= 0 or since is None:
+        return None, "at once (no runPolicy.checkpointGracePeriodSeconds to give)"
     # Deactivated (spec.suspend, or by Kueue): the copy's Workload spec no longer matches this
     # one's, and MultiKueue deletes such a copy at once (isRemoteSpecOutOfSync in
     # multikueue/workload.go): there is no grace period to keep the quota for.
     if not _active(workload):
-        return None
+        return None, "at once (deactivated: MultiKueue deletes the worker cluster's copy at once)"
     if not (was_dispatched(workload) or launcher_running(status)):
-        return None
+        return None, "at once (not dispatched: nothing runs on a worker cluster)"
     left = grace_seconds + STOP_MARGIN_SECONDS - (now - since).total_seconds()
-    return left if left > 0 else None
+    if left > 0:
+        return left, ""
+    return None, (f"after waiting in vain for the worker cluster's copy to show it stopped "
+                  f"(runPolicy.checkpointGracePeriodSeconds + {STOP_MARGIN_SECONDS:.0f} s)")
 
 
 def _ensure_workload(state: Pass, settings: Settings, queue: str) -> dict[str, Any] | None:
