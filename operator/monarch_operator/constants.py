@@ -10,6 +10,7 @@ VERSION = "v1alpha1"
 # Plural used in URLs and by kopf.
 PLURAL = "monarchjobs"
 KIND = "MonarchJob"
+API_VERSION = f"{GROUP}/{VERSION}"
 
 # Labels set on every child so that `kubectl get all -l monarch-operator.dev/job=<name>` finds them.
 LABEL_JOB = f"{GROUP}/job"

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubernetes.client.rest import ApiException
 
 from monarch_operator.controller.k8s import cache, client, reads, writes
+from tests import apifake
 
 JOB_KIND = ("monarch-operator.dev/v1alpha1", "MonarchJob")
 POD, SECRET = ("v1", "Pod"), ("v1", "Secret")
@@ -124,33 +124,31 @@ def test_a_status_patch_after_a_spec_edit_is_not_taken_as_our_own_write():
 
 
 class FakeApi:
-    """The API's read (typed client) and create (:func:`.writes._post`) of Secrets; records every
-    call."""
+    """The API's read and create of Secrets, through the layer's one client
+    (:mod:`tests.apifake`); records every call as ``get NAME`` or ``create NAME``."""
 
     def __init__(self, existing: dict[str, Any] | None = None) -> None:
         self.existing = existing
         self.calls: list[str] = []
+        self.api = apifake.FakeApi(self.answer)
 
-    def read_namespaced_secret(self, name: str, namespace: str) -> dict[str, Any]:
-        self.calls.append(f"get {name}")
-        if self.existing is None:
-            raise ApiException(status=404)
-        return self.existing
-
-    def create_namespaced_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(f"create {body['metadata']['name']}")
+    def answer(self, request: apifake.Request) -> tuple[int, Any]:
+        collection = "/api/v1/namespaces/ns/secrets"
+        if request.method == "GET":
+            self.calls.append(f"get {request.path.removeprefix(collection + '/')}")
+            return (404, {"kind": "Status"}) if self.existing is None else (200, self.existing)
+        assert (request.method, request.path) == ("POST", collection), request
+        self.calls.append(f"create {request.body['metadata']['name']}")
         if self.existing is not None:
-            raise ApiException(status=409)
-        self.existing = {**body, "metadata": {**body["metadata"], "uid": "s-new"}}
-        return self.existing
+            return 409, {"kind": "Status", "reason": "AlreadyExists"}
+        self.existing = {**request.body, "metadata": {**request.body["metadata"], "uid": "s-new"}}
+        return 201, self.existing
 
 
 @pytest.fixture()
 def fake_api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     api = FakeApi()
-    monkeypatch.setattr(client, "_api", lambda api_version, kind: (api, "namespaced_secret"))
-    monkeypatch.setattr(writes, "_post", lambda desired: api.create_namespaced_secret(
-        desired["metadata"]["namespace"], desired))
+    monkeypatch.setattr(client, "_client", lambda: api.api.client)
     return api
 
 

@@ -1,11 +1,12 @@
 """Least privilege: the chart grants exactly the API calls the operator makes, and no ``*``.
 
 "What the operator uses" is read from the code, not written down a second time:
-- the calls in ``controller/k8s/`` (the only layer that talks to the API): the typed client's
-  methods (``list_namespaced_pod`` is ``list`` on ``pods``), its own JSON requests
-  (``RAW_REQUESTS``) and the generic ``read``/``ensure``/``delete`` helpers, whose kinds come
-  from their call sites in the other controller modules (a literal ``("apps/v1",
-  "StatefulSet")``, or the ``kind`` a ``build_*`` builder returns);
+- the calls in ``controller/k8s/`` (the only layer that talks to the API): each
+  ``client.call(verb, apiVersion, resource, ...)`` (``call("list", "v1", "pods", ...)`` is
+  ``list`` on ``pods``), and the generic ``read``/``ensure``/``delete`` helpers (a ``call`` whose
+  resource is a parameter), whose kinds come from their call sites in the other controller
+  modules (a literal ``("apps/v1", "StatefulSet")``, or the ``kind`` a ``build_*`` builder
+  returns);
 - kopf's own needs, from the handlers it has registered: a list+watch stream (also for each
   index of the cache) and annotation
   patches on each handled resource, Events for ``kopf.event``/``kopf.warn`` and posted logs,
@@ -25,6 +26,8 @@ import pytest
 from monarch_operator import constants
 from monarch_operator.controller.builders.common import owner_reference
 from monarch_operator.controller.builders.progress import build_progress_role
+from monarch_operator.controller.k8s import client as k8s_client
+from monarch_operator.controller.kueue import workload
 from monarch_operator.controller.spec.spec import JobSpec
 from tests.chart import CHART, by_kind, render
 
@@ -32,12 +35,12 @@ CONTROLLER = Path(__file__).resolve().parents[2] / "operator" / "monarch_operato
 # The API layer, one module per concern (the watches' cache in it makes no request).
 K8S = CONTROLLER / "k8s"
 K8S_PACKAGE = "monarch_operator.controller.k8s"
-# Verbs of the typed client's method prefixes (kubernetes-client/python naming).
+# Verbs of the typed client's method prefixes (kubernetes-client/python naming): leader
+# election's Lease calls (tests/unit/test_chart_ha.py).
 CLIENT_VERBS = {"read": "get", "get": "get", "list": "list", "create": "create", "delete": "delete",
                 "patch": "patch", "replace": "update"}
-# The k8s layer's own requests past the typed client, by the verb they are (the kind is the
-# caller's).
-RAW_REQUESTS = {"_post": "create"}
+# Modules whose constants name an apiVersion or resource at a call site (``constants.PLURAL``).
+CONSTANTS = {"constants": constants, "wl": workload}
 API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps", "BatchV1Api": "batch",
               "NetworkingV1Api": "networking.k8s.io", "CoordinationV1Api": "coordination.k8s.io",
               "RbacAuthorizationV1Api": "rbac.authorization.k8s.io",
@@ -79,11 +82,42 @@ def client_method_rule(api_class: str, method: str) -> Rule:
     return API_GROUPS[api_class], resource + subresource, CLIENT_VERBS[verb]
 
 
+def _value(node: ast.expr | None) -> str | None:
+    """A call argument's string: a literal, or a constant of :data:`CONSTANTS`; None else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            and node.value.id in CONSTANTS):
+        return str(getattr(CONSTANTS[node.value.id], node.attr))
+    return None
+
+
+def request_rule(node: ast.Call) -> tuple[str, Rule | None] | None:
+    """For a ``call(verb, apiVersion, resource, ...)`` or ``client.call(...)`` / ``k8s_client.
+    call(...)`` node: ``(verb, rule)``, the rule None when the kind is the caller's (its
+    apiVersion or resource not a literal nor a constant); None for any other call."""
+    func = node.func
+    if not ((isinstance(func, ast.Name) and func.id == "call")
+            or (isinstance(func, ast.Attribute) and func.attr == "call"
+                and isinstance(func.value, ast.Name) and func.value.id.endswith("client"))):
+        return None
+    verb = _value(node.args[0])
+    assert verb in {"get", "list", "create", "update", "patch", "delete"}, ast.unparse(node)
+    api_version, resource = _value(node.args[1]), _value(node.args[2])
+    subresource = next((_value(keyword.value) for keyword in node.keywords
+                        if keyword.arg == "subresource"), "")
+    if api_version is None or resource is None:
+        assert not subresource, ast.unparse(node)
+        return verb, None
+    return verb, (group_of(api_version), resource + (f"/{subresource}" if subresource else ""),
+                  verb)
+
+
 def k8s_layer_calls() -> tuple[dict[str, set[str]], dict[str, set[Rule]]]:
     """Per function of the k8s layer: generic verbs (kind chosen by the caller) and fixed rules.
 
-    Its modules call each other's functions as ``module.function`` (``client._api``) and their
-    own by name; function names are unique across the layer."""
+    Its modules call each other's functions as ``module.function`` (``client.plural``) and
+    their own by name; function names are unique across the layer."""
     layer = {path.stem: ast.parse(path.read_text()) for path in sorted(K8S.glob("*.py"))
              if path.name != "cache.py"}
     functions = {node.name: node for tree in layer.values() for node in tree.body
@@ -95,35 +129,21 @@ def k8s_layer_calls() -> tuple[dict[str, set[str]], dict[str, set[Rule]]]:
     fixed: dict[str, set[Rule]] = {name: set() for name in functions}
     calls: dict[str, set[str]] = {name: set() for name in functions}
     for name, function in functions.items():
-        # Local names bound to a typed API (`api = kubernetes.client.CustomObjectsApi(...)`).
-        bound = {target.id: node.value.func.attr for node in ast.walk(function)
-                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                 and isinstance(node.value.func, ast.Attribute)
-                 and node.value.func.attr.endswith("Api")
-                 for target in node.targets if isinstance(target, ast.Name)}
         for node in ast.walk(function):
-            if isinstance(node, ast.Name) and node.id in RAW_REQUESTS:  # called or handed on
-                generic[name].add(RAW_REQUESTS[node.id])
             if not isinstance(node, ast.Call):
                 continue
-            if (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
-                    and node.func.value.id in bound):
-                fixed[name].add(client_method_rule(bound[node.func.value.id], node.func.attr))
-                continue
-            if isinstance(node.func, ast.Name) and node.func.id == "getattr":
-                template = node.args[1]
-                assert isinstance(template, ast.JoinedStr), ast.unparse(node)
-                prefix = template.values[0].value.rstrip("_")
-                generic[name].add(CLIENT_VERBS[prefix])
+            request = request_rule(node)
+            if request is not None:
+                verb, rule = request
+                if rule is None:
+                    generic[name].add(verb)
+                else:
+                    fixed[name].add(rule)
             elif isinstance(node.func, ast.Name) and node.func.id in functions:
                 calls[name].add(node.func.id)
             elif (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
                   and node.func.value.id in layer and node.func.attr in functions):
                 calls[name].add(node.func.attr)
-            elif (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Call)
-                  and isinstance(node.func.value.func, ast.Attribute)
-                  and node.func.value.func.attr.endswith("Api")):
-                fixed[name].add(client_method_rule(node.func.value.func.attr, node.func.attr))
     changed = True
     while changed:  # what a function calls, it needs
         changed = False
@@ -178,9 +198,10 @@ def operator_code_rules() -> set[Rule]:
     """Rules for every call of the k8s layer (``reads.read(...)``, ``writes.ensure(...)``) in the
     controller's other modules.
 
-    The kind of a generic call is a literal pair, a ``build_*`` call, or the parameters of a
+    The kind of a generic call is a literal pair, a ``build_*`` call, the parameters of a
     helper in the same module (such as ``_delete_child(api_version, kind, ...)``; none at
-    present) whose own call sites pass literals.
+    present) whose own call sites pass literals, or variables set at run time (then every kind
+    the layer knows, :data:`.k8s.client._KINDS`).
     """
     generic, fixed = k8s_layer_calls()
     builders = builder_kinds()
@@ -224,6 +245,12 @@ def operator_code_rules() -> set[Rule]:
                     helpers[function.name] = (verbs | generic[name],
                                               parameters.index(first.id),
                                               parameters.index(node.args[1].id))
+                elif isinstance(first, ast.Name) and isinstance(node.args[1], ast.Name):
+                    # A kind found at run time (a leftover child of any cached kind): the layer
+                    # takes only the kinds it knows (client.plural raises KeyError for others).
+                    rules |= {(group_of(api_version), resource, verb)
+                              for (api_version, _), resource in k8s_client._KINDS.items()
+                              for verb in generic[name]}
                 else:
                     pytest.fail(f"{path.name}: cannot tell the kind of {ast.unparse(node)}; "
                                 "pass (apiVersion, kind) literals, a build_* call, or the "
@@ -241,29 +268,22 @@ def operator_code_rules() -> set[Rule]:
 
 def kueue_client_rules() -> set[Rule]:
     """Rules for ``controller/kueue/client.py``, the Kueue part of the API layer: each
-    ``_api().<method>(group, version, [namespace,] "<plural>", ...)`` and ``_get(namespace,
-    "<plural>", name)`` call (plural ``constants.PLURAL``: a MonarchJob)."""
+    ``k8s_client.call(verb, apiVersion, resource, ...)``, and each ``_get(namespace,
+    "<resource>", name)`` (a ``get`` of a Kueue object)."""
     module = ast.parse((CONTROLLER / "kueue" / "client.py").read_text())
     rules: set[Rule] = set()
     for node in ast.walk(module):
         if not isinstance(node, ast.Call):
             continue
-        plurals = [arg.value for arg in node.args
-                   if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
-        if any(isinstance(arg, ast.Attribute) and arg.attr == "PLURAL" for arg in node.args):
-            group = constants.GROUP
-            plurals = [constants.PLURAL]
-        else:
-            group = "kueue.x-k8s.io"
-        if isinstance(node.func, ast.Name) and node.func.id == "_get":
-            rules |= {(group, plural_, "get") for plural_ in plurals}
-        elif (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Call)
-              and isinstance(node.func.value.func, ast.Name)
-              and node.func.value.func.id == "_api"):
-            verb = CLIENT_VERBS[node.func.attr.partition("_")[0]]
-            subresource = "/status" if node.func.attr.endswith("_status") else ""
-            if plurals:
-                rules |= {(group, plurals[0] + subresource, verb)}
+        request = request_rule(node)
+        if request is not None:
+            verb, rule = request
+            if rule is not None:
+                rules.add(rule)
+            else:  # only _get's, whose resource its callers name
+                assert verb == "get", ast.unparse(node)
+        elif isinstance(node.func, ast.Name) and node.func.id == "_get":
+            rules.add((workload.GROUP, _value(node.args[1]), "get"))
     return rules
 
 

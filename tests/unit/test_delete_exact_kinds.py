@@ -5,7 +5,6 @@ child of a job`` and a traceback in the operator's log."""
 
 from __future__ import annotations
 
-import kubernetes
 import pytest
 
 from monarch_operator.controller.builders.networkpolicy import build_network_policy
@@ -18,30 +17,14 @@ from monarch_operator.controller.builders.progress import (
 from monarch_operator.controller.builders.service import build_worker_service
 from monarch_operator.controller.k8s import client, deletes
 from monarch_operator.controller.spec.spec import JobSpec
-
-
-class RecordingApi:
-    """Stands for one typed API class: records each ``delete_namespaced_*`` call."""
-
-    calls: list[tuple[str, str, str, str]] = []
-
-    def __init__(self, _client: object) -> None:
-        pass
-
-    def __getattr__(self, method: str):
-        def call(name: str, namespace: str, body: object) -> None:
-            assert body.preconditions.uid == "uid-1"
-            RecordingApi.calls.append((type(self).__name__, method, namespace, name))
-        return call
+from tests.apifake import FakeApi, Request
 
 
 @pytest.fixture
-def recorded(monkeypatch) -> list[tuple[str, str, str, str]]:
-    RecordingApi.calls = []
-    for api in ("CoreV1Api", "AppsV1Api", "NetworkingV1Api", "RbacAuthorizationV1Api"):
-        monkeypatch.setattr(kubernetes.client, api, type(api, (RecordingApi,), {}))
-    monkeypatch.setattr(client, "_client", lambda: None)
-    return RecordingApi.calls
+def recorded(monkeypatch) -> list[Request]:
+    fake = FakeApi(lambda request: (200, {"kind": "Status", "status": "Success"}))
+    monkeypatch.setattr(client, "_client", lambda: fake.client)
+    return fake.requests
 
 
 def job() -> JobSpec:
@@ -50,19 +33,35 @@ def job() -> JobSpec:
         "spec": {"image": "img", "workers": {"replicas": 2, "gpusPerWorker": 1}}})
 
 
-@pytest.mark.parametrize("build, method", [
-    (build_launcher_account, "delete_namespaced_service_account"),
-    (build_progress_role, "delete_namespaced_role"),
-    (build_progress_binding, "delete_namespaced_role_binding"),
-    (build_progress_configmap, "delete_namespaced_config_map"),
-    (build_worker_service, "delete_namespaced_service"),
-    (build_network_policy, "delete_namespaced_network_policy"),
+@pytest.mark.parametrize("build, collection", [
+    (build_launcher_account, "/api/v1/namespaces/team-a/serviceaccounts"),
+    (build_progress_role, "/apis/rbac.authorization.k8s.io/v1/namespaces/team-a/roles"),
+    (build_progress_binding, "/apis/rbac.authorization.k8s.io/v1/namespaces/team-a/rolebindings"),
+    (build_progress_configmap, "/api/v1/namespaces/team-a/configmaps"),
+    (build_worker_service, "/api/v1/namespaces/team-a/services"),
+    (build_network_policy, "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies"),
 ])
-def test_every_child_kind_is_deleted_by_uid(recorded, build, method):
+def test_every_child_kind_is_deleted_by_uid(recorded, build, collection):
     child = build(job())
     assert deletes.delete_exact(child["apiVersion"], child["kind"], "team-a",
-                            child["metadata"]["name"], "uid-1")
-    assert [call[1:] for call in recorded] == [(method, "team-a", child["metadata"]["name"])]
+                                child["metadata"]["name"], "uid-1")
+    assert recorded == [Request("DELETE", f"{collection}/{child['metadata']['name']}", {}, {
+        "propagationPolicy": "Background", "preconditions": {"uid": "uid-1"}})]
+
+
+def test_gone_or_replaced_is_false_and_other_errors_raise(monkeypatch):
+    """404 (gone already) and 409 (the uid precondition failed: a namesake replaced it) are
+    "not deleted"; a 500 is the caller's to handle."""
+    from kubernetes.client.rest import ApiException
+
+    statuses = iter([404, 409, 500])
+    fake = FakeApi(lambda request: (next(statuses), {"kind": "Status", "message": "no"}))
+    monkeypatch.setattr(client, "_client", lambda: fake.client)
+    assert deletes.delete_exact("v1", "Secret", "team-a", "s", "uid-1") is False
+    assert deletes.delete_exact("v1", "Secret", "team-a", "s", "uid-1") is False
+    with pytest.raises(ApiException) as raised:
+        deletes.delete_exact("v1", "Secret", "team-a", "s", "uid-1")
+    assert raised.value.status == 500
 
 
 def test_a_kind_never_created_is_refused(recorded):

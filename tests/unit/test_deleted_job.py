@@ -29,11 +29,9 @@ STATEFULSET = ("apps/v1", "StatefulSet")
 
 @pytest.fixture()
 def fake_api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    """The typed client's read/create of Secrets, recording each call (test_cache.py's)."""
+    """The API's read/create of Secrets, recording each call (test_cache.py's)."""
     api = FakeApi()
-    monkeypatch.setattr(client, "_api", lambda api_version, kind: (api, "namespaced_secret"))
-    monkeypatch.setattr(writes, "_post", lambda desired: api.create_namespaced_secret(
-        desired["metadata"]["namespace"], desired))
+    monkeypatch.setattr(client, "_client", lambda: api.api.client)
     return api
 
 
@@ -67,15 +65,16 @@ def test_a_create_that_races_the_deletion_is_deleted_again(fake_api: FakeApi,
     """The DELETED event comes while the create is on the wire: the handler cannot know of the
     new object, so the pass deletes it itself, by uid."""
     job_cache, _, _ = make_cache()
-    create = fake_api.create_namespaced_secret
+    answer = fake_api.api.answer
     handed_to_handler: list[list[Any]] = []
 
-    def create_while_deleted(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        handed_to_handler.append(job_cache.job_deleted(KEY, "job-uid"))
-        return create(namespace, body)
+    def create_while_deleted(request: Any) -> tuple[int, Any]:
+        if request.method == "POST":
+            handed_to_handler.append(job_cache.job_deleted(KEY, "job-uid"))
+        return answer(request)
 
     deleted: list[tuple[str, ...]] = []
-    monkeypatch.setattr(fake_api, "create_namespaced_secret", create_while_deleted)
+    monkeypatch.setattr(fake_api.api, "answer", create_while_deleted)
     monkeypatch.setattr(deletes, "delete_exact", lambda *args: deleted.append(args) or True)
     with client.reading_from(job_cache.view(KEY)), pytest.raises(errors.JobGoneError):
         writes.ensure(owned_secret(""), "job-uid")

@@ -99,35 +99,30 @@ def test_a_failed_launcher_whose_workers_node_went_down_is_infrastructure(
 
 
 def test_node_readiness_is_one_list_and_a_403_ends_reads(monkeypatch):
-    import kubernetes
-    from kubernetes.client.rest import ApiException
+    from tests.apifake import FakeApi, Request
 
     changed = T0 + dt.timedelta(seconds=7)
-    answer: list = []
 
     def node(name, *conditions):
-        return kubernetes.client.V1Node(
-            metadata=kubernetes.client.V1ObjectMeta(name=name),
-            status=kubernetes.client.V1NodeStatus(conditions=[
-                kubernetes.client.V1NodeCondition(type=kind, status=value,
-                                                  last_transition_time=changed)
-                for kind, value in conditions]))
+        return {"metadata": {"name": name}, "status": {"conditions": [
+            {"type": kind, "status": value, "lastTransitionTime": "2026-12-01T12:00:07Z"}
+            for kind, value in conditions]}}
 
-    def list_node(self):
-        answer.append("list")
-        if len(answer) > 1:
-            raise ApiException(status=403)
-        return kubernetes.client.V1NodeList(items=[
+    def answer(request):
+        if len(fake.requests) > 1:
+            return 403, {"kind": "Status", "reason": "Forbidden"}
+        return 200, {"kind": "NodeList", "items": [
             node("up", ("MemoryPressure", "False"), ("Ready", "True")),
-            node("down", ("Ready", "Unknown")), node("new")])
+            node("down", ("Ready", "Unknown")), node("new")]}
 
-    monkeypatch.setattr(kubernetes.client.CoreV1Api, "list_node", list_node)
-    monkeypatch.setattr(client, "_client", lambda: None)
+    fake = FakeApi(answer)
+    monkeypatch.setattr(client, "_client", lambda: fake.client)
     nodes.forget_nodes()
     try:
         assert nodes.node_readiness() == {"up": (True, changed), "down": (False, changed),
                                         "new": (False, None)}
         assert nodes.node_readiness() is None  # 403: the pod's own state tells from now on
-        assert nodes.node_readiness() is None and answer == ["list", "list"]
+        assert nodes.node_readiness() is None
+        assert fake.requests == [Request("GET", "/api/v1/nodes", {}, None)] * 2
     finally:
         nodes.forget_nodes()

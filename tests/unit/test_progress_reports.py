@@ -291,3 +291,26 @@ def test_the_teardown_asks_first_only_after_a_stop_from_outside():
     finally_block = source[source.index("    finally:"):]
     assert finally_block.index("progress.end_if_job_gone()") < finally_block.index("teardown(")
     assert "stopsignal.received() is not None" in finally_block
+
+
+def test_the_writer_sends_a_merge_patch_and_a_read_of_its_configmap_only():
+    """The launcher's two calls, as sent (no typed client): the report merged into the
+    ConfigMap's data, its read at a stop; a refusal keeps its HTTP status for the writer."""
+    from monarch_operator.launcher import configmapwriter
+    from tests.apifake import FakeApi, Request
+
+    statuses = [200, 200, 403]
+    fake = FakeApi(lambda request: (statuses.pop(0), {"kind": "ConfigMap"}))
+    maps = object.__new__(configmapwriter._ConfigMaps)  # no in-cluster credentials here
+    maps._client = fake.client
+    writer = progress.ConfigMapWriter("team-a", "demo-progress")
+    writer._api = maps
+    writer('{"step": 1}')
+    writer.end_if_job_gone()
+    with pytest.raises(Exception) as raised:
+        maps.read_namespaced_config_map("demo-progress", "team-a", _request_timeout=5)
+    path = "/api/v1/namespaces/team-a/configmaps/demo-progress"
+    assert fake.requests == [
+        Request("PATCH", path, {}, {"data": {constants.PROGRESS_REPORT_KEY: '{"step": 1}'}}),
+        Request("GET", path, {}, None), Request("GET", path, {}, None)]
+    assert raised.value.status == 403

@@ -157,26 +157,25 @@ CHANGED = dt.datetime(2026, 11, 30, 12, 0, 7, tzinfo=dt.UTC)
 
 
 def test_node_ready_is_reused_for_the_memo_period_not_ready_never_and_a_403_ends_reads(monkeypatch):
-    import kubernetes
-    from kubernetes.client.rest import ApiException
-
     from monarch_operator.controller.k8s import client, nodes
+    from tests.apifake import FakeApi
 
     reads, answers = [], {"n1": "True", "n2": "False"}
 
-    def read_node(self, name):
+    def read_node(request):
+        name = request.path.removeprefix("/api/v1/nodes/")
+        assert request.method == "GET" and request.path == f"/api/v1/nodes/{name}"
         reads.append(name)
         if name == "gone":
-            raise ApiException(status=404)
+            return 404, {"kind": "Status", "reason": "NotFound"}
         if name == "secret":
-            raise ApiException(status=403)
-        condition = kubernetes.client.V1NodeCondition(
-            type="Ready", status=answers[name], last_transition_time=CHANGED)
-        return kubernetes.client.V1Node(status=kubernetes.client.V1NodeStatus(
-            conditions=[condition]))
+            return 403, {"kind": "Status", "reason": "Forbidden"}
+        return 200, {"kind": "Node", "metadata": {"name": name}, "status": {"conditions": [
+            {"type": "Ready", "status": answers[name],
+             "lastTransitionTime": "2026-11-30T12:00:07Z"}]}}
 
-    monkeypatch.setattr(kubernetes.client.CoreV1Api, "read_node", read_node)
-    monkeypatch.setattr(client, "_client", lambda: None)
+    fake = FakeApi(read_node)
+    monkeypatch.setattr(client, "_client", lambda: fake.client)
     clock = [100.0]
     monkeypatch.setattr(nodes.time, "monotonic", lambda: clock[0])
     nodes.forget_nodes()

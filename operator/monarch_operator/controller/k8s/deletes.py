@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import kubernetes
 from kubernetes.client.rest import ApiException
 
 from monarch_operator import constants
@@ -15,10 +14,10 @@ from monarch_operator.controller.k8s import client, reads
 
 def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
     """Delete with background propagation; returns False if it was already gone (404)."""
-    api, suffix = client._api(api_version, kind)
     view = client._view(api_version, kind)
     try:
-        getattr(api, f"delete_{suffix}")(name, namespace, propagation_policy="Background")
+        client.call("delete", api_version, client.plural(api_version, kind), namespace, name,
+                    body={"propagationPolicy": "Background"})
         deleted = True
     except ApiException as error:
         if error.status != 404:
@@ -32,41 +31,17 @@ def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
 def delete_exact(api_version: str, kind: str, namespace: str, name: str, uid: str) -> bool:
     """Delete object ``uid``, a child of a job (background propagation), never a namesake that
     replaced it: the uid is a precondition of the DELETE (``DeleteOptions.preconditions``).
-    One typed call per kind, so that the chart's RBAC rules can be derived from this code.
     Returns False when it was gone already (404) or is another object now (409).
 
     Raises:
         ValueError: ``kind`` is not one the operator creates.
         kubernetes.client.rest.ApiException: any other API error.
     """
-    options = kubernetes.client.V1DeleteOptions(
-        propagation_policy="Background", preconditions=kubernetes.client.V1Preconditions(uid=uid))
-    core = kubernetes.client.CoreV1Api(client._client())
-    apps = kubernetes.client.AppsV1Api(client._client())
-    networking = kubernetes.client.NetworkingV1Api(client._client())
-    rbac = kubernetes.client.RbacAuthorizationV1Api(client._client())
+    if (api_version, kind) not in client._KINDS:
+        raise ValueError(f"{api_version} {kind} is not a kind of child of a job")
     try:
-        match (api_version, kind):
-            case ("v1", "Pod"):
-                core.delete_namespaced_pod(name, namespace, body=options)
-            case ("v1", "Secret"):
-                core.delete_namespaced_secret(name, namespace, body=options)
-            case ("v1", "Service"):
-                core.delete_namespaced_service(name, namespace, body=options)
-            case ("v1", "ConfigMap"):
-                core.delete_namespaced_config_map(name, namespace, body=options)
-            case ("apps/v1", "StatefulSet"):
-                apps.delete_namespaced_stateful_set(name, namespace, body=options)
-            case ("networking.k8s.io/v1", "NetworkPolicy"):
-                networking.delete_namespaced_network_policy(name, namespace, body=options)
-            case ("v1", "ServiceAccount"):
-                core.delete_namespaced_service_account(name, namespace, body=options)
-            case ("rbac.authorization.k8s.io/v1", "Role"):
-                rbac.delete_namespaced_role(name, namespace, body=options)
-            case ("rbac.authorization.k8s.io/v1", "RoleBinding"):
-                rbac.delete_namespaced_role_binding(name, namespace, body=options)
-            case _:
-                raise ValueError(f"{api_version} {kind} is not a kind of child of a job")
+        client.call("delete", api_version, client.plural(api_version, kind), namespace, name,
+                    body={"propagationPolicy": "Background", "preconditions": {"uid": uid}})
     except ApiException as error:
         if error.status in (404, 409):
             return False
@@ -90,8 +65,9 @@ def delete_pod(namespace: str, name: str, force: bool = False,
     ``kubectl delete pod --force --grace-period=0``: the object goes without waiting for its
     kubelet; only finalizers still hold it). Returns False if it was already gone (404)."""
     try:
-        kubernetes.client.CoreV1Api(client._client()).delete_namespaced_pod(
-            name, namespace, grace_period_seconds=0 if force else grace_seconds)
+        grace = 0 if force else grace_seconds
+        client.call("delete", "v1", "pods", namespace, name,
+                    body=None if grace is None else {"gracePeriodSeconds": grace})
     except ApiException as error:
         if error.status == 404:
             return False
@@ -117,9 +93,8 @@ def stop_pod(pod: dict[str, Any] | None, grace_seconds: int | None = None) -> bo
 def delete_monarchjob(namespace: str, name: str) -> bool:
     """Delete the MonarchJob (children follow by garbage collection); False if already gone."""
     try:
-        kubernetes.client.CustomObjectsApi(client._client()).delete_namespaced_custom_object(
-            constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name,
-            propagation_policy="Background")
+        client.call("delete", constants.API_VERSION, constants.PLURAL, namespace, name,
+                    body={"propagationPolicy": "Background"})
     except ApiException as error:
         if error.status == 404:
             return False

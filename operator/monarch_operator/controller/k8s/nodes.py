@@ -10,10 +10,10 @@ import threading
 import time
 from typing import Any
 
-import kubernetes
 from kubernetes.client.rest import ApiException
 
 from monarch_operator.controller.k8s import client
+from monarch_operator.controller.state import timestamps
 
 # A node found Ready is taken as Ready for this long by every pass (a node turns NotReady only
 # after the node controller's grace period, 40 s by default), so that many jobs' workers on a
@@ -65,7 +65,7 @@ def node_not_ready_since(name: str) -> dt.datetime | None:
     since: dt.datetime | None = NEVER_READY  # also a node that is gone
     ready = None if node is None else _ready_condition(node)
     if ready is not None:
-        since = None if ready.status == "True" else ready.last_transition_time or NEVER_READY
+        since = None if ready.get("status") == "True" else _moment(ready) or NEVER_READY
     with _node_memo_lock:
         if since is None:
             _node_memo[name] = now
@@ -93,18 +93,18 @@ def node_readiness() -> dict[str, tuple[bool, dt.datetime | None]] | None:
         if _nodes_forbidden:
             return None
     try:
-        nodes = kubernetes.client.CoreV1Api(client._client()).list_node()
+        nodes = client.call("list", "v1", "nodes")["items"]
     except ApiException as error:
         if error.status != 403:
             raise
         _forbid_nodes()
         return None
     readiness: dict[str, tuple[bool, dt.datetime | None]] = {}
-    for node in nodes.items:
+    for node in nodes:
         ready = _ready_condition(node)
-        readiness[node.metadata.name] = (
+        readiness[node["metadata"]["name"]] = (
             (False, None) if ready is None
-            else (ready.status == "True", ready.last_transition_time))
+            else (ready.get("status") == "True", _moment(ready)))
     return readiness
 
 
@@ -117,12 +117,12 @@ def node_cordoned(name: str) -> bool | None:
         ApiException: any error but 403 and 404.
     """
     _, node = _read_node(name)
-    return None if node is None else bool(node.spec and node.spec.unschedulable)
+    return None if node is None else bool((node.get("spec") or {}).get("unschedulable"))
 
 
-def _read_node(name: str) -> tuple[bool, Any]:
-    """``(allowed, V1Node or None)``: ``(False, None)`` when the operator may not read nodes
-    (after the first 403 it never asks again), ``(True, None)`` when the node is gone.
+def _read_node(name: str) -> tuple[bool, dict[str, Any] | None]:
+    """``(allowed, the Node as read or None)``: ``(False, None)`` when the operator may not
+    read nodes (after the first 403 it never asks again), ``(True, None)`` when the node is gone.
 
     Raises:
         ApiException: any error but 403 and 404.
@@ -131,7 +131,7 @@ def _read_node(name: str) -> tuple[bool, Any]:
         if _nodes_forbidden:
             return False, None
     try:
-        return True, kubernetes.client.CoreV1Api(client._client()).read_node(name)
+        return True, client.call("get", "v1", "nodes", name=name)
     except ApiException as error:
         if error.status == 403:
             _forbid_nodes()
@@ -141,10 +141,18 @@ def _read_node(name: str) -> tuple[bool, Any]:
         return True, None
 
 
-def _ready_condition(node: Any) -> Any:
-    """The ``Ready`` condition of a ``V1Node`` as read, or None when it has none."""
-    conditions = (node.status.conditions if node.status else None) or []
-    return next((condition for condition in conditions if condition.type == "Ready"), None)
+def _ready_condition(node: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``Ready`` condition of a Node as read, or None when it has none."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return next((condition for condition in conditions if condition.get("type") == "Ready"),
+                None)
+
+
+def _moment(condition: dict[str, Any], field: str = "lastTransitionTime") -> dt.datetime | None:
+    """``condition[field]`` (an RFC 3339 time as the API writes it) as an aware UTC datetime;
+    None when it is not given."""
+    text = condition.get(field)
+    return None if not text else timestamps.parse(text)
 
 
 def _forbid_nodes() -> None:
@@ -175,16 +183,19 @@ def node_heartbeats() -> dict[str, dt.datetime] | None:
         if _leases_forbidden:
             return None
     try:
-        leases = kubernetes.client.CoordinationV1Api(client._client()).list_namespaced_lease(
-            NODE_LEASE_NAMESPACE)
+        leases = client.call("list", "coordination.k8s.io/v1", "leases", NODE_LEASE_NAMESPACE)
     except ApiException as error:
         if error.status != 403:
             raise
         with _node_memo_lock:
             _leases_forbidden = True
         return None
-    return {lease.metadata.name: lease.spec.renew_time for lease in leases.items
-            if lease.spec is not None and lease.spec.renew_time is not None}
+    beats = {}
+    for lease in leases["items"]:
+        renewed = _moment(lease.get("spec") or {}, "renewTime")
+        if renewed is not None:
+            beats[lease["metadata"]["name"]] = renewed
+    return beats
 
 
 def forget_nodes() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import kubernetes
 import urllib3
 from kubernetes.client.rest import ApiException
 
@@ -25,13 +24,14 @@ def read(api_version: str, kind: str, namespace: str, name: str) -> dict[str, An
 
 
 def _read_api(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-    api, suffix = client._api(api_version, kind)
     try:
-        return client._to_dict(getattr(api, f"read_{suffix}")(name, namespace))
+        found: dict[str, Any] = client.call("get", api_version,
+                                            client.plural(api_version, kind), namespace, name)
     except ApiException as error:
         if error.status == 404:
             return None
         raise
+    return found
 
 
 def controller_uid(obj: dict[str, Any]) -> str | None:
@@ -46,17 +46,18 @@ def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
     if view is not None and view.key[0] == namespace:
         return view.select(("v1", "Pod"), labels)
     selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
-    pods = kubernetes.client.CoreV1Api(client._client()).list_namespaced_pod(
-        namespace, label_selector=selector)
-    return [client._to_dict(pod) for pod in pods.items]
+    pods: list[dict[str, Any]] = client.call("list", "v1", "pods", namespace,
+                                             query=(("labelSelector", selector),))["items"]
+    return pods
 
 
 def pod_log_tail(namespace: str, pod: str, container: str, lines: int) -> str | None:
     """The last ``lines`` lines of a container's log (``kubectl logs --tail``), or None when the
     kubelet cannot serve it (no kubelet API, the pod gone); waits at most 5 s."""
     try:
-        text = kubernetes.client.CoreV1Api(client._client()).read_namespaced_pod_log(
-            pod, namespace, container=container, tail_lines=lines, _request_timeout=5)
+        text = client.call("get", "v1", "pods", namespace, pod, subresource="log",
+                           query=(("container", container), ("tailLines", lines)), timeout=5,
+                           text=True)
     except (ApiException, OSError, ValueError, urllib3.exceptions.HTTPError):
         return None
     return str(text)
@@ -69,9 +70,8 @@ def read_monarchjob(namespace: str, name: str) -> dict[str, Any] | None:
     if view is not None and view.key == (namespace, name):
         return view.job
     try:
-        api = kubernetes.client.CustomObjectsApi(client._client())
-        job: dict[str, Any] = api.get_namespaced_custom_object(
-            constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name)
+        job: dict[str, Any] = client.call("get", constants.API_VERSION, constants.PLURAL,
+                                          namespace, name)
     except ApiException as error:
         if error.status == 404:
             return None
@@ -90,7 +90,6 @@ def list_events(namespace: str, kind: str, name: str, uid: str) -> list[dict[str
                 and event["involvedObject"].get("name") == name
                 and event["involvedObject"].get("uid") == uid]
     selector = f"involvedObject.kind={kind},involvedObject.name={name}"
-    events = kubernetes.client.CoreV1Api(client._client()).list_namespaced_event(
-        namespace, field_selector=selector)
-    return [event for event in (client._to_dict(item) for item in events.items)
+    events = client.call("list", "v1", "events", namespace, query=(("fieldSelector", selector),))
+    return [event for event in events["items"]
             if (event.get("involvedObject") or {}).get("uid") == uid]

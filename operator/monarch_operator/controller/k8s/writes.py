@@ -6,12 +6,10 @@ MonarchJob's status patch. Every create tells the pass's view.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import signal
 from typing import Any
 
-import kubernetes
 from kubernetes.client.rest import ApiException
 
 from monarch_operator import constants
@@ -55,23 +53,13 @@ def _post(desired: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
 
     Raises:
         kubernetes.client.rest.ApiException: the API server's answer was not a success.
-        KeyError: ``desired`` is not of a kind in :data:`_KINDS`.
+        KeyError: ``desired`` is not of a kind in :data:`.client._KINDS`.
     """
     api_version, kind = desired["apiVersion"], desired["kind"]
-    plural = client._KINDS[(api_version, kind)][2]
-    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    api_client = client._client()
-    request = api_client.param_serialize(
-        method="POST", resource_path=f"{prefix}/namespaces/{{namespace}}/{plural}",
-        path_params={"namespace": desired["metadata"]["namespace"]},
-        query_params=[("fieldValidation", "Strict"), *([("dryRun", "All")] if dry_run else [])],
-        header_params={"Content-Type": "application/json", "Accept": "application/json"},
-        body=desired, auth_settings=["BearerToken"])
-    response = api_client.call_api(*request)
-    response.read()
-    if not 200 <= response.status <= 299:
-        raise ApiException.from_response(http_resp=response, body=None, data=None)
-    created: dict[str, Any] = json.loads(response.data)
+    created: dict[str, Any] = client.call(
+        "create", api_version, client.plural(api_version, kind), desired["metadata"]["namespace"],
+        query=(("fieldValidation", "Strict"), *((("dryRun", "All"),) if dry_run else ())),
+        body=desired)
     return created
 
 
@@ -275,8 +263,8 @@ def label_pod(namespace: str, name: str, labels: dict[str, str | None]) -> bool:
         ForbiddenError: the operator may not patch pods (403).
     """
     try:
-        kubernetes.client.CoreV1Api(client._client()).patch_namespaced_pod(
-            name, namespace, {"metadata": {"labels": labels}})
+        client.call("patch", "v1", "pods", namespace, name,
+                    body={"metadata": {"labels": labels}})
     except ApiException as error:
         if error.status == 404:
             return False
@@ -295,10 +283,9 @@ def patch_job_status(namespace: str, name: str, status: dict[str, Any]) -> dict[
         kubernetes.client.rest.ApiException: any other API error.
     """
     try:
-        job: dict[str, Any] = kubernetes.client.CustomObjectsApi(
-            client._client()).patch_namespaced_custom_object_status(
-            constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name,
-            {"status": status})
+        job: dict[str, Any] = client.call("patch", constants.API_VERSION, constants.PLURAL,
+                                          namespace, name, subresource="status",
+                                          body={"status": status})
     except ApiException as error:
         if error.status == 404:  # deleted during the pass; its DELETED event is on its way
             raise JobGoneError(f"MonarchJob {namespace}/{name} was deleted") from error

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import kubernetes
 from kubernetes.client.rest import ApiException
 
 from monarch_operator import constants
@@ -17,20 +16,10 @@ from monarch_operator.controller.k8s import client as k8s_client
 from monarch_operator.controller.k8s import errors, writes
 from monarch_operator.controller.kueue import workload as wl
 
-_VERSION = wl.API_VERSION.split("/")[1]
-
-
-def _api() -> kubernetes.client.CustomObjectsApi:
-    return kubernetes.client.CustomObjectsApi(k8s_client._client())
-
 
 def _get(namespace: str | None, plural: str, name: str) -> dict[str, Any] | None:
     try:
-        if namespace is None:
-            found = _api().get_cluster_custom_object(wl.GROUP, _VERSION, plural, name)
-        else:
-            found = _api().get_namespaced_custom_object(wl.GROUP, _VERSION, namespace, plural,
-                                                        name)
+        found = k8s_client.call("get", wl.API_VERSION, plural, namespace, name)
     except ApiException as error:
         if error.status == 404:
             return None
@@ -53,8 +42,8 @@ def create_workload(desired: dict[str, Any], owner_uid: str) -> dict[str, Any]:
     """
     metadata = desired["metadata"]
     try:
-        created = _api().create_namespaced_custom_object(
-            wl.GROUP, _VERSION, metadata["namespace"], "workloads", desired)
+        created = k8s_client.call("create", wl.API_VERSION, "workloads", metadata["namespace"],
+                                  body=desired)
     except ApiException as error:
         if error.status in (400, 422):
             raise errors.RefusedError(wl.KIND, metadata["name"],
@@ -74,11 +63,9 @@ def delete_workload(workload: dict[str, Any]) -> None:
     name); already gone (404) or replaced (409) is fine."""
     metadata = workload["metadata"]
     try:
-        _api().delete_namespaced_custom_object(
-            wl.GROUP, _VERSION, metadata["namespace"], "workloads", metadata["name"],
-            body=kubernetes.client.V1DeleteOptions(
-                preconditions=kubernetes.client.V1Preconditions(uid=metadata.get("uid")),
-                propagation_policy="Background"))
+        k8s_client.call("delete", wl.API_VERSION, "workloads", metadata["namespace"],
+                        metadata["name"], body={"preconditions": {"uid": metadata.get("uid")},
+                                                "propagationPolicy": "Background"})
     except ApiException as error:
         if error.status not in (404, 409):
             raise
@@ -91,8 +78,8 @@ def write_workload_status(workload: dict[str, Any], status: dict[str, Any]) -> b
     body = {**workload, "status": status}
     metadata = workload["metadata"]
     try:
-        _api().replace_namespaced_custom_object_status(
-            wl.GROUP, _VERSION, metadata["namespace"], "workloads", metadata["name"], body)
+        k8s_client.call("update", wl.API_VERSION, "workloads", metadata["namespace"],
+                        metadata["name"], subresource="status", body=body)
     except ApiException as error:
         if error.status in (404, 409):
             return False
@@ -131,17 +118,15 @@ def label_job_queue(namespace: str, name: str, queue: str) -> None:
     labels). Kueue's pod webhook leaves a pod alone only when an ancestor is a managed job
     *with* a queue name (``FindAncestorJobManagedByKueue``); a job queued in the default
     LocalQueue without the label would have its pods defaulted into that queue one by one."""
-    _api().patch_namespaced_custom_object(
-        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name,
-        {"metadata": {"labels": {wl.LABEL_QUEUE_NAME: queue}}})
+    k8s_client.call("patch", constants.API_VERSION, constants.PLURAL, namespace, name,
+                    body={"metadata": {"labels": {wl.LABEL_QUEUE_NAME: queue}}})
 
 
 def annotate_job(namespace: str, name: str, annotations: dict[str, str | None]) -> None:
     """Merge ``annotations`` into the MonarchJob's own (None removes one): the manager's
     operator writes the job's metadata, never its status, which MultiKueue owns."""
-    _api().patch_namespaced_custom_object(
-        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name,
-        {"metadata": {"annotations": annotations}})
+    k8s_client.call("patch", constants.API_VERSION, constants.PLURAL, namespace, name,
+                    body={"metadata": {"annotations": annotations}})
 
 
 def adopt_workload(workload: dict[str, Any], owner: dict[str, Any],
@@ -166,8 +151,8 @@ def adopt_workload(workload: dict[str, Any], owner: dict[str, Any],
     body = {**workload, "metadata": {
         **metadata, "ownerReferences": references if controller else [*references, owner],
         "labels": {**(metadata.get("labels") or {}), wl.LABEL_JOB_UID: owner_uid}}}
-    return dict(_api().replace_namespaced_custom_object(
-        wl.GROUP, _VERSION, metadata["namespace"], "workloads", metadata["name"], body))
+    return dict(k8s_client.call("update", wl.API_VERSION, "workloads", metadata["namespace"],
+                                metadata["name"], body=body))
 
 
 def set_workload_active(workload: dict[str, Any], active: bool,
@@ -175,6 +160,6 @@ def set_workload_active(workload: dict[str, Any], active: bool,
     """Set the Workload's ``spec.active`` (False: Kueue evicts it and gives its quota back;
     True: it queues again) and merge ``annotations`` (None removes one)."""
     metadata = workload["metadata"]
-    _api().patch_namespaced_custom_object(
-        wl.GROUP, _VERSION, metadata["namespace"], "workloads", metadata["name"],
-        {"metadata": {"annotations": annotations}, "spec": {"active": active}})
+    k8s_client.call("patch", wl.API_VERSION, "workloads", metadata["namespace"],
+                    metadata["name"], body={"metadata": {"annotations": annotations},
+                                            "spec": {"active": active}})
