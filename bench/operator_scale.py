@@ -308,7 +308,8 @@ class Bench:
                 repeats = self.args.small_repeats if size < SMALL_BATCH else 1
                 result["batches"].append(self._batch(who, seen, proc, size, repeats))
                 proc.sample_peers()
-            result["idle"] = self._idle(who, seen, proc)
+            if self.args.idle_jobs:  # 0: batches only (e.g. a before/after of peak RSS)
+                result["idle"] = self._idle(who, seen, proc)
             result["peak_rss_mib"] = round(proc.peak_rss_mib(), 1)
             result["tcp_peers"] = sorted(proc.peers)
             result["off_loopback_peers"] = [p for p in proc.peers
@@ -543,7 +544,11 @@ def table(results: list[dict[str, Any]]) -> str:
               "excluded) | per job | CPU s/min | peak RSS MiB | TCP peers |",
               "|---|---:|---|---:|---:|---:|---|"]
     for result in results:
-        idle = result["idle"]
+        idle = result.get("idle")
+        if idle is None:  # --idle-jobs 0
+            lines.append(f"| {result['operator']} | 0 | | | | {result['peak_rss_mib']:.0f} | "
+                         f"{', '.join(result['tcp_peers'])} |")
+            continue
         lines.append(f"| {result['operator']} | {idle['jobs']} | {idle['requests_per_minute']} "
                      f"({idle['job_requests_per_minute']}) | "
                      f"{idle['job_requests_per_minute_per_job']} | "
