@@ -120,7 +120,7 @@ def call(verb: str, api_version: str, resource: str, namespace: str | None = Non
          query: tuple[tuple[str, Any], ...] = (), body: Any = None,
          timeout: float | None = None, text: bool = False) -> Any:
     """One request to the API server, JSON in and JSON out, past the typed client's classes
-    (importing them cost the operator about 30 MiB and 0.5 s of CPU at start, and building
+    (importing them cost the operator about 30 MiB and 1 s of CPU at start, and building
     their models from each reply more CPU than the pass that asked; kubernetes-client/python's
     ``ApiClient.call_api`` is what sends it).
 
@@ -136,8 +136,9 @@ def call(verb: str, api_version: str, resource: str, namespace: str | None = Non
 
     Raises:
         kubernetes.client.rest.ApiException: the API server's answer was not a success (its
-            ``status`` the HTTP status), or as urllib3 raises it: the request could not be
-            sent or timed out (``timeout`` seconds in all, else :data:`REQUEST_TIMEOUT`).
+            ``status`` the HTTP status).
+        urllib3.exceptions.HTTPError: the request could not be sent or timed out (``timeout``
+            seconds, else :data:`REQUEST_TIMEOUT`); the pool's connections are dropped then.
     """
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     path = "/".join(part for part in (
