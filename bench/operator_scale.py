@@ -45,6 +45,7 @@ import datetime as dt
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -629,8 +630,13 @@ def main(argv: list[str] | None = None) -> int:
         for who in who_runs:
             print(f"== {who.title}", file=sys.stderr)
             results.append(bench.run(who))
+    except BaseException:
+        print(f"cluster state and logs kept in {state}", file=sys.stderr)
+        raise
     finally:
         cluster.down(quiet=True)
+    if args.state_dir is None:  # a temporary state dir (about 150 MB a run) goes once it ran
+        shutil.rmtree(state, ignore_errors=True)
     report = {"machine": {"cpus": os.cpu_count(), "memory_gib": round(
                   os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
               "settings": {k: str(v) for k, v in vars(args).items()}, "results": results}
