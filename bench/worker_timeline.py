@@ -66,8 +66,7 @@ def steps(audit_log: Path, kind: str) -> dict[str, list[float]]:
     firsts: dict[str, float] = {}
     for user, name, at in creates:  # the children are named after their job
         if user in operator_users:
-            job = name if name in submitted else _job_of(name).rsplit("-", 1)[0]
-            for candidate in (name, _job_of(name), job):
+            for candidate in (name, _job_of(name), name.rsplit("-", 1)[0]):
                 if candidate in submitted:
                     firsts[candidate] = min(at, firsts.get(candidate, at))
                     break

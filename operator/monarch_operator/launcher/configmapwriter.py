@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from monarch_operator import constants
+from monarch_operator import apirequest, constants
 from monarch_operator.launcher import stopsignal
 
 
@@ -103,20 +103,13 @@ class _ConfigMaps:
         self._client = kubernetes.client.ApiClient()
 
     def _send(self, method: str, name: str, namespace: str, body: Any,
-              timeout: float) -> Any:
-        from kubernetes.client.rest import ApiException
-
+              timeout: float) -> bytes:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/merge-patch+json"
-        request = self._client.param_serialize(
-            method=method, resource_path=f"/api/v1/namespaces/{namespace}/configmaps/{name}",
-            header_params=headers, body=body, auth_settings=["BearerToken"])
-        response = self._client.call_api(*request, _request_timeout=timeout)
-        response.read()
-        if not 200 <= response.status <= 299:
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
-        return response.data
+        return apirequest.send(self._client, method,
+                               f"/api/v1/namespaces/{namespace}/configmaps/{name}",
+                               headers=headers, body=body, timeout=timeout)
 
     def patch_namespaced_config_map(self, name: str, namespace: str, body: dict[str, Any],
                                     _request_timeout: float) -> None:

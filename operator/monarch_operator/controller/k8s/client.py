@@ -12,9 +12,8 @@ from typing import Any
 
 import kubernetes
 import urllib3
-from kubernetes.client.rest import ApiException
 
-from monarch_operator import __version__, constants
+from monarch_operator import __version__, apirequest, constants
 from monarch_operator.controller.k8s.cache import JobView
 
 # How the operator's own requests show up in the API server's audit log (kopf's watches say
@@ -147,14 +146,8 @@ def call(verb: str, api_version: str, resource: str, namespace: str | None = Non
     headers = {"Accept": "*/*" if text else "application/json"}
     if body is not None:
         headers["Content-Type"] = _MERGE_PATCH if verb == "patch" else "application/json"
-    api_client = _client()
-    request = api_client.param_serialize(
-        method=_METHODS[verb], resource_path=path, query_params=list(query),
-        header_params=headers, body=body, auth_settings=["BearerToken"])
-    response = api_client.call_api(*request, _request_timeout=timeout)
-    response.read()
-    if not 200 <= response.status <= 299:
-        raise ApiException.from_response(http_resp=response, body=None, data=None)
+    data = apirequest.send(_client(), _METHODS[verb], path, query=query, headers=headers,
+                           body=body, timeout=timeout)
     if text:
-        return response.data.decode("utf-8", errors="replace")
-    return json.loads(response.data)
+        return data.decode("utf-8", errors="replace")
+    return json.loads(data)
