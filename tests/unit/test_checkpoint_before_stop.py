@@ -77,7 +77,11 @@ def test_with_a_grace_period_the_launcher_goes_first_and_its_checkpoint_is_kept(
     settings = Settings.from_env()
     status = running_status(settings)
     now = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
-    first = run(settings, suspended_body(status, GRACE), launcher_pod(settings), now)
+    recorded = run(settings, suspended_body(status, GRACE), launcher_pod(settings), now)
+    assert api["pods"] == [] and api["deleted"] == []  # the ending is stored first
+    assert recorded.status["attempts"][0]["class"] == "Suspended"
+    assert recorded.wake_after == 0
+    first = run(settings, suspended_body(recorded.status, GRACE), launcher_pod(settings), now)
     assert api["pods"] == [(names.launcher_pod("demo", 1), GRACE)]
     assert api["deleted"] == []  # the workers (and hostfile) stay while it saves its state
     assert first.wake_after == GRACE
@@ -111,16 +115,19 @@ def test_a_launcher_that_outlives_the_period_does_not_keep_the_workers(api):
     settings = Settings.from_env()
     status = running_status(settings)
     terminating = launcher_pod(settings, deletionTimestamp="2026-12-01T12:00:45Z")
-    run(settings, suspended_body(status, GRACE), terminating,
-        dt.datetime(2026, 12, 1, 12, 0, 46, tzinfo=dt.UTC))
+    now = dt.datetime(2026, 12, 1, 12, 0, 46, tzinfo=dt.UTC)
+    recorded = run(settings, suspended_body(status, GRACE), terminating, now)
+    run(settings, suspended_body(recorded.status, GRACE), terminating, now)
     assert api["deleted"] == ["StatefulSet", "ConfigMap"]
 
 
 def test_without_a_grace_period_launcher_and_workers_go_at_once(api):
     settings = Settings.from_env()
     status = running_status(settings)
-    outcome = run(settings, suspended_body(status, 0), launcher_pod(settings),
-                  dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC))
+    now = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
+    recorded = run(settings, suspended_body(status, 0), launcher_pod(settings), now)
+    assert api["pods"] == [] and api["deleted"] == []
+    outcome = run(settings, suspended_body(recorded.status, 0), launcher_pod(settings), now)
     assert api["pods"] == [(names.launcher_pod("demo", 1), None)]  # the pod's own grace
     assert api["deleted"] == ["StatefulSet", "ConfigMap"]
     assert "CheckpointRequested" not in [event.reason for event in outcome.events]

@@ -121,7 +121,11 @@ def stopped(settings: Settings, first: reconcile.Outcome, saved_at: str) -> reco
 
 def test_ready_counts_the_workers_still_there_while_the_launcher_saves(api):
     settings = Settings.from_env()
-    status = evicted(settings).status
+    recorded = evicted(settings)
+    assert api["pods"] == [] and api["deleted"] == []  # the attempt's ending is stored first
+    assert recorded.status["attempts"][0]["class"] == "Evicted"
+    assert recorded.wake_after == 0.0
+    status = run(settings, recorded.status, launcher_pod(settings), T0).status
     assert api["pods"] == [(names.launcher_pod(NAME, 1), GRACE)]  # the launcher goes first
     assert api["deleted"] == []  # the workers stay while it saves its state
     # Both workers are still there and Ready, holding their GPUs: READY says so, not 0/2.

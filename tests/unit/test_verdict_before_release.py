@@ -174,3 +174,69 @@ def test_the_previous_launcher_goes_once_the_next_attempt_is_stored(cluster):
     stored_body = {**body, "status": judged.status}
     one_pass(settings, cluster, stored_body, later + dt.timedelta(seconds=21))
     assert f"Pod {first}" in cluster.deleted, "deleted once attempt 2 is stored"
+
+
+def suspended(body: dict[str, Any], value: bool = True) -> dict[str, Any]:
+    """``body`` with ``spec.suspend`` set to ``value``."""
+    return {**body, "spec": {**body["spec"], "suspend": value}}
+
+
+def test_a_suspension_is_stored_before_the_launcher_and_workers_go(cluster):
+    """``spec.suspend`` set on a running attempt: the pass that ends it (``Suspended``)
+    deletes nothing; the pass after its status write deletes the launcher, the workers and
+    the hostfile."""
+    settings = Settings.from_env()
+    body, launched = launched_job(settings)
+    cluster.launchers.append(launcher_pod(settings))  # attempt 1's, running
+    later = launched + dt.timedelta(seconds=60)
+
+    recorded = one_pass(settings, cluster, suspended(body), later)
+    assert cluster.deleted == [], "nothing goes before the attempt's ending is stored"
+    assert [record.get("class") for record in recorded.status["attempts"]] == ["Suspended", None]
+    assert recorded.status["attempt"] == 2 and not recorded.status.get("failureCounts")
+    assert recorded.wake_after == 0.0
+    assert "deleted next" in st.get_condition(recorded.status, st.SUSPENDED)["message"]
+
+    after = one_pass(settings, cluster, suspended({**body, "status": recorded.status}),
+                     later + dt.timedelta(seconds=1))
+    assert cluster.deleted == [f"Pod {names.launcher_pod(NAME, 1)}",
+                               f"StatefulSet {names.worker_set(NAME)}",
+                               f"ConfigMap {names.hostfile_configmap(NAME)}"]
+    assert after.status["attempts"] == recorded.status["attempts"]
+
+
+def test_a_suspend_flipped_back_around_a_cut_off_leader_is_no_failure(cluster):
+    """The chaos soak's finding (seed 1: ``suspend_flip`` with a leader SIGKILL at the same
+    second): the leader that saw ``spec.suspend`` deleted the launcher and workers and was
+    killed before its status write; ``spec.suspend`` was back to false when the next leader
+    looked, and it judged the attempt ``Infrastructure`` (``WorkerEvicted``), spending a
+    restart on a suspension. Now whichever write the cut-off leader made, the next one tells
+    the truth."""
+    settings = Settings.from_env()
+    body, launched = launched_job(settings)
+    cluster.launchers.append(launcher_pod(settings))
+    later = launched + dt.timedelta(seconds=60)
+
+    # Cut off before its status write: nothing was deleted, nothing recorded; the attempt
+    # simply goes on.
+    cluster.partitioned = True
+    with pytest.raises(FencedError):
+        one_pass(settings, cluster, suspended(body), later)
+    assert cluster.deleted == []
+    cluster.partitioned = False
+    going_on = one_pass(settings, cluster, body, later + dt.timedelta(seconds=5))
+    assert going_on.status["attempt"] == 1 and "class" not in going_on.status["attempts"][0]
+    assert cluster.deleted == [] and not going_on.status.get("failureCounts")
+
+    # Cut off after its status write (the ending stored), before the next pass deleted:
+    # attempt 1 stays Suspended; its launcher is let go of before attempt 2's starts and the
+    # workers, still Ready, are kept for attempt 2.
+    recorded = one_pass(settings, cluster, suspended(body), later + dt.timedelta(seconds=6))
+    assert cluster.deleted == []
+    resumed = one_pass(settings, cluster, {**body, "status": recorded.status},
+                       later + dt.timedelta(seconds=8))
+    assert resumed.status["attempts"][0]["class"] == "Suspended", resumed.status["attempts"]
+    assert resumed.status["attempt"] == 2 and not resumed.status.get("failureCounts")
+    assert not resumed.status.get("restartCount")
+    assert set(cluster.deleted) == {f"Pod {names.launcher_pod(NAME, 1)}"}  # workers kept
+    assert [pod["metadata"]["name"] for pod in cluster.launchers] == [names.launcher_pod(NAME, 1)]

@@ -268,21 +268,22 @@ def _admitted(state: Pass, verdict: wl.Admission) -> None:
 def _stop(state: Pass, verdict: wl.Admission) -> int:
     """Delete the launcher, the workers and the hostfile (as a suspension does, the launcher
     first with a checkpoint grace period); a running or starting attempt ends as
-    :data:`EVICTED`. Returns how many pods are still there."""
+    :data:`EVICTED`. Returns how many pods are still there.
+
+    An attempt that ends here ends first: the pass that records it deletes nothing and asks
+    for a pass right after its status write, which deletes (as :func:`.suspension.suspend`
+    does, for the same reason: a leader cut off between its deletes and its status write left
+    the next one, once Kueue had admitted the job again, a running attempt with its pods gone,
+    judged an Infrastructure failure)."""
     job = state.job
     attempt = int(state.status["attempt"])
     record = attempts.current(state.status) or {}
     launcher = release.running_launcher(job.namespace, job.name, attempt)
-    stopped, workers_may_go = release.stop_launcher_first(state, launcher)
-    if workers_may_go:
-        stopped |= release.delete_worker_sets(job)
-        deletes.delete_if_present("v1", "ConfigMap", job.namespace,
-                              names.hostfile_configmap(job.name))
     # Only an attempt admitted and not yet stopped ends here: with a checkpoint grace period
     # the workers go passes after the launcher, when the next attempt (begun by this eviction,
     # not admitted: no ClusterQueue in the record) is current.
     admitted = bool((state.status.get("queue") or {}).get("clusterQueue"))
-    if stopped and admitted and not record.get("endTime"):
+    if admitted and not record.get("endTime") and release.has_something_to_stop(job, launcher):
         why = causes.of_kueue(verdict.reason, verdict.message).words()
         state.status.pop("attemptWorkers", None)
         state.status = attempts.update_current(
@@ -290,6 +291,13 @@ def _stop(state: Pass, verdict: wl.Admission) -> int:
             message=why, **{"class": EVICTED})
         state.status = attempts.begin(state.status, attempt + 1, state.now_text, restart=True)
         state.events.append(Event("Warning", REASON_EVICTED, why))
+        state.after_status_write()
+    else:
+        _, workers_may_go = release.stop_launcher_first(state, launcher)
+        if workers_may_go:
+            release.delete_worker_sets(job)
+            deletes.delete_if_present("v1", "ConfigMap", job.namespace,
+                                      names.hostfile_configmap(job.name))
     pods = release.let_go_of_stuck(state, reads.list_pods(job.namespace,
                                                         {constants.LABEL_JOB: job.name}))
     release.show_ready_workers(state, pods)  # those still there hold their GPUs

@@ -175,6 +175,20 @@ def clean_up(state: Pass) -> None:
                                   names.launcher_account(job.name))
 
 
+def has_something_to_stop(job: JobSpec, launcher: dict[str, Any] | None) -> bool:
+    """Whether a stop (a suspension, an eviction) would delete anything now: ``launcher``
+    (as :func:`running_launcher` found it) or a worker group's StatefulSet, either there and
+    not yet being deleted. Read from the pass's view; sends nothing."""
+    if launcher is not None and not launcher["metadata"].get("deletionTimestamp"):
+        return True
+    for group in job.groups:
+        found = reads.read("apps/v1", "StatefulSet", job.namespace,
+                           names.group_set(job.name, group.name))
+        if found is not None and not found["metadata"].get("deletionTimestamp"):
+            return True
+    return False
+
+
 def delete_worker_sets(job: JobSpec) -> bool:
     """Delete every worker group's StatefulSet (its pods go with it); whether one was there."""
     deleted = [deletes.delete_if_present("apps/v1", "StatefulSet", job.namespace,
