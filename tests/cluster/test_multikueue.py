@@ -288,7 +288,10 @@ def test_c37_dispatched_job_runs_on_the_worker_and_its_status_reaches_the_manage
 
     done = wait_phase(mk, namespace, "demo", "Succeeded", timeout=120)
     assert done["progress"]["step"] == STEPS and done["progress"]["percent"] == "100%", done
-    assert wl_condition(workloads(mk, namespace)[0], "Finished")["reason"] == "Succeeded"
+    # MultiKueue copies the worker's status first and finishes the manager's Workload after.
+    finished = wait_until(lambda: wl_condition(workloads(mk, namespace)[0], "Finished") or None,
+                          30, "the manager's Workload Finished")
+    assert finished["reason"] == "Succeeded", finished
     wait_until(lambda: worker_copy(kubectl, namespace, "demo") is None, 60,
                "the worker's copy deleted by MultiKueue")
 
