@@ -13,6 +13,7 @@ import pytest
 
 from monarch_operator import hwerrors
 from monarch_operator.controller.judge import endings, hardware
+from monarch_operator.controller.release import release
 from monarch_operator.controller.spec import policy
 from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.controller.state import attempts, devicehealth, observe
@@ -104,7 +105,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     monkeypatch.setattr(endings.deletes, "stop_pod",
                         lambda pod, *_: calls["stopped"].append(pod) or False)
     monkeypatch.setattr(endings.deletes, "delete_if_present", lambda *_: True)
-    monkeypatch.setattr(endings.release, "launcher_pod", lambda *_: None)
+    monkeypatch.setattr(release, "launcher_pod", lambda *_: None)
     monkeypatch.setattr(endings.reads, "pod_log_tail", lambda *_: None)
     return calls
 

@@ -118,7 +118,11 @@ def test_the_operator_stops_a_stall_the_launcher_did_not(api, idle, stopped):  #
         return
     assert (record["class"], record["reason"]) == ("Infrastructure", "ProgressStalled")
     assert "stopped by the operator" in record["message"]
-    assert api["deleted"] == [f"{NAME}-launcher"], "the stalled launcher is stopped"
+    # Stopped once the verdict is stored (the pass after the write), never before it: the
+    # running launcher is what a next leader would judge again.
+    assert api["deleted"] == [], "nothing the verdict rests on goes before it is stored"
+    run_policy_pass(settings, {**body, "status": after}, [worker(0), worker(1), pod], at["now"])
+    assert set(api["deleted"]) == {f"{NAME}-launcher"}, "the stalled launcher is stopped"
 
 
 def test_an_attempt_that_never_reported_is_not_judged(api):  # noqa: F811

@@ -1,7 +1,8 @@
 """A verdict is stored before its evidence goes (a 30-minute leader-fault soak's finding),
 without a cluster: a pass that judged an attempt deletes nothing the judging read (a finished
-job's launcher and workers, the previous attempt's ended launcher) before its status write;
-a pass right after the write deletes. The story the soak found: a new leader judged the
+job's launcher and workers, the previous attempt's ended launcher, the launcher of an attempt
+judged Infrastructure, a suspended attempt's pods) before its status write; a pass right after
+the write deletes. The story the soak found: a new leader judged the
 attempt Succeeded, deleted its launcher and workers in the same pass, and was cut off before
 its status write (the fence refused it); the next leader found no launcher and judged the
 attempt lost, an extra attempt. Here each leader's pass runs over a view of what the one
@@ -240,3 +241,34 @@ def test_a_suspend_flipped_back_around_a_cut_off_leader_is_no_failure(cluster):
     assert not resumed.status.get("restartCount")
     assert set(cluster.deleted) == {f"Pod {names.launcher_pod(NAME, 1)}"}  # workers kept
     assert [pod["metadata"]["name"] for pod in cluster.launchers] == [names.launcher_pod(NAME, 1)]
+
+
+def test_an_infrastructure_verdict_keeps_its_launcher_until_stored(cluster):
+    """A launcher that failed on a GPU fault (``GPUHardwareError``, Infrastructure): the
+    judging pass used to stop its pod at once; cut off before its write, the next leader found
+    no launcher and judged ``LauncherLost``, the hardware line gone with the pod. Its pod now
+    goes in the pass after the verdict is stored."""
+    settings = Settings.from_env()
+    body, launched = launched_job(settings, runPolicy={"infrastructureBackoffLimit": 2})
+    pod = ended_launcher(settings, launched, exit_code=1)
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
+        "monarch-launch: failed: RuntimeError: CUDA error: uncorrectable ECC error encountered")
+    cluster.launchers.append(pod)
+    later = launched + dt.timedelta(seconds=120)
+
+    cluster.partitioned = True
+    with pytest.raises(FencedError):
+        one_pass(settings, cluster, body, later)
+    # (The hostfile may go: it is rebuilt from the next attempt's pods, and no verdict reads it.)
+    assert f"Pod {names.launcher_pod(NAME, 1)}" not in cluster.deleted, "kept until stored"
+
+    cluster.partitioned = False
+    judged = one_pass(settings, cluster, body, later + dt.timedelta(seconds=20))
+    first = judged.status["attempts"][0]
+    assert (first["class"], first["reason"]) == ("Infrastructure", "GPUHardwareError"), first
+    assert f"Pod {names.launcher_pod(NAME, 1)}" not in cluster.deleted
+    assert judged.wake_after == 0.0
+
+    one_pass(settings, cluster, {**body, "status": judged.status},
+             later + dt.timedelta(seconds=21))
+    assert f"Pod {names.launcher_pod(NAME, 1)}" in cluster.deleted, "gone once it is stored"

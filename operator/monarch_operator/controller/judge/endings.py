@@ -10,7 +10,6 @@ from monarch_operator import constants, names
 from monarch_operator.controller.builders.launcher import LAUNCHER_CONTAINER
 from monarch_operator.controller.judge import stalls, verdicts
 from monarch_operator.controller.k8s import deletes, reads
-from monarch_operator.controller.release import release
 from monarch_operator.controller.spec import policy
 from monarch_operator.controller.state import attempts, lastseen, observe
 from monarch_operator.controller.state import status as st
@@ -57,10 +56,14 @@ def end_attempt(state: Pass, failure_class: str, reason: str, message: str,
             "(runPolicy.progressResetsBackoff)"))
         state.status = attempts.update_current(state.status, budgetSpent=False)
     if failure_class == policy.INFRASTRUCTURE:
-        # The launcher may still run: stop it, so that a recreated worker is never folded into
-        # the old mesh and a failed job holds no pods. (An ended launcher's pod is kept for its
-        # logs until the next attempt replaces it.)
-        deletes.stop_pod(release.launcher_pod(job.namespace, job.name, attempt))
+        # The launcher may still run: it is stopped (so that a recreated worker is never
+        # folded into the old mesh and a failed job holds no pods) by the pass right after
+        # this verdict's status write, never in this pass: its pod, ended or running, is
+        # what the verdict rests on (exit code, hardware fault line, stall), and a leader cut
+        # off before the write left the next one only "launcher lost". The next attempt's
+        # pass stops it once that attempt is stored (launching._let_go_of_previous_launcher),
+        # a failed job's once the failure is (release.clean_up).
+        state.after_status_write()
         for worker in lost or []:
             if worker.node_lost:  # to be recreated elsewhere (force-deleted if it cannot end)
                 deletes.delete_pod(job.namespace, worker.name)
