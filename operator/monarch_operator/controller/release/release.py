@@ -120,14 +120,7 @@ def _releases_workers(state: Pass) -> bool:
     """Whether :func:`clean_up` deletes a worker StatefulSet that is there now."""
     job = state.job
     deadline = st.reason_of(state.status, st.FAILED) == st.REASON_DEADLINE_EXCEEDED
-    if not job.releases_workers(deadline):
-        return False
-    for group in job.groups:
-        found = reads.read("apps/v1", "StatefulSet", job.namespace,
-                           names.group_set(job.name, group.name))
-        if found is not None and not found["metadata"].get("deletionTimestamp"):
-            return True
-    return False
+    return job.releases_workers(deadline) and worker_sets_standing(job)
 
 
 def announce_clean_up(state: Pass) -> bool:
@@ -181,6 +174,12 @@ def has_something_to_stop(job: JobSpec, launcher: dict[str, Any] | None) -> bool
     not yet being deleted. Read from the pass's view; sends nothing."""
     if launcher is not None and not launcher["metadata"].get("deletionTimestamp"):
         return True
+    return worker_sets_standing(job)
+
+
+def worker_sets_standing(job: JobSpec) -> bool:
+    """Whether a worker group's StatefulSet is there and not being deleted (from the pass's
+    view; sends nothing)."""
     for group in job.groups:
         found = reads.read("apps/v1", "StatefulSet", job.namespace,
                            names.group_set(job.name, group.name))
