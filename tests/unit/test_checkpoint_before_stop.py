@@ -39,7 +39,7 @@ GRACE = 45
 def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """Records the pod deletions (name, grace) and other deletions a pass sends."""
     sent: dict[str, list[Any]] = {"pods": [], "deleted": []}
-    monkeypatch.setattr(deletes, "delete_pod", lambda namespace, name, force=False,
+    monkeypatch.setattr(deletes, "delete_pod", lambda namespace, name, uid, force=False,
                         grace_seconds=None: sent["pods"].append((name, grace_seconds)) or True)
     monkeypatch.setattr(deletes, "delete_if_present", lambda api_version, kind, namespace, name: (
         sent["deleted"].append(kind) or True))

@@ -83,8 +83,11 @@ def test_only_the_attempts_own_pods_count_not_a_replacement() -> None:
 def test_each_pod_is_lost_once_and_marked_to_be_recreated() -> None:
     devices = [devicehealth.UnhealthyDevice("demo-worker-1", "node-1", "worker", "nvidia.com/gpu",
                                             device) for device in ("0", "1")]
-    assert hardware.unhealthy_workers(devices) == [attempts.LostWorker(
-        "demo-worker-1", "nvidia.com/gpu device 0, 1 Unhealthy on node node-1", node_lost=True)]
+    pods = [{"metadata": {"name": "demo-worker-0", "uid": "u0"}},
+            {"metadata": {"name": "demo-worker-1", "uid": "u1"}}]
+    assert hardware.unhealthy_workers(devices, pods) == [attempts.LostWorker(
+        "demo-worker-1", "nvidia.com/gpu device 0, 1 Unhealthy on node node-1", node_lost=True,
+        uid="u1")]
 
 
 def job(**run_policy: Any) -> JobSpec:
@@ -101,7 +104,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """The API calls an ended attempt makes, recorded instead of sent."""
     calls: dict[str, list[Any]] = {"deleted": [], "stopped": [], "logs": []}
     monkeypatch.setattr(endings.deletes, "delete_pod",
-                        lambda namespace, name, **_: calls["deleted"].append(name) or True)
+                        lambda namespace, name, uid, **_: calls["deleted"].append(name) or True)
     monkeypatch.setattr(endings.deletes, "stop_pod",
                         lambda pod, *_: calls["stopped"].append(pod) or False)
     monkeypatch.setattr(endings.deletes, "delete_if_present", lambda *_: True)

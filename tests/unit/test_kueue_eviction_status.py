@@ -51,7 +51,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
                      "message": PREEMPTED}]}}
     monkeypatch.setattr(client, "read_workload", lambda namespace, name: workload)
     monkeypatch.setattr(client, "write_workload_status", lambda *args: True)
-    monkeypatch.setattr(deletes, "delete_pod", lambda namespace, name, force=False,
+    monkeypatch.setattr(deletes, "delete_pod", lambda namespace, name, uid, force=False,
                         grace_seconds=None: sent["pods"].append((name, grace_seconds)) or True)
     monkeypatch.setattr(deletes, "delete_if_present", lambda api_version, kind, namespace, name: (
         sent["deleted"].append(kind) or True))

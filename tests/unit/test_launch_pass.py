@@ -301,7 +301,7 @@ def deletes(api, monkeypatch: pytest.MonkeyPatch) -> list[str]:
                             f"{kind} {name}") or True)
     monkeypatch.setattr(k8s_deletes, "stop_pod", lambda pod: bool(pod) and not sent.append(
         f"Pod {pod['metadata']['name']}"))
-    monkeypatch.setattr(k8s_deletes, "delete_pod", lambda namespace, name, **_: sent.append(
+    monkeypatch.setattr(k8s_deletes, "delete_pod", lambda namespace, name, uid, **_: sent.append(
         f"Pod {name}") or True)
     monkeypatch.setattr(reads, "pod_log_tail", lambda *args, **kwargs: None)
     return sent

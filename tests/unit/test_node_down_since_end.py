@@ -82,7 +82,7 @@ def test_a_failed_launcher_whose_workers_node_went_down_is_infrastructure(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(nodes, "node_heartbeats", lambda: beats)
         patch.setattr(nodes, "node_readiness", lambda: readiness)
-        patch.setattr(deletes, "delete_pod", lambda namespace, name, **kwargs: removed.append(name))
+        patch.setattr(deletes, "delete_pod", lambda namespace, name, uid, **kwargs: removed.append(name))
         judged = run_policy_pass(settings, body, [worker(0), worker(1), failed], now)
     record = judged["attempts"][0]
     assert (record["class"], record["reason"]) == ("Infrastructure", reason), record

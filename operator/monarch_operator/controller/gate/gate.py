@@ -107,7 +107,7 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
     for name in not_ready:
         node = _lost_node(state, by_name.get(name))
         if node:  # Kubernetes would wait 300 s to evict it; the gate would wait with it
-            deletes.delete_pod(job.namespace, name)
+            deletes.delete_pod(job.namespace, name, by_name[name]["metadata"]["uid"])
             reasons[name] = f"its node {node} is NotReady: deleted, to be recreated elsewhere"
     for group, worker_set in zip(job.groups, worker_sets, strict=True):
         missing = [name for name in not_ready if name not in by_name

@@ -66,7 +66,7 @@ def end_attempt(state: Pass, failure_class: str, reason: str, message: str,
         state.after_status_write()
         for worker in lost or []:
             if worker.node_lost:  # to be recreated elsewhere (force-deleted if it cannot end)
-                deletes.delete_pod(job.namespace, worker.name)
+                deletes.delete_pod(job.namespace, worker.name, worker.uid)
     if not decision.restart:
         state.status["completionTime"] = state.now_text
         # The launcher's own line stays the whole message when no restart was asked for.

@@ -34,16 +34,20 @@ from monarch_operator.controller.state.passstate import Pass, short
 HARDWARE_SCAN_LINES = 200
 
 
-def unhealthy_workers(devices: list[devicehealth.UnhealthyDevice]) -> list[attempts.LostWorker]:
+def unhealthy_workers(devices: list[devicehealth.UnhealthyDevice],
+                      worker_pods: list[dict[str, Any]]) -> list[attempts.LostWorker]:
     """One lost worker per pod of ``devices``, its cause the devices (``nvidia.com/gpu device 1
     Unhealthy``), marked to be recreated (``node_lost``: :func:`.endings.end_attempt` deletes
-    its pod)."""
+    its pod, by its uid in ``worker_pods``, the pods the devices were read from)."""
+    uid_of = {pod["metadata"]["name"]: str(pod["metadata"].get("uid") or "")
+              for pod in worker_pods}
     by_pod: dict[str, list[devicehealth.UnhealthyDevice]] = {}
     for device in devices:
         by_pod.setdefault(device.pod, []).append(device)
     return [attempts.LostWorker(
         pod, f"{found[0].resource} device {', '.join(d.device for d in found)} Unhealthy"
-        f"{' on node ' + found[0].node if found[0].node else ''}", node_lost=True)
+        f"{' on node ' + found[0].node if found[0].node else ''}", node_lost=True,
+        uid=uid_of.get(pod, ""))
         for pod, found in by_pod.items()]
 
 
@@ -108,7 +112,7 @@ def end_if_unhealthy(state: Pass, worker_pods: list[dict[str, Any]],
     said = observe.launcher_failure_message(outcome) if outcome.finished else ""
     return True, endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_GPU_UNHEALTHY,
                                      unhealthy_message(devices, said), outcome,
-                                     unhealthy_workers(devices), launcher_pods)
+                                     unhealthy_workers(devices, worker_pods), launcher_pods)
 
 
 def end_if_hardware_error(state: Pass, outcome: observe.LauncherOutcome,

@@ -197,6 +197,8 @@ def _workers_nodes_down(launcher: dict[str, Any], worker_pods: list[dict[str, An
         return []
     node_of = {pod["metadata"]["name"]: (pod.get("spec") or {}).get("nodeName")
                for pod in worker_pods}
+    uid_of = {pod["metadata"]["name"]: str(pod["metadata"].get("uid") or "")
+              for pod in worker_pods}
     lost = []
     for entry in snapshot:
         node = node_of.get(entry["name"])
@@ -204,7 +206,7 @@ def _workers_nodes_down(launcher: dict[str, Any], worker_pods: list[dict[str, An
             still = not readiness.get(str(node), (False, None))[0]
             kind = causes.NODE_NOT_READY if still else causes.NODE_WAS_NOT_READY
             lost.append(attempts.LostWorker(entry["name"], causes.Cause(kind, str(node)).words(),
-                                            node_lost=still))
+                                            node_lost=still, uid=uid_of[entry["name"]]))
     return lost
 
 

@@ -1,5 +1,5 @@
 """Deletes: background propagation, 404 is done; by uid precondition for a job's children, and a
-pod with its grace period, another one, or at once (``--force``).
+pod (always by uid) with its grace period, another one, or at once (``--force``).
 """
 
 from __future__ import annotations
@@ -58,35 +58,47 @@ def delete_if_present(api_version: str, kind: str, namespace: str, name: str) ->
     return delete(api_version, kind, namespace, name)
 
 
-def delete_pod(namespace: str, name: str, force: bool = False,
+def delete_pod(namespace: str, name: str, uid: str, force: bool = False,
                grace_seconds: int | None = None) -> bool:
-    """Delete a pod with its own grace period, ``grace_seconds`` instead (seconds between the
-    kubelet's SIGTERM and SIGKILL), or with ``force`` at once (grace period 0, as
-    ``kubectl delete pod --force --grace-period=0``: the object goes without waiting for its
-    kubelet; only finalizers still hold it). Returns False if it was already gone (404)."""
+    """Delete pod ``uid`` (as read: the uid is a precondition of the DELETE, so a namesake its
+    StatefulSet created meanwhile is never hit) with its own grace period, ``grace_seconds``
+    instead (seconds between the kubelet's SIGTERM and SIGKILL), or with ``force`` at once
+    (grace period 0, as ``kubectl delete pod --force --grace-period=0``: the object goes
+    without waiting for its kubelet; only finalizers still hold it).
+
+    Two passes working from views a moment apart both found one stuck worker pod and both
+    force-deleted it by name: the second DELETE removed the replacement the StatefulSet had
+    created 80 ms before (a clean-clone CI run, test_lost_workers).
+
+    Returns:
+        False when it was gone already (404) or the name is another pod's now (409).
+    """
+    body: dict[str, Any] = {"preconditions": {"uid": uid}}
+    grace = 0 if force else grace_seconds
+    if grace is not None:
+        body["gracePeriodSeconds"] = grace
     try:
-        grace = 0 if force else grace_seconds
-        client.call("delete", "v1", "pods", namespace, name,
-                    body=None if grace is None else {"gracePeriodSeconds": grace})
+        client.call("delete", "v1", "pods", namespace, name, body=body)
     except ApiException as error:
-        if error.status == 404:
+        if error.status in (404, 409):
             return False
         raise
     return True
 
 
 def stop_pod(pod: dict[str, Any] | None, grace_seconds: int | None = None) -> bool:
-    """Delete ``pod`` (as read) with its own grace period (or ``grace_seconds``) unless it is
-    absent or already being deleted: a pass that finds it so sends nothing. The pod stays in
-    the pass's view: it runs until its grace period ends, and whoever waits for it must still
-    see it.
+    """Delete ``pod`` (as read, by its uid) with its own grace period (or ``grace_seconds``)
+    unless it is absent or already being deleted: a pass that finds it so sends nothing. The
+    pod stays in the pass's view: it runs until its grace period ends, and whoever waits for it
+    must still see it.
 
     Returns:
         Whether a delete was sent and the pod existed.
     """
     if pod is None or pod["metadata"].get("deletionTimestamp"):
         return False
-    return delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"],
+    metadata = pod["metadata"]
+    return delete_pod(metadata["namespace"], metadata["name"], metadata["uid"],
                       grace_seconds=grace_seconds)
 
 

@@ -92,8 +92,8 @@ def let_go_of_stuck(state: Pass, pods: list[dict[str, Any]]) -> list[dict[str, A
         node = (pod.get("spec") or {}).get("nodeName")
         described = stuckpods.describe_stuck(pod, state.now,
                                              nodes.node_is_ready(node) if node else None)
-        if not deletes.delete_pod(job.namespace, name, force=True):
-            continue  # gone meanwhile (404): nothing was stuck
+        if not deletes.delete_pod(job.namespace, name, pod["metadata"]["uid"], force=True):
+            continue  # gone meanwhile (404, or 409: a namesake replaced it): nothing stuck
         state.events.append(Event("Warning", st.REASON_POD_FORCE_DELETED,
                                   f"pod {described}: force-deleted (nothing else would end it); "
                                   "the job goes on without it"))

@@ -55,12 +55,14 @@ class LostWorker:
     ``node_lost``: its node is not Ready and it is not either; nobody else deletes such a pod
     soon (taint-based eviction waits 300 s), so the operator does, to have it recreated. Also
     set for a worker whose device turned Unhealthy (``GPUUnhealthy``, judge/hardware.py): its
-    pod is recreated so that it gets another device.
+    pod is recreated so that it gets another device. ``uid``: the pod's, as the verdict read it,
+    for a ``node_lost`` one (its delete names that pod, never a namesake created since).
     """
 
     name: str
     cause: str
     node_lost: bool = False
+    uid: str = ""
 
     @property
     def in_place(self) -> bool:
@@ -161,7 +163,7 @@ def lost_workers(snapshot: list[dict[str, Any]], pods: list[dict[str, Any]],
         if not cause and node in unready_nodes:
             lost.append(LostWorker(entry["name"],
                                    causes.Cause(causes.NODE_NOT_READY, str(node)).words(),
-                                   node_lost=True))
+                                   node_lost=True, uid=_uid(pod)))
         elif cause:
             lost.append(LostWorker(entry["name"], cause))
     return lost
@@ -286,6 +288,10 @@ def _launcher_unready(pod: dict[str, Any]) -> bool:
 def _ready(pod: dict[str, Any] | None) -> bool:
     return any(condition.get("type") == "Ready" and condition.get("status") == "True"
                for condition in ((pod or {}).get("status") or {}).get("conditions") or [])
+
+
+def _uid(pod: dict[str, Any] | None) -> str:
+    return str(((pod or {}).get("metadata") or {}).get("uid") or "")
 
 
 def _loss_cause(entry: dict[str, Any], pod: dict[str, Any] | None,
