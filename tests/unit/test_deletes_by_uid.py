@@ -1,5 +1,6 @@
-"""Every pod the operator deletes is the pod it read: the DELETE carries the read pod's uid as a
-precondition, so a namesake created since (a StatefulSet's replacement) is never hit.
+"""Every object the operator deletes is the one it read: the DELETE carries the read object's
+uid as a precondition, so a namesake created since (a StatefulSet's replacement pod, the next
+attempt's hostfile) is never hit.
 
 Field case (a clean-clone CI run, test_lost_workers): two passes working from views a moment
 apart both found the worker pod on a lost node overdue and force-deleted it by name; the
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from monarch_operator.controller.k8s import client, deletes, nodes
+from monarch_operator.controller.k8s import client, deletes, nodes, reads
 from monarch_operator.controller.release import release
 from monarch_operator.controller.spec.spec import JobSpec
 from monarch_operator.controller.state import status as st
@@ -115,3 +116,29 @@ def test_a_pod_delete_and_stop_name_the_pod_read_never_a_namesake(api):
     # Gone entirely: 404, also False.
     del pods.pods["w-worker-0"]
     assert deletes.delete_pod(NAMESPACE, "w-worker-0", now) is False
+
+
+def test_a_child_deleted_if_present_is_the_one_read(monkeypatch: pytest.MonkeyPatch):
+    """``delete_if_present`` (hostfile, Services, the SSH Secret, StatefulSets): by the uid of
+    what the pass read; a namesake answers 409 and stays."""
+    stored = {"uid": "hostfile-2"}
+    sent: list[Request] = []
+
+    def answer(request: Request) -> tuple[int, Any]:
+        sent.append(request)
+        assert request.method == "DELETE"
+        assert request.path == f"/api/v1/namespaces/{NAMESPACE}/configmaps/w-hostfile"
+        if request.body["preconditions"]["uid"] != stored["uid"]:
+            return 409, {"kind": "Status", "reason": "Conflict", "code": 409}
+        return 200, {"kind": "Status", "status": "Success"}
+
+    fake = FakeApi(answer)
+    monkeypatch.setattr(client, "_client", lambda: fake.client)
+    read = {"metadata": {"name": "w-hostfile", "uid": "hostfile-1"}}
+    monkeypatch.setattr(reads, "read", lambda *args: read)
+    assert deletes.delete_if_present("v1", "ConfigMap", NAMESPACE, "w-hostfile") is False
+    read["metadata"]["uid"] = "hostfile-2"
+    assert deletes.delete_if_present("v1", "ConfigMap", NAMESPACE, "w-hostfile") is True
+    assert [request.body["preconditions"] for request in sent] == [
+        {"uid": "hostfile-1"}, {"uid": "hostfile-2"}]
+    assert all(request.body["propagationPolicy"] == "Background" for request in sent)
