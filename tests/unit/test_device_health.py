@@ -138,7 +138,10 @@ def test_c34_a_device_turning_unhealthy_mid_run_ends_the_attempt_and_replaces_on
         "nvidia.com/gpu device 1 of pod demo-worker-1 on node node-1 Unhealthy; pod "
         "demo-worker-1 recreated")
     assert record["lostWorkers"] == ["demo-worker-1"]
-    assert api["deleted"] == ["demo-worker-1"]  # demo-worker-0 keeps its pod
+    # Only demo-worker-1 is to be recreated (demo-worker-0 keeps its pod), by the pass after
+    # this one's status write: its Unhealthy device is what the verdict rests on.
+    assert record["recreatedWorkers"] == [{"name": "demo-worker-1", "uid": "b"}]
+    assert api["deleted"] == []
     assert state.status["failureCounts"] == {"infrastructure": 1}  # no Application budget
     assert state.status["attempt"] == 2
 
@@ -255,7 +258,9 @@ def test_the_judge_ends_a_running_or_failed_attempt_on_an_unhealthy_device(
                                        c34_pods("Unhealthy"), state.status["attempts"][0])
     assert restarted == policy.INFRASTRUCTURE
     assert state.status["attempts"][0]["reason"] == st.REASON_GPU_UNHEALTHY
-    assert api["deleted"] == ["demo-worker-1"]
+    assert state.status["attempts"][0]["recreatedWorkers"] == [
+        {"name": "demo-worker-1", "uid": "b"}]
+    assert api["deleted"] == []
 
 
 def test_the_judge_leaves_a_programs_failure_to_the_exit_code(

@@ -64,12 +64,12 @@ def failed_attempt(settings: Settings) -> tuple[dict, dict, dt.datetime]:
     return body, running_launcher(settings, launched, exit_code=1, ended=6), launched
 
 
-@pytest.mark.parametrize(("node_1_back", "reason", "deleted"), [
-    (True, st.REASON_WORKER_RESTARTED, []),  # back: its pod is kept for the next attempt
+@pytest.mark.parametrize(("node_1_back", "reason", "recreated"), [
+    (True, st.REASON_WORKER_RESTARTED, None),  # back: its pod is kept for the next attempt
     (False, st.REASON_WORKER_EVICTED, [f"{NAME}-worker-1"]),  # still away: recreated elsewhere
 ])
 def test_a_failed_launcher_whose_workers_node_went_down_is_infrastructure(
-        api, node_1_back, reason, deleted):
+        api, node_1_back, reason, recreated):
     settings = Settings.from_env()
     body, failed, launched = failed_attempt(settings)
     end = launched + dt.timedelta(seconds=6)
@@ -87,7 +87,9 @@ def test_a_failed_launcher_whose_workers_node_went_down_is_infrastructure(
     record = judged["attempts"][0]
     assert (record["class"], record["reason"]) == ("Infrastructure", reason), record
     assert f"{NAME}-worker-1" in record["message"] and "node-1" in record["message"], record
-    assert removed == deleted
+    # Deleted by the pass after this one's status write (release.recreate_lost_workers).
+    assert removed == []
+    assert [entry["name"] for entry in record.get("recreatedWorkers") or []] == (recreated or [])
 
     # The same attempt with node-1 Ready since before the launcher's end: the program's failure.
     readiness["node-1"] = (True, end - dt.timedelta(seconds=1))

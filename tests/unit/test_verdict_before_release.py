@@ -28,6 +28,7 @@ from tests.unit.test_launch_pass import (
     job_body,
     launcher_pod,
     make_view,
+    ready_worker,
     running_status,
     stored,
 )
@@ -42,13 +43,25 @@ class Cluster:
     launchers: list[dict[str, Any]]
     deleted: list[str] = field(default_factory=list)
     partitioned: bool = False
+    workers: list[dict[str, Any]] | None = None  # the worker pods, when not the default Ready
 
     def view(self, settings: Settings, body: dict[str, Any]) -> Any:
         """The next pass's view: the job as stored, minus what was deleted."""
         pods = [pod for pod in self.launchers if f"Pod {pod['metadata']['name']}"
                 not in self.deleted]
         workers = f"StatefulSet {names.worker_set(NAME)}" not in self.deleted
-        return make_view(settings, body["status"], pods, workers=workers, body=body)
+        return make_view(settings, body["status"], pods, workers=workers, body=body,
+                         worker_pods=None if self.workers is None else [
+                             self._as_deleted(pod) for pod in self.workers])
+
+    def _as_deleted(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """A worker pod a pass deleted (by its uid) shows, from the next view on, as being
+        deleted (gracefully)."""
+        metadata = pod["metadata"]
+        if f"Pod {metadata['name']} {metadata['uid']}" not in self.deleted:
+            return pod
+        # Its grace period not over within these tests (else it is force-deleted: stuck).
+        return {**pod, "metadata": {**metadata, "deletionTimestamp": "2030-01-01T00:00:00Z"}}
 
 
 @pytest.fixture()
@@ -79,7 +92,13 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Cluster:
         world.deleted.append(f"Pod {pod['metadata']['name']}")
         return True
 
+    def delete_pod(namespace: str, name: str, uid: str, force: bool = False,
+                   grace_seconds: int | None = None) -> bool:
+        world.deleted.append(f"Pod {name} {uid}")
+        return True
+
     monkeypatch.setattr(writes, "_post", post)
+    monkeypatch.setattr(deletes, "delete_pod", delete_pod)
     monkeypatch.setattr(writes, "patch_job_status", patch_status)
     monkeypatch.setattr(deletes, "delete_if_present", delete_if_present)
     monkeypatch.setattr(deletes, "stop_pod", stop_pod)
@@ -272,3 +291,63 @@ def test_an_infrastructure_verdict_keeps_its_launcher_until_stored(cluster):
     one_pass(settings, cluster, {**body, "status": judged.status},
              later + dt.timedelta(seconds=21))
     assert f"Pod {names.launcher_pod(NAME, 1)}" in cluster.deleted, "gone once it is stored"
+
+
+def test_a_worker_to_recreate_goes_once_the_verdict_is_stored(cluster):
+    """Field case C34 around a cut-off leader: a worker's GPU is reported Unhealthy mid-run.
+    The judging pass used to delete its pod at once; cut off before its write, the next leader
+    found the pod replaced (or being deleted) and judged the attempt by that (``deleted``),
+    the Unhealthy device gone with the pod. Now the ending names the pod (``recreatedWorkers``,
+    by uid) and the pass after its write deletes it; the gate of the next attempt never counts
+    it, even before its view shows the deletion."""
+    settings = Settings.from_env()
+    body, launched = launched_job(settings, runPolicy={"infrastructureBackoffLimit": 2})
+    cluster.launchers.append(launcher_pod(settings))  # attempt 1's, running
+    cluster.workers = [ready_worker(0), ready_worker(1)]
+    cluster.workers[1]["status"]["containerStatuses"] = [{
+        "name": "worker", "ready": True, "restartCount": 0,
+        "state": {"running": {"startedAt": st.format_time(launched)}},
+        "allocatedResourcesStatus": [{"name": "nvidia.com/gpu", "resources": [
+            {"resourceID": "1", "health": "Unhealthy"}]}]}]
+    later = launched + dt.timedelta(seconds=60)
+    unhealthy = names.worker_pod(NAME, 1)
+
+    cluster.partitioned = True
+    with pytest.raises(FencedError):
+        one_pass(settings, cluster, body, later)
+    assert not [gone for gone in cluster.deleted if gone.startswith(f"Pod {unhealthy}")]
+
+    cluster.partitioned = False
+    judged = one_pass(settings, cluster, body, later + dt.timedelta(seconds=5))
+    first = judged.status["attempts"][0]
+    assert (first["class"], first["reason"]) == ("Infrastructure", "GPUUnhealthy"), first
+    assert first["recreatedWorkers"] == [{"name": unhealthy, "uid": "w1"}]
+    assert not [gone for gone in cluster.deleted if gone.startswith(f"Pod {unhealthy}")]
+    assert judged.wake_after == 0.0
+
+    # The pass after the write: the pod goes by its uid, and attempt 2 waits for its
+    # replacement (its view does not show the deletion yet).
+    stored_body = {**body, "status": judged.status}
+    after = one_pass(settings, cluster, stored_body, later + dt.timedelta(seconds=6))
+    assert f"Pod {unhealthy} w1" in cluster.deleted
+    assert after.status["readyWorkers"] == "1/2"
+    assert after.status["attempt"] == 2 and "launchTime" not in after.status["attempts"][1]
+    assert [pod["metadata"]["name"] for pod in cluster.launchers] == [
+        names.launcher_pod(NAME, 1)], "no launcher on the worker being recreated"
+    waiting = st.get_condition(after.status, st.WORKERS_READY)["message"]
+    assert f"{unhealthy} (lost by attempt 1: its pod is deleted, to be recreated)" in waiting
+
+    # Being deleted (the view caught up): no second DELETE, still not counted.
+    again = one_pass(settings, cluster, {**body, "status": after.status},
+                     later + dt.timedelta(seconds=8))
+    assert again.status["readyWorkers"] == "1/2" and "launchTime" not in again.status[
+        "attempts"][1]
+    # Its replacement (a new uid) counts; the old pod is never deleted twice.
+    cluster.workers[1] = ready_worker(1) | {"metadata": {
+        **ready_worker(1)["metadata"], "uid": "w1-new"}}
+    relaunched = one_pass(settings, cluster, {**body, "status": after.status},
+                          later + dt.timedelta(seconds=20))
+    assert relaunched.status["readyWorkers"] == "2/2"
+    assert relaunched.status["attempts"][1].get("launchTime"), relaunched.status["attempts"]
+    assert [gone for gone in cluster.deleted if gone.startswith(f"Pod {unhealthy}")] == [
+        f"Pod {unhealthy} w1"]

@@ -104,6 +104,10 @@ def ensure_workers(state: Pass, settings: Settings) -> list[dict[str, Any]]:
         return pods  # launched: a lost worker is judged with the attempt (lost_workers)
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
     reasons = {name: observe.why_not_ready(by_name.get(name)) for name in not_ready}
+    previous = int(state.status["attempt"]) - 1
+    for (name, _), lost_by in attempts.recreated_workers(state.status).items():
+        if lost_by == previous and name in reasons and name not in by_name:
+            reasons[name] = f"lost by attempt {lost_by}: its pod is deleted, to be recreated"
     for name in not_ready:
         node = _lost_node(state, by_name.get(name))
         if node:  # Kubernetes would wait 300 s to evict it; the gate would wait with it
@@ -192,9 +196,11 @@ def _worker_pods(state: Pass, worker_sets: list[dict[str, Any]]) -> list[dict[st
     StatefulSet, the
     old one's pods may linger until garbage collection and must not pass the gate. Any worker
     pod stuck terminating (its node lost) is force-deleted in time: the StatefulSet recreates a
-    pod only once its namesake is gone."""
+    pod only once its namesake is gone. A pod an ended attempt marked to be recreated is left
+    out (and deleted once that mark is stored: :func:`.release.recreate_lost_workers`)."""
     job = state.job
     pods = release.let_go_of_stuck(state, reads.list_pods(job.namespace, {
                constants.LABEL_JOB: job.name, constants.LABEL_ROLE: constants.ROLE_WORKER}))
+    pods = release.recreate_lost_workers(state, pods)
     set_uids = {worker_set.get("metadata", {}).get("uid") for worker_set in worker_sets}
     return [pod for pod in pods if reads.controller_uid(pod) in set_uids | {None}]

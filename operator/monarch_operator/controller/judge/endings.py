@@ -63,10 +63,10 @@ def end_attempt(state: Pass, failure_class: str, reason: str, message: str,
         # off before the write left the next one only "launcher lost". The next attempt's
         # pass stops it once that attempt is stored (launching._let_go_of_previous_launcher),
         # a failed job's once the failure is (release.clean_up).
+        # Workers on a lost node or holding an Unhealthy device are recreated: the record
+        # names each pod (``recreatedWorkers``) and the pass after its write deletes them
+        # (:func:`.release.recreate_lost_workers`), for the same reason.
         state.after_status_write()
-        for worker in lost or []:
-            if worker.node_lost:  # to be recreated elsewhere (force-deleted if it cannot end)
-                deletes.delete_pod(job.namespace, worker.name, worker.uid)
     if not decision.restart:
         state.status["completionTime"] = state.now_text
         # The launcher's own line stays the whole message when no restart was asked for.
@@ -119,6 +119,8 @@ def _record_failure(state: Pass, failure_class: str, reason: str, message: str,
     _show_launcher(state, outcome if outcome is not None and outcome.finished else None)
     if lost:
         fields["lostWorkers"] = [worker.name for worker in lost]
+        fields["recreatedWorkers"] = [{"name": worker.name, "uid": worker.uid}
+                                      for worker in lost if worker.node_lost and worker.uid]
     state.status.pop("attemptWorkers", None)
     state.status = attempts.update_current(state.status, **fields)
 

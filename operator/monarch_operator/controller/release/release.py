@@ -104,6 +104,34 @@ def let_go_of_stuck(state: Pass, pods: list[dict[str, Any]]) -> list[dict[str, A
     return kept
 
 
+def recreate_lost_workers(state: Pass, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Delete the worker pods that an ended attempt marked to be recreated
+    (``recreatedWorkers``: on a lost node, or holding a device reported Unhealthy), each by
+    its uid, once the stored status holds that mark: the pass that judged the attempt keeps
+    them, since they are what its verdict rests on (a leader cut off before the write left the
+    next one a pod replaced, judged ``deleted`` instead of ``GPUUnhealthy``). A pod on a lost
+    node then stays terminating until :func:`let_go_of_stuck` force-deletes it.
+
+    Returns ``pods`` without the marked ones, stored or not: the gate never counts them, even
+    while the view has not seen their deletion yet, and waits for their replacements.
+    """
+    marked = attempts.recreated_workers(state.status)
+    if not marked:
+        return pods
+    stored = attempts.recreated_workers(state.stored)
+    kept = []
+    for pod in pods:
+        metadata = pod["metadata"]
+        key = (metadata["name"], str(metadata.get("uid")))
+        if key not in marked:
+            kept.append(pod)
+        elif key in stored and not metadata.get("deletionTimestamp"):
+            deletes.delete_pod(state.job.namespace, key[0], key[1])
+        elif key not in stored:
+            state.after_status_write()
+    return kept
+
+
 def _launcher_to_stop(state: Pass) -> dict[str, Any] | None:
     """The finished job's launcher pod that :func:`clean_up` deletes: one that still runs (the
     job failed around it, e.g. its deadline), or any with ``cleanupPolicy: DeleteAll``; None

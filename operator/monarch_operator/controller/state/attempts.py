@@ -344,6 +344,15 @@ def shorten(message: str, limit: int = MESSAGE_CHARS) -> str:
     return message[:head] + marker + message[-(limit - len(marker) - head):]
 
 
+def recreated_workers(status: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """``{(pod name, uid): attempt}``: the worker pods that ended attempts marked to be
+    recreated (``recreatedWorkers``: a lost node, an Unhealthy device), each with the number
+    of the attempt that lost it."""
+    return {(str(entry.get("name")), str(entry.get("uid"))): int(record.get("number") or 0)
+            for record in status.get("attempts") or []
+            for entry in record.get("recreatedWorkers") or []}
+
+
 def current(status: dict[str, Any]) -> dict[str, Any] | None:
     """The record of the attempt in progress (``status.attempt``), or None."""
     attempts = status.get("attempts") or []
