@@ -151,6 +151,17 @@ def namespace(kubectl: Kubectl, operator: Path) -> Iterator[str]:
 
 
 @pytest.fixture
+def bare_namespace(kubectl: Kubectl) -> Iterator[str]:
+    """A fresh namespace for objects a test makes itself (no MonarchJob, so no operator)."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
 def chart_namespace(kubectl: Kubectl) -> Iterator[str]:
     """A fresh namespace that the shared test operator leaves alone (``chart-*``)."""
     name = f"{CHART_NAMESPACE_PREFIX}{uuid.uuid4().hex[:8]}"

@@ -7,8 +7,6 @@ answers; this checks them where they come from.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 
 import kubernetes
 import pytest
@@ -26,16 +24,6 @@ def operator_api(local_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
                                        client_configuration=config)
     api = kubernetes.client.ApiClient(config)
     monkeypatch.setattr(client, "_client", lambda: api)
-
-
-@pytest.fixture
-def bare_namespace(kubectl) -> Iterator[str]:
-    name = f"d-{uuid.uuid4().hex[:8]}"
-    kubectl("create", "namespace", name)
-    try:
-        yield name
-    finally:
-        kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def create_pod(kubectl, namespace: str, name: str) -> dict:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -18,16 +16,6 @@ from monarch_operator.localcluster.cluster import LocalCluster
 from monarch_operator.localcluster.demo import Kubectl
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def bare_namespace(kubectl: Kubectl) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    kubectl("create", "namespace", name)
-    try:
-        yield name
-    finally:
-        kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def _pod(name: str, mode: str) -> dict:

@@ -37,8 +37,9 @@ HARDWARE_SCAN_LINES = 200
 def unhealthy_workers(devices: list[devicehealth.UnhealthyDevice],
                       worker_pods: list[dict[str, Any]]) -> list[attempts.LostWorker]:
     """One lost worker per pod of ``devices``, its cause the devices (``nvidia.com/gpu device 1
-    Unhealthy``), marked to be recreated (``node_lost``: :func:`.endings.end_attempt` deletes
-    its pod, by its uid in ``worker_pods``, the pods the devices were read from)."""
+    Unhealthy``), marked to be recreated (``node_lost``: the ended attempt's
+    ``recreatedWorkers`` names its pod by its uid in ``worker_pods``, the pods the devices were
+    read from, and :func:`.release.recreate_lost_workers` deletes it once that is stored)."""
     uid_of = {pod["metadata"]["name"]: str(pod["metadata"].get("uid") or "")
               for pod in worker_pods}
     by_pod: dict[str, list[devicehealth.UnhealthyDevice]] = {}

@@ -53,7 +53,8 @@ class LostWorker:
     ``evicted by a drain of node n1`` ...).
 
     ``node_lost``: its node is not Ready and it is not either; nobody else deletes such a pod
-    soon (taint-based eviction waits 300 s), so the operator does, to have it recreated. Also
+    soon (taint-based eviction waits 300 s), so the operator does, to have it recreated
+    (``recreatedWorkers`` of the ended attempt, :func:`.release.recreate_lost_workers`). Also
     set for a worker whose device turned Unhealthy (``GPUUnhealthy``, judge/hardware.py): its
     pod is recreated so that it gets another device. ``uid``: the pod's, as the verdict read it,
     for a ``node_lost`` one (its delete names that pod, never a namesake created since).
