@@ -125,9 +125,15 @@ def test_the_end_of_run_sweep_reaches_64_hosts_behind_four_sshd_that_refuse_past
 ) -> None:
     # Each daemon drops every connection past 3 not yet logged in; the sweep may open 4 at
     # once, so some are refused and must be retried, as the start's are.
-    monkeypatch.delenv("MONARCH_JOB_UID", raising=False)
+    # The process left behind carries a lineage of its own (as a MonarchJob's uid would):
+    # marked as a standalone run (lineage "-") outside any ssh session, it was an ended
+    # standalone run to the pre-flight of any launcher test another worker ran meanwhile,
+    # which stopped it before this sweep could (a clean-clone CI run: found nothing).
+    lineage = f"test-sweep-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("MONARCH_JOB_UID", lineage)
+    monkeypatch.setenv("MONARCH_ATTEMPT", "1")
     run_id = uuid.uuid4().hex[:12]
-    env = {**os.environ, MARK_ENV: f"-/0/{run_id}"}
+    env = {**os.environ, MARK_ENV: f"{lineage}/1/{run_id}"}
     left = int(subprocess.check_output(
         ["setsid", "sh", "-c", "sleep 1000 </dev/null >/dev/null 2>&1 & echo $!"],
         env=env, text=True,
