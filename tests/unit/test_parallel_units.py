@@ -120,6 +120,26 @@ def test_every_machine_alone_unit_says_why_and_exists() -> None:
         assert len(why) > 40, f"{unit}: say why it needs the machine alone"
 
 
+def test_only_machine_alone_units_plant_processes_of_standalone_runs() -> None:
+    """A process marked as a standalone run (lineage ``-``) outside any ssh session is an
+    ended run's leftover to every launcher's pre-flight on this machine: another worker's
+    launcher test stops it. A module that plants one must run alone (a clean-clone CI run:
+    test_ssh_at_scale's sweep found its planted process gone); others give theirs a lineage
+    of their own."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    # A standalone run's mark value ("-/0/<run>") or RunMark("-", ...), in tests that run
+    # processes on this machine (unit tests only build command lines).
+    standalone = re.compile(r"""f?["']-/0/|RunMark\(\s*["']-["']""")
+    planting = sorted(str(path.relative_to(root)) for folder in ("launcher", "cluster", "e2e")
+                      for path in (root / "tests" / folder).rglob("*.py")
+                      if standalone.search(path.read_text()))
+    assert "tests/launcher/test_stragglers.py" in planting, "the pattern finds no planting"
+    assert [unit for unit in planting if unit not in parallel.ALONE_UNITS] == []
+
+
 class _Reporter:
     def __init__(self) -> None:
         self.lines: list[str] = []
