@@ -328,3 +328,33 @@ def test_a_worker_replaced_after_an_unrecorded_launch_is_still_lost(api, deletes
     record = api["status"][-1]["attempts"][0]
     assert (record["class"], record["reason"]) == ("Infrastructure", st.REASON_WORKER_EVICTED)
     assert "deleted and recreated" in record["message"], record
+
+
+def test_a_job_created_again_under_its_name_never_takes_the_old_jobs_launcher(api):
+    """Field case (a clean-clone CI run, test_multikueue): MultiKueue deleted the worker's
+    copy of a suspended job and created it again within a second of the resume; the new job's
+    first pass found the old job's launcher pod (same name and labels, still running, being
+    deleted), took it for its own attempt 1 and judged it by that pod's exit (143: Failed).
+    A pod another MonarchJob controls is not in the view: the new job creates its own (and,
+    while the old pod holds the name, waits for it to go)."""
+    settings = Settings.from_env()
+    old = launcher_pod(settings)
+    old["metadata"]["ownerReferences"] = [
+        {**ref, "uid": "uid-of-the-deleted-job"} for ref in old["metadata"]["ownerReferences"]]
+    run_pass(settings, make_view(settings, None, [old]))
+    assert f"Pod {names.launcher_pod(NAME, 1)}" in api["creates"], api["creates"]
+    [status] = api["status"]
+    assert status["attempts"][-1]["launcherPod"] == names.launcher_pod(NAME, 1)
+    assert lastseen_of_old_job_is_ignored(old)
+
+
+def lastseen_of_old_job_is_ignored(old: dict[str, Any]) -> bool:
+    """The pod watch's memory of a launcher (kept by job name) never answers for another job."""
+    from monarch_operator.controller.state import lastseen
+
+    lastseen.remember(NAMESPACE, NAME, old)
+    try:
+        return (lastseen.launcher(NAMESPACE, NAME, 1, JOB_UID) is None
+                and lastseen.launcher(NAMESPACE, NAME, 1, "uid-of-the-deleted-job") == old)
+    finally:
+        lastseen.forget(NAMESPACE, NAME)

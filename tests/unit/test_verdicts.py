@@ -339,13 +339,13 @@ def test_only_the_newest_attempts_launcher_is_kept_per_job():
         lastseen.remember("ns", "j", pod(2))
         lastseen.remember("ns", "j", pod(1))  # the previous attempt's pod, stopped late
         lastseen.remember("ns", "j", {"metadata": {"name": "no-label"}})
-        assert lastseen.launcher("ns", "j", 2) == pod(2)
-        assert lastseen.launcher("ns", "j", 1) is None
+        assert lastseen.launcher("ns", "j", 2, "") == pod(2)
+        assert lastseen.launcher("ns", "j", 1, "") is None
         lastseen.remember("ns", "j", pod(3))
-        assert lastseen.launcher("ns", "j", 2) is None and lastseen.launcher("ns", "j", 3)
+        assert lastseen.launcher("ns", "j", 2, "") is None and lastseen.launcher("ns", "j", 3, "")
     finally:
         lastseen.forget("ns", "j")
-    assert lastseen.launcher("ns", "j", 3) is None
+    assert lastseen.launcher("ns", "j", 3, "") is None
 
 
 # -- a failed launcher waits for its workers' nodes to heartbeat (issue 20, chaos soak) --------

@@ -157,7 +157,7 @@ def record_late_ends(state: Pass) -> None:
     pods = reads.list_pods(job.namespace, {constants.LABEL_JOB: job.name,
                                          constants.LABEL_ROLE: constants.ROLE_LAUNCHER})
     by_attempt = {lastseen.attempt_of(pod): pod for pod in pods}
-    last = lastseen.launcher(job.namespace, job.name, int(records[-1]["number"]))
+    last = lastseen.launcher(job.namespace, job.name, int(records[-1]["number"]), job.uid)
     if last is not None and records[-1]["number"] not in by_attempt:
         by_attempt[records[-1]["number"]] = last
     last_ended = [record for record in state.status["attempts"] if record.get("class")][-1]

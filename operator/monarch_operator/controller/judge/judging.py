@@ -55,7 +55,8 @@ def end_launcher_gone(state: Pass, launcher_name: str,
                                    f"lost mid-run (launcher pod {launcher_name} gone too)",
                                    None, list(lost))
     # How it went, as the watch last delivered it (evicted, drained ...), else "deleted".
-    last = lastseen.launcher(state.job.namespace, state.job.name, int(state.status["attempt"]))
+    last = lastseen.launcher(state.job.namespace, state.job.name, int(state.status["attempt"]),
+                            state.job.uid)
     stopped = causes.of_pod(last, _cordoned([last])) if last is not None else None
     return endings.end_attempt(state, policy.INFRASTRUCTURE, st.REASON_LAUNCHER_LOST,
                                f"launcher pod {launcher_name} was "

@@ -36,8 +36,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from monarch_operator.controller.state.ownership import owned_by_another_job
+
 JobKey = tuple[str, str]  # (namespace, name)
 Kind = tuple[str, str]  # (apiVersion, kind), as in a manifest
+POD: Kind = ("v1", "Pod")
 Body = dict[str, Any]
 # One index per kind: (namespace, job name) -> the objects labelled with that job (kopf's Index
 # maps a key to a Store, an iterable of the values the index handler returned).
@@ -116,10 +119,12 @@ class JobCache:
         is not (or no longer) indexed.
         """
         job = self._job(key)
+        job_uid = _uid(job)
         children: dict[Kind, dict[str, Body]] = {}
         for kind, index in self._indexes.items():
             if kind != self.job_kind:
-                children[kind] = {body["metadata"]["name"]: body for body in index.get(key, ())}
+                children[kind] = {body["metadata"]["name"]: body for body in index.get(key, ())
+                                  if not (kind == POD and owned_by_another_job(body, job_uid))}
         self._apply_expectations(key, children)
         return JobView(key, job, children, self)
 

@@ -98,7 +98,7 @@ def _last_seen_ended(state: Pass, attempt: int) -> dict[str, Any] | None:
     keeps its own verdict (a deletion at or before its end still makes it ``LauncherLost``,
     :func:`.verdicts.judge`). None when its end was never seen: the pod was deleted while it
     ran, as far as this operator knows."""
-    last = lastseen.launcher(state.job.namespace, state.job.name, attempt)
+    last = lastseen.launcher(state.job.namespace, state.job.name, attempt, state.job.uid)
     if last is None or not observe.launcher_outcome(last).finished:
         return None
     return last

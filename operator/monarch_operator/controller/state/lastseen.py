@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from monarch_operator import constants
+from monarch_operator.controller.state.ownership import owned_by_another_job
 
 _seen: dict[tuple[str, str], dict[str, Any]] = {}
 _lock = threading.Lock()
@@ -42,12 +43,16 @@ def remember(namespace: str, job_name: str, pod: dict[str, Any]) -> None:
             _seen[(namespace, job_name)] = pod
 
 
-def launcher(namespace: str, job_name: str, attempt: int) -> dict[str, Any] | None:
-    """The last state seen of attempt ``attempt``'s launcher pod of the job, or None when the
-    watch delivered none since this operator started (or a newer attempt's came since)."""
+def launcher(namespace: str, job_name: str, attempt: int, job_uid: str) -> dict[str, Any] | None:
+    """The last state seen of attempt ``attempt``'s launcher pod of job ``job_uid``, or None
+    when the watch delivered none since this operator started (or a newer attempt's came
+    since, or it is the pod of an earlier job of the same name: its events come on after that
+    job's deletion)."""
     with _lock:
         known = _seen.get((namespace, job_name))
-    return known if known is not None and attempt_of(known) == attempt else None
+    if known is None or attempt_of(known) != attempt or owned_by_another_job(known, job_uid):
+        return None
+    return known
 
 
 def forget(namespace: str, job_name: str) -> None:

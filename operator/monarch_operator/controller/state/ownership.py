@@ -1,0 +1,23 @@
+"""Whose child a pod is: a job's name and labels are reused by a job of the same name created
+after it, its uid never."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from monarch_operator import constants
+
+
+def owned_by_another_job(body: Mapping[str, Any], job_uid: str) -> bool:
+    """Whether ``body``'s controller is a MonarchJob other than ``job_uid`` (a job of the same
+    name deleted before, whose pods are still going): never this job's, whatever its name and
+    labels say. A view leaves such pods out; a job re-created at once under the same name (a
+    MultiKueue re-dispatch after a suspend) took the old job's launcher pod, still running,
+    for its own and judged its attempt by that pod's exit (143: Failed; 0 would have been a
+    Succeeded that never ran). ``job_uid`` empty: the job is not known, nothing is left out."""
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return bool(job_uid) and ref.get("kind") == constants.KIND and (
+                str(ref.get("uid")) != job_uid)
+    return False
