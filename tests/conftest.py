@@ -7,6 +7,7 @@ error: cluster and end-to-end tests never fall back to a mock API.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -137,40 +138,39 @@ def operator(operator_process: OperatorProcess) -> Iterator[Path]:
     operator_process.ensure_default()
 
 
-@pytest.fixture
-def namespace(kubectl: Kubectl, operator: Path) -> Iterator[str]:
-    """A fresh namespace; its MonarchJobs are deleted while the operator still runs."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
+@contextlib.contextmanager
+def _fresh_namespace(kubectl: Kubectl, prefix: str, *delete_jobs: str) -> Iterator[str]:
+    """A namespace ``<prefix><8 hex>`` for the block; afterwards its MonarchJobs are deleted
+    with ``delete_jobs`` (kubectl flags; none given: not deleted first), then the namespace."""
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
     kubectl("create", "namespace", name)
     try:
         yield name
     finally:
-        kubectl("delete", "monarchjobs", "--all", "-n", name, "--wait=true", "--timeout=60s",
-                check=False)
+        if delete_jobs:
+            kubectl("delete", "monarchjobs", "--all", "-n", name, *delete_jobs, check=False)
         kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl, operator: Path) -> Iterator[str]:
+    """A fresh namespace; its MonarchJobs are deleted while the operator still runs."""
+    with _fresh_namespace(kubectl, "t-", "--wait=true", "--timeout=60s") as name:
+        yield name
 
 
 @pytest.fixture
 def bare_namespace(kubectl: Kubectl) -> Iterator[str]:
     """A fresh namespace for objects a test makes itself (no MonarchJob, so no operator)."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    kubectl("create", "namespace", name)
-    try:
+    with _fresh_namespace(kubectl, "t-") as name:
         yield name
-    finally:
-        kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture
 def chart_namespace(kubectl: Kubectl) -> Iterator[str]:
     """A fresh namespace that the shared test operator leaves alone (``chart-*``)."""
-    name = f"{CHART_NAMESPACE_PREFIX}{uuid.uuid4().hex[:8]}"
-    kubectl("create", "namespace", name)
-    try:
+    with _fresh_namespace(kubectl, CHART_NAMESPACE_PREFIX, "--wait=false") as name:
         yield name
-    finally:
-        kubectl("delete", "monarchjobs", "--all", "-n", name, "--wait=false", check=False)
-        kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture
