@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from monarch_operator.controller.state.ownership import owned_by_another_job
+from monarch_operator.controller.state.ownership import controller_uid, owned_by_another_job
 
 JobKey = tuple[str, str]  # (namespace, name)
 Kind = tuple[str, str]  # (apiVersion, kind), as in a manifest
@@ -260,14 +260,6 @@ class JobCache:
             self._written.pop(key, None)
             self._own_versions.pop(key, None)
         return [] if orphaned else list(known.values())
-
-
-def controller_uid(body: Mapping[str, Any]) -> str | None:
-    """uid of the object's controller owner reference, if any."""
-    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return str(ref.get("uid"))
-    return None
 
 
 def leftover_children(job_uid: str, known: Iterable[tuple[Kind, Body]]

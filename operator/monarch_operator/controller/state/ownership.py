@@ -9,6 +9,19 @@ from typing import Any
 from monarch_operator import constants
 
 
+def controller_uid(body: Mapping[str, Any]) -> str | None:
+    """uid of the object's controller owner reference, if any."""
+    reference = _controller(body)
+    return None if reference is None else str(reference.get("uid"))
+
+
+def _controller(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref
+    return None
+
+
 def owned_by_another_job(body: Mapping[str, Any], job_uid: str) -> bool:
     """Whether ``body``'s controller is a MonarchJob other than ``job_uid`` (a job of the same
     name deleted before, whose pods are still going): never this job's, whatever its name and
@@ -16,8 +29,6 @@ def owned_by_another_job(body: Mapping[str, Any], job_uid: str) -> bool:
     MultiKueue re-dispatch after a suspend) took the old job's launcher pod, still running,
     for its own and judged its attempt by that pod's exit (143: Failed; 0 would have been a
     Succeeded that never ran). ``job_uid`` empty: the job is not known, nothing is left out."""
-    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return bool(job_uid) and ref.get("kind") == constants.KIND and (
-                str(ref.get("uid")) != job_uid)
-    return False
+    reference = _controller(body)
+    return (reference is not None and bool(job_uid) and reference.get("kind") == constants.KIND
+            and str(reference.get("uid")) != job_uid)
