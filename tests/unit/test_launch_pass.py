@@ -354,7 +354,15 @@ def lastseen_of_old_job_is_ignored(old: dict[str, Any]) -> bool:
 
     lastseen.remember(NAMESPACE, NAME, old)
     try:
-        return (lastseen.launcher(NAMESPACE, NAME, 1, JOB_UID) is None
-                and lastseen.launcher(NAMESPACE, NAME, 1, "uid-of-the-deleted-job") == old)
+        ignored = (lastseen.launcher(NAMESPACE, NAME, 1, JOB_UID) is None
+                   and lastseen.launcher(NAMESPACE, NAME, 1, "uid-of-the-deleted-job") == old)
+        # The old job's later attempt never holds back the new job's first launcher.
+        later = {**old, "metadata": {**old["metadata"], "labels": {
+            **old["metadata"]["labels"], constants.LABEL_ATTEMPT: "3"}}}
+        ours = {**old, "metadata": {**old["metadata"], "ownerReferences": [
+            {**ref, "uid": JOB_UID} for ref in old["metadata"]["ownerReferences"]]}}
+        lastseen.remember(NAMESPACE, NAME, later)
+        lastseen.remember(NAMESPACE, NAME, ours)
+        return ignored and lastseen.launcher(NAMESPACE, NAME, 1, JOB_UID) == ours
     finally:
         lastseen.forget(NAMESPACE, NAME)

@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from monarch_operator import constants
-from monarch_operator.controller.state.ownership import owned_by_another_job
+from monarch_operator.controller.state.ownership import controller_uid, owned_by_another_job
 
 _seen: dict[tuple[str, str], dict[str, Any]] = {}
 _lock = threading.Lock()
@@ -33,13 +33,15 @@ def attempt_of(pod: dict[str, Any]) -> int | None:
 
 def remember(namespace: str, job_name: str, pod: dict[str, Any]) -> None:
     """Keep ``pod`` (a launcher pod as a watch event delivered it) as its job's newest
-    launcher's last state, unless a newer attempt's pod was already seen."""
+    launcher's last state, unless a newer attempt's pod of the same job was already seen (an
+    earlier job of the same name, its attempt 3 say, never holds back the new job's 1)."""
     attempt = attempt_of(pod)
     if attempt is None:
         return
     with _lock:
         known = _seen.get((namespace, job_name))
-        if known is None or (attempt_of(known) or 0) <= attempt:
+        if (known is None or (attempt_of(known) or 0) <= attempt
+                or controller_uid(known) != controller_uid(pod)):
             _seen[(namespace, job_name)] = pod
 
 
