@@ -69,11 +69,14 @@ def make_view(settings: Settings, status: dict[str, Any] | None = None,
               launcher: dict[str, Any] | None = None, workers: bool = True,
               worker_pods: list[dict[str, Any]] | None = None,
               body: dict[str, Any] | None = None,
-              progress: bool | None = None) -> cache.JobView:
+              progress: bool | None = None,
+              extra_configmaps: list[dict[str, Any]] = ()  # type: ignore[assignment]
+              ) -> cache.JobView:
     """A view of a job whose Secret, Service and policy exist, and (``workers``) its
     StatefulSet and Ready workers (``worker_pods`` instead of those, when given), all built
     from ``body`` (default :func:`job_body`); its progress ConfigMap when ``progress`` (by
-    default with the StatefulSet: both come with the first pass)."""
+    default with the StatefulSet: both come with the first pass); ``extra_configmaps`` indexed
+    under the job too."""
     body = body or job_body(status, launcher)
     job = JobSpec.from_body(body)
     secret = {"apiVersion": "v1", "kind": "Secret",
@@ -89,7 +92,8 @@ def make_view(settings: Settings, status: dict[str, Any] | None = None,
                                      ] if workers else [],
         ("networking.k8s.io/v1", "NetworkPolicy"): [stored(build_network_policy(job), "np1")],
         ("v1", "ConfigMap"): [stored(build_progress_configmap(job), "cm-progress")
-                              ] if (workers if progress is None else progress) else [],
+                              ] if (workers if progress is None else progress) else []
+                             + list(extra_configmaps),
     }
     job_cache = cache.JobCache(JOB_KIND)
     job_cache.attach(JOB_KIND, {(NAMESPACE, NAME): [body]})
@@ -346,6 +350,26 @@ def test_a_job_created_again_under_its_name_never_takes_the_old_jobs_launcher(ap
     [status] = api["status"]
     assert status["attempts"][-1]["launcherPod"] == names.launcher_pod(NAME, 1)
     assert lastseen_of_old_job_is_ignored(old)
+
+
+def test_a_job_created_again_under_its_name_never_takes_the_old_jobs_configmaps(api):
+    """The same story for the ConfigMaps an earlier job of the name left (GC deletes them after
+    it): its progress ConfigMap would have given the new job its steps and checkpoint, and,
+    being in the view, kept the pass from creating the new launcher's ServiceAccount and the
+    right to write its own progress. Every child another MonarchJob controls is left out."""
+    settings = Settings.from_env()
+    old = build_progress_configmap(JobSpec.from_body(job_body()))
+    old["metadata"]["ownerReferences"] = [
+        {**ref, "uid": "uid-of-the-deleted-job"} for ref in old["metadata"]["ownerReferences"]]
+    old["data"] = {constants.PROGRESS_REPORT_KEY: json.dumps(
+        {"step": 40, "totalSteps": 100, "attempt": 2, "checkpoint": "/ckpt/old/step-40"})}
+    view = make_view(settings, None, progress=False, extra_configmaps=[stored(old, "cm-old")])
+    assert names.progress_configmap(NAME) not in view.children[("v1", "ConfigMap")]
+    run_pass(settings, view)
+    assert f"ConfigMap {names.progress_configmap(NAME)}" in api["creates"], api["creates"]
+    assert f"ServiceAccount {names.launcher_account(NAME)}" in api["creates"], api["creates"]
+    [status] = api["status"]
+    assert "progress" not in status and "lastCheckpoint" not in status, status
 
 
 def lastseen_of_old_job_is_ignored(old: dict[str, Any]) -> bool:

@@ -40,7 +40,6 @@ from monarch_operator.controller.state.ownership import controller_uid, owned_by
 
 JobKey = tuple[str, str]  # (namespace, name)
 Kind = tuple[str, str]  # (apiVersion, kind), as in a manifest
-POD: Kind = ("v1", "Pod")
 Body = dict[str, Any]
 # One index per kind: (namespace, job name) -> the objects labelled with that job (kopf's Index
 # maps a key to a Store, an iterable of the values the index handler returned).
@@ -116,7 +115,9 @@ class JobCache:
 
         The job is the newer of the indexed one and the one our last status patch returned
         (by resourceVersion), deep-copied (the pass edits its status); ``None`` when the job
-        is not (or no longer) indexed.
+        is not (or no longer) indexed. Children are indexed by the job's name label; one that
+        another MonarchJob controls (an earlier job of that name, its children still going) is
+        left out of every kind (:func:`.ownership.owned_by_another_job`).
         """
         job = self._job(key)
         job_uid = _uid(job)
@@ -124,7 +125,7 @@ class JobCache:
         for kind, index in self._indexes.items():
             if kind != self.job_kind:
                 children[kind] = {body["metadata"]["name"]: body for body in index.get(key, ())
-                                  if not (kind == POD and owned_by_another_job(body, job_uid))}
+                                  if not owned_by_another_job(body, job_uid)}
         self._apply_expectations(key, children)
         return JobView(key, job, children, self)
 
