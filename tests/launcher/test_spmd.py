@@ -52,12 +52,12 @@ def assert_no_script_left(tmp_path: Path) -> None:
     assert not left, f"rank processes left behind: {left}"
 
 
-def env_files_since(started: float) -> list[Path]:
-    """Private env files (tokens) written since ``started`` (time.time()) and still on disk."""
+def env_files_of(run_id: str) -> list[Path]:
+    """The private env files (tokens) of run ``run_id`` (``--rdzv-id``) still on disk. Only
+    that run's: the loopback hosts share this home with the launches of the other test worker,
+    whose files live for a moment (one of them was taken for this run's, 2026-12-06)."""
     folder = Path.home() / ".cache" / "monarch-launch"
-    if not folder.is_dir():
-        return []
-    return [path for path in folder.glob("env-*.json") if path.stat().st_mtime >= started - 1]
+    return sorted(folder.glob(f"env-{run_id}-*.json")) if folder.is_dir() else []
 
 
 def copy_script(tmp_path: Path, name: str) -> Path:
@@ -89,7 +89,6 @@ def test_torchrun_script_runs_unchanged_on_two_hosts_by_two_slots(
 ) -> None:
     a, b, _ = ssh_cluster.hosts
     script = copy_script(tmp_path, "torchrun_allreduce.py")
-    started = time.time()
 
     launch = run_launch(
         tmp_path,
@@ -150,14 +149,13 @@ def test_torchrun_script_runs_unchanged_on_two_hosts_by_two_slots(
         assert report["argv"] == ["--epochs", "3"]
         assert report["cwd"] == str(tmp_path), "ranks start in the launcher's directory"
     assert_no_script_left(tmp_path)
-    assert env_files_since(started) == [], "the workers deleted their env files"
+    assert env_files_of("run-42") == [], "the workers deleted their env files"
 
 
 def test_no_env_file_is_left_when_another_host_fails_preflight(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
     a, _, _ = ssh_cluster.hosts
-    started = time.time()
 
     launch = run_launch(
         tmp_path,
@@ -166,6 +164,8 @@ def test_no_env_file_is_left_when_another_host_fails_preflight(
         monarch_port,
         "--host-wait",
         "0",
+        "--rdzv-id",
+        "run-unreachable",
         "train.py",
         spmd=True,
         extra_env={"HF_TOKEN": "hf_must_not_stay_on_disk"},
@@ -174,7 +174,7 @@ def test_no_env_file_is_left_when_another_host_fails_preflight(
     assert launch.returncode == 1 and "127.0.0.9: SSHUnreachable" in launch.lines[-1], (
         launch.describe()
     )
-    assert env_files_since(started) == [], f"token file left on {a}"
+    assert env_files_of("run-unreachable") == [], f"token file left on {a}"
 
 
 def test_module_and_no_python_forms(
