@@ -163,11 +163,15 @@ def wait(what: str, done: Callable[[], bool], timeout: float) -> None:
 
 
 def run_batch(kubectl: Kubectl, who: str, size: int, workers: int, image: str,
-              timeout: float, log_dir: Path | None = None) -> dict[str, Any]:
+              timeout: float, log_dir: Path | None = None, prefix: str = "b") -> dict[str, Any]:
     """Apply ``size`` jobs at once; returns each job's seconds to first step and outcome.
-    The launchers' timestamped output is kept in ``log_dir`` when given."""
+    The launchers' timestamped output is kept in ``log_dir`` when given. Jobs are named
+    ``<prefix><size>-<index>``: a warm-up batch takes another prefix, since a job applied again
+    under the name of one just deleted waits for cluster DNS to forget the old pods' addresses
+    (up to a cache lifetime, then one of the right answers: 30 s each here), which is not what
+    this bench times."""
     namespace = NAMESPACES[who]
-    names = [f"b{size}-{index}" for index in range(size)]
+    names = [f"{prefix}{size}-{index}" for index in range(size)]
     build = {OURS: monarch_job, OURS_ROLES: roles_job, PEER: mpi_job}[who]
     items = [build(name, workers, image) for name in names]
     listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
@@ -276,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup:
             for who in (OURS, PEER):
                 note(f"{who}: warm-up job (not reported)")
-                run_batch(kubectl, who, 1, args.workers, image, args.timeout)
+                run_batch(kubectl, who, 1, args.workers, image, args.timeout, prefix="warm")
         for size in args.jobs:
             rows = (OURS, PEER, OURS_ROLES) if args.roles and size == 1 else (OURS, PEER)
             for who in rows:
