@@ -90,7 +90,9 @@ def test_host_address_waits_until_the_name_resolves_to_it_and_stays(
 ) -> None:
     # The host was recreated: its name still resolves to the old address (cached 3 s), the
     # new one is ssh_cluster.hosts[1]. The new address comes as a MonarchJob's launcher pod
-    # gets it: a file of "NAME IP" lines named by MONARCH_HOST_ADDRESSES.
+    # gets it: a file of "NAME IP" lines named by MONARCH_HOST_ADDRESSES. A host wait shorter
+    # than the cached answer does not end the wait: one cache lifetime (--dns-stable) bounds
+    # it (a job applied again under its name failed with DNSStale after --host-wait's 5 s).
     old, new = "127.0.0.99", ssh_cluster.hosts[1]
     addresses = tmp_path / "addresses"
     addresses.write_text(f"{LATE_HOST} {new}\n")
@@ -98,7 +100,7 @@ def test_host_address_waits_until_the_name_resolves_to_it_and_stays(
         dns.set(LATE_HOST, old)
         dns.set(LATE_HOST, new, appears_after_s=1)
         launch = launch_with_resolver(
-            tmp_path, ssh_cluster, monarch_port, "--dns-stable", "4", "--host-wait", "20",
+            tmp_path, ssh_cluster, monarch_port, "--dns-stable", "4", "--host-wait", "1",
             extra_env={"MONARCH_HOST_ADDRESSES": str(addresses)},
         )  # fmt: skip
         answers = [(round(t, 1), address) for t, name, address in dns.queries if name == LATE_HOST]
@@ -109,6 +111,8 @@ def test_host_address_waits_until_the_name_resolves_to_it_and_stays(
     first_new = next(t for t, address in answers if address == new)
     # It kept asking for the stable window after the first right answer, then went on.
     assert any(address == new and t >= first_new + 4 for t, address in answers), answers
+    assert any(f"{LATE_HOST} resolves to {old}, not to {new} yet" in line
+               for line in launch.lines), launch.describe()
 
 
 def test_host_address_still_stale_after_the_wait_is_named_with_both_addresses(
@@ -119,7 +123,7 @@ def test_host_address_still_stale_after_the_wait_is_named_with_both_addresses(
         dns.set(LATE_HOST, old)
         launch = launch_with_resolver(
             tmp_path, ssh_cluster, monarch_port,
-            "--host-address", f"{LATE_HOST}={new}", "--host-wait", "2",
+            "--host-address", f"{LATE_HOST}={new}", "--host-wait", "2", "--dns-stable", "3",
         )  # fmt: skip
 
     assert launch.returncode == 1, launch.describe()

@@ -130,11 +130,12 @@ def judge_launcher(state: Pass, launcher: dict[str, Any], outcome: observe.Launc
         if ended:  # the hardware failed, not the program (C34): never the Application budget
             return restarted
     unreachable = recreated.recreated_workers_unreachable(
-        outcome.message, job.name, attempt, record, worker_pods)
+        outcome.message, job.name, record, worker_pods)
     if unreachable:  # the program never ran: not its failure (C20)
         return endings.end_attempt(
             state, policy.INFRASTRUCTURE, st.REASON_WORKER_UNREACHABLE,
-            f"pre-flight could not reach recreated worker {short(unreachable)}: "
+            f"pre-flight could not reach {'recreated' if attempt > 1 else 'new'} worker "
+            f"{short(unreachable)}: "
             f"{observe.launcher_failure_message(outcome)}", outcome, None, pods)
     skewed = recreated.version_skew_hosts(outcome.message)
     if skewed:  # C27: no restart can make the versions match

@@ -1,9 +1,10 @@
-"""A launcher whose pre-flight failed on workers the operator had just recreated (field case
-C20): never an Application failure.
+"""A launcher whose pre-flight failed on workers the operator had just created or recreated
+(field case C20): never an Application failure.
 
 Pure: no I/O. After an infrastructure restart or a resume, recreated worker pods have new
-addresses; until cluster DNS catches up (CoreDNS caches answers, negative ones too, for
-``cache 30``) their names may not resolve or may still resolve to the old address, where
+addresses, and so have the pods of a job applied again under the name of one just deleted;
+until cluster DNS catches up (CoreDNS caches answers, negative ones too, for ``cache 30``)
+their names may not resolve or may still resolve to the old address, where
 nothing answers or another host's key does. ``monarch-launch`` then fails its pre-flight
 naming each host and reason (``launcher/session/preflight.py``); the program never ran, so the
 attempt is an infrastructure failure (its own budget), not the program's.
@@ -55,21 +56,22 @@ def version_skew_hosts(message: str) -> list[str]:
             if reason == VERSION_SKEW]
 
 
-def recreated_workers_unreachable(message: str, job_name: str, attempt: int,
-                                  record: dict[str, Any],
+def recreated_workers_unreachable(message: str, job_name: str, record: dict[str, Any],
                                   worker_pods: list[dict[str, Any]]) -> list[str]:
     """The worker pods named by a pre-flight failure in ``message`` when every host it names
-    is a worker of ``job_name`` recreated for this attempt and failed for one of
+    is a worker of ``job_name`` created for this attempt and failed for one of
     :data:`RECREATED_WORKER_REASONS`; else ``[]`` (the exit code decides as usual).
 
-    Recreated: ``attempt`` is a later attempt (after an infrastructure restart or a resume)
-    and the pod was created at or after the attempt's ``startTime`` in ``record``; workers kept
-    from the attempt before are older. A host is a worker by the first label of its name
+    Created for this attempt: the pod was created at or after the attempt's ``startTime`` in
+    ``record``; workers kept from the attempt before are older. That is every worker in
+    attempt 1 (whose names may still give an earlier job's pods: a job deleted and applied
+    again under its name), and the recreated ones in a later attempt (after an infrastructure
+    restart or a resume). A host is a worker by the first label of its name
     (``<job>-worker-<i>.<service>...``, the hostfile's names).
     """
     failures = preflight_failures(message)
     started = timestamps.parse(record.get("startTime"))
-    if not failures or attempt < 2 or started is None:
+    if not failures or started is None:
         return []
     pods = {pod["metadata"]["name"]: pod for pod in worker_pods}
     named = []

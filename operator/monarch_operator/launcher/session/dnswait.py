@@ -14,10 +14,14 @@ record, and the normal path (fresh pods, kept pods) waits for nothing. A name th
 resolves elsewhere, or not at all, is a cache to distrust: it must then give the expected
 address without a break for ``stable_s`` seconds (``--dns-stable``, default one cache
 lifetime, 30 s). A name that does not resolve, or resolves elsewhere, is
-waited for until ``wait_s`` (``--host-wait``) passed without progress (a name that started or
-stopped matching, or became stable), and then named in a
-:class:`~launcher.session.preflight.PreflightError` with reason ``DNSNotResolvable`` or
-``DNSStale``.
+waited for until ``wait_s`` (``--host-wait``) or ``stable_s``, whichever is longer, passed
+without progress (a name that started or stopped matching, or became stable), and then named in
+a :class:`~launcher.session.preflight.PreflightError` with reason ``DNSNotResolvable`` or
+``DNSStale``. At least ``stable_s``: the pod has the expected address now, so any other answer
+is a cached one, and a cache gives it up within one lifetime. Waiting only ``wait_s`` (5 s by
+default) failed a MonarchJob deleted and applied again under its name: its new worker's name
+still resolved to the deleted job's pod from CoreDNS's cache (``DNSStale`` after 5.0 s, in
+attempt 1, 2026-12-06).
 
 Hosts without an expected address are left to the pre-flight.
 """
@@ -126,6 +130,7 @@ def wait_for_addresses(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     on_progress: Callable[[int, int], None] | None = None,
+    on_mismatch: Callable[[str, str | None, str], None] | None = None,
 ) -> None:
     """Return once every name in ``expected`` resolves to its address: at once when its first
     answer was that address, else after ``stable_s`` seconds of that answer without a break.
@@ -134,16 +139,20 @@ def wait_for_addresses(
         expected: ``{host name: IPv4 address it has now}``.
         stable_s: how long each name must keep resolving to that address, seconds; 0 = once.
         wait_s: how long a name that does not match is waited for after the last progress,
-            seconds.
+            seconds; never less than ``stable_s`` (a cached answer lasts up to one lifetime).
         resolve: name -> address (:func:`launcher.session.network.resolve_host`), raising
             :class:`~launcher.session.network.NetworkCheckError`.
         clock, sleep: time (tests pass fakes).
         on_progress: called with ``(stable names, total)`` when that count changes.
+        on_mismatch: called once per name, at its first answer that is not its address, with
+            ``(name, that answer or None when it did not resolve, the expected address)``.
 
     Raises:
         PreflightError: naming every name that does not match (``DNSNotResolvable`` or
-            ``DNSStale``, with what it resolved to) once ``wait_s`` passed without progress.
+            ``DNSStale``, with what it resolved to) once ``max(wait_s, stable_s)`` passed
+            without progress.
     """
+    patience = max(wait_s, stable_s)
     watches = {name: _Watch(address) for name, address in expected.items()}
     started = progressed = clock()
     stable = 0
@@ -157,6 +166,8 @@ def wait_for_addresses(
             except NetworkCheckError as error:
                 watch.seen, watch.detail = None, str(error)
             if watch.seen != watch.expected:
+                if watch.clean and on_mismatch is not None:
+                    on_mismatch(name, watch.seen, watch.expected)
                 watch.clean = False
                 if watch.matching_since is not None:
                     progressed = now  # it flipped back: its wait starts again from here
@@ -172,10 +183,10 @@ def wait_for_addresses(
         if count == len(watches):
             return
         failing = {name: w for name, w in watches.items() if w.matching_since is None}
-        if failing and now - progressed >= wait_s:
+        if failing and now - progressed >= patience:
             checks = [_failure(name, watch) for name, watch in failing.items()]
             ready = {n: w.expected for n, w in watches.items() if _is_stable(w, now, stable_s)}
-            raise PreflightError(checks, len(watches), now - started, ready, wait_s)
+            raise PreflightError(checks, len(watches), now - started, ready, patience)
         sleep(POLL_S)
 
 

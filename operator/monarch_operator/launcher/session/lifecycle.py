@@ -279,10 +279,19 @@ def check_hosts(config: SessionConfig, hosts: Sequence[str], reporter: Reporter)
 
     if config.host_addresses:
         reporter.progress(
-            f"waiting for {len(config.host_addresses)} host name(s) to resolve to their "
-            f"current address for {config.dns_stable_s:g}s"
+            f"checking that {len(config.host_addresses)} host name(s) resolve to their "
+            "current address"
         )
-        wait_for_addresses(config.host_addresses, config.dns_stable_s, config.host_wait_s)
+        patience = max(config.host_wait_s, config.dns_stable_s)
+
+        def report_mismatch(name: str, seen: str | None, expected: str) -> None:
+            answer = f"resolves to {seen}" if seen else "does not resolve"
+            reporter.progress(
+                f"{name} {answer}, not to {expected} yet (a resolver's cached record): waiting "
+                f"up to {patience:g}s for it, then {config.dns_stable_s:g}s of the right answer")
+
+        wait_for_addresses(config.host_addresses, config.dns_stable_s, config.host_wait_s,
+                           on_mismatch=report_mismatch)
     try:
         addresses = run_preflight(
             hosts, settings, config.host_wait_s, reporter.hosts_ready, on_check=report_cleaned
