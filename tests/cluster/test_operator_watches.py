@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.cluster.helpers import get_json, job_manifest, wait_until
+from tests.cluster.helpers import get_json, job_manifest, job_status, wait_phase, wait_until
 from tests.conftest import WATCH_RENEW_SECONDS
 
 pytestmark = pytest.mark.cluster
@@ -141,6 +141,41 @@ def test_foreign_secret_is_never_adopted_and_no_retry_storm(kubectl, namespace):
     kubectl("delete", "secret", "alien-ssh", "-n", namespace)
     wait_until(lambda: (s := get_json(kubectl, "secret", "alien-ssh", "-n", namespace))
                and s["metadata"].get("ownerReferences"), 90, "the job's own Secret")
+
+
+def test_no_launcher_runs_on_a_hostfile_an_earlier_job_of_the_name_still_holds(kubectl,
+                                                                              namespace):
+    """A job deleted and applied again at once: the earlier job's hostfile ConfigMap, not yet
+    garbage-collected, holds the name. A kubelet mounts a ConfigMap by name, so a launcher
+    created beside it ran on the earlier job's hosts and addresses (a clean-clone CI run,
+    tests/e2e/test_same_name_again.py: attempt 1 timed out on an address no pod had any more).
+    No launcher exists until the hostfile is the job's own; then the job runs in attempt 1."""
+    kubectl("apply", "-n", namespace, "-f", "-",
+            stdin=job_manifest("earlier", suspend=True))
+    earlier = get_json(kubectl, "monarchjob", "earlier", "-n", namespace)
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "again-hostfile", "labels": {
+            "monarch-operator.dev/job": "again", "app.kubernetes.io/managed-by": "monarch-operator"},
+            "ownerReferences": [{"apiVersion": "monarch-operator.dev/v1alpha1",
+                                 "kind": "MonarchJob", "name": "earlier",
+                                 "uid": earlier["metadata"]["uid"], "controller": True}]},
+        "data": {"hostfile": "nowhere.invalid slots=1\n"}}))
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=job_manifest("again"))
+
+    def blocked():
+        for condition in job_status(kubectl, namespace, "again").get("conditions", []):
+            if condition["reason"] == "ChildNotOwned":
+                return condition
+        return None
+
+    condition = wait_until(blocked, 60, "ChildNotOwned in status")
+    assert f"ConfigMap {namespace}/again-hostfile" in condition["message"], condition
+    time.sleep(3)  # passes retry meanwhile
+    assert get_json(kubectl, "pod", "again-launcher", "-n", namespace) is None
+    kubectl("delete", "configmap", "again-hostfile", "-n", namespace)
+    status = wait_phase(kubectl, namespace, "again", "Succeeded", 120)
+    assert [record["class"] for record in status["attempts"]] == ["Succeeded"], status
 
 
 def test_deleting_a_starting_job_is_never_blocked(kubectl, namespace, operator_process):

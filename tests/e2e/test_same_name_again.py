@@ -7,7 +7,12 @@ giving the deleted job's pod from CoreDNS's cache (``cache 30``), failed its pre
 the job Failed without its program ever running. Now the launcher waits a cached answer out
 (one cache lifetime, then that long of the right answer: launcher/session/dnswait.py) and a
 pre-flight failure on workers new to attempt 1 is never the program's (controller/judge/
-recreated.py). Whether the cache still holds the old answer when the second launcher asks
+recreated.py). A clean-clone CI run (2026-12-06) then found the second launcher created
+beside the first job's hostfile ConfigMap, not yet garbage-collected: it ran on that job's
+addresses, which the resolver's cache confirmed, and timed out on the old worker-0's address
+(attempt 1 Infrastructure, attempt 2 Succeeded). The launcher now waits for the job's own
+hostfile (k8s/writes.py, tests/cluster/test_operator_watches.py). Whether the cache still holds
+the old answer when the second launcher asks
 depends on the machine's load (it holds it for 30 s from the first job's lookups; a quiet run
 asks again after about 15 s): the test says which it saw; the job must run at attempt 1 in
 either case.

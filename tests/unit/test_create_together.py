@@ -1,4 +1,4 @@
-"""Creates sent together (writes.ensure_together: the hostfile ConfigMap and the launcher pod) and
+"""Creates in order (writes.ensure_together: the hostfile ConfigMap, then the launcher pod) and
 the JSON create itself (writes._post), no cluster: the POST is faked at the HTTP layer or above.
 
 The cluster tests cover what the API server does with them (test_generated_specs.py: an unknown
@@ -29,34 +29,39 @@ def owned(kind: tuple[str, str], name: str) -> dict[str, Any]:
 
 @pytest.fixture()
 def posts(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Replaces writes._post: each create waits until every create of the test has been sent (a
-    create sent only after another's reply never gets there: the test fails on the timeout)."""
-    state: dict[str, Any] = {"sent": [], "expected": 2, "all_sent": threading.Event(),
-                             "fail": {}}
+    """Replaces writes._post: records each create (name, and the names already answered when
+    it was sent); a name in ``fail`` is answered with that error, one in ``taken`` with 409
+    (and the read after it finds the object given there)."""
+    state: dict[str, Any] = {"sent": [], "answered": [], "fail": {}, "taken": {}}
     lock = threading.Lock()
 
     def post(desired: dict[str, Any]) -> dict[str, Any]:
         name = desired["metadata"]["name"]
         with lock:
-            state["sent"].append(name)
-            if len(state["sent"]) == state["expected"]:
-                state["all_sent"].set()
-        assert state["all_sent"].wait(5), f"{name} waited for a create that was never sent"
-        if name in state["fail"]:
-            raise state["fail"][name]
-        return {**desired, "metadata": {**desired["metadata"], "uid": f"uid-{name}"}}
+            state["sent"].append((name, tuple(state["answered"])))
+        try:
+            if name in state["fail"]:
+                raise state["fail"][name]
+            if name in state["taken"]:
+                raise ApiException(status=409, reason="AlreadyExists")
+            return {**desired, "metadata": {**desired["metadata"], "uid": f"uid-{name}"}}
+        finally:
+            with lock:
+                state["answered"].append(name)
 
     monkeypatch.setattr(writes, "_post", post)
+    monkeypatch.setattr(writes.reads, "_read_api",
+                        lambda api_version, kind, namespace, name: state["taken"].get(name))
     return state
 
 
-def test_both_creates_are_on_the_wire_before_either_reply(posts):
+def test_the_launcher_is_sent_once_its_hostfile_is_the_jobs_own(posts):
     job_cache, _, _ = make_cache()
     job_cache.attach(CONFIG_MAP, {})
     with k8s_client.reading_from(job_cache.view(KEY)):
         (hostfile, made_hostfile), (launcher, made_launcher) = writes.ensure_together(
             owned(CONFIG_MAP, "demo-hostfile"), owned(POD, "demo-launcher"), owner_uid="job-uid")
-    assert sorted(posts["sent"]) == ["demo-hostfile", "demo-launcher"]
+    assert posts["sent"] == [("demo-hostfile", ()), ("demo-launcher", ("demo-hostfile",))]
     assert (hostfile["metadata"]["uid"], launcher["metadata"]["uid"]) == (
         "uid-demo-hostfile", "uid-demo-launcher")
     assert made_hostfile and made_launcher
@@ -65,9 +70,9 @@ def test_both_creates_are_on_the_wire_before_either_reply(posts):
     assert view.get(POD, "demo-launcher")["metadata"]["uid"] == "uid-demo-launcher"
 
 
-def test_one_failed_create_raises_and_the_other_is_still_known(posts):
-    """The ConfigMap refused, the pod created: the pass fails on the first error in order, and
-    the pod is in the view (the next pass finds it and creates the hostfile again)."""
+def test_a_failed_hostfile_create_raises_and_no_launcher_is_sent(posts):
+    """The ConfigMap refused: the pass fails on that error and sends no pod (the next pass
+    sends both again)."""
     posts["fail"]["demo-hostfile"] = ApiException(status=500, reason="etcd timeout")
     job_cache, _, _ = make_cache()
     job_cache.attach(CONFIG_MAP, {})
@@ -75,20 +80,50 @@ def test_one_failed_create_raises_and_the_other_is_still_known(posts):
         writes.ensure_together(owned(CONFIG_MAP, "demo-hostfile"), owned(POD, "demo-launcher"),
                             owner_uid="job-uid")
     assert raised.value.status == 500
+    assert [name for name, _ in posts["sent"]] == ["demo-hostfile"]
     view = job_cache.view(KEY)
-    assert view.get(POD, "demo-launcher")["metadata"]["uid"] == "uid-demo-launcher"
+    assert view.get(POD, "demo-launcher") is None
     assert view.get(CONFIG_MAP, "demo-hostfile") is None
 
 
+def earlier_jobs(kind: tuple[str, str], name: str) -> dict[str, Any]:
+    """``name`` as an earlier MonarchJob of the same name left it (garbage collection due)."""
+    body = obj(kind, name, "old-object-uid")
+    body["metadata"]["ownerReferences"] = [{"kind": "MonarchJob", "uid": "earlier-job-uid",
+                                            "controller": True}]
+    return body
+
+
+@pytest.mark.parametrize("seen_by_the_view", [False, True], ids=["create-409", "in-the-view"])
+def test_no_launcher_is_sent_beside_a_hostfile_another_job_holds(posts, seen_by_the_view):
+    """A kubelet mounts the hostfile ConfigMap by name: a launcher sent beside an earlier job's
+    hostfile (the job deleted and applied again at once) ran on that job's hosts and addresses.
+    Whether the view shows the ConfigMap (an unowned one with the job's label) or the create
+    finds it (409; the view leaves other jobs' children out), no pod is sent."""
+    foreign = earlier_jobs(CONFIG_MAP, "demo-hostfile")
+    job_cache, _, _ = make_cache()
+    if seen_by_the_view:
+        foreign["metadata"].pop("ownerReferences")
+        job_cache.attach(CONFIG_MAP, {KEY: [foreign]})
+    else:
+        job_cache.attach(CONFIG_MAP, {})
+        posts["taken"]["demo-hostfile"] = foreign
+    with k8s_client.reading_from(job_cache.view(KEY)), pytest.raises(
+            errors.NotOwnedError, match="ConfigMap ns/demo-hostfile exists but is controlled by"):
+        writes.ensure_together(owned(CONFIG_MAP, "demo-hostfile"), owned(POD, "demo-launcher"),
+                            owner_uid="job-uid")
+    assert "demo-launcher" not in [name for name, _ in posts["sent"]]
+    assert job_cache.view(KEY).get(POD, "demo-launcher") is None
+
+
 def test_only_what_is_missing_is_created(posts):
-    posts["expected"] = 1
     job_cache, _, _ = make_cache(secrets=[{**owned(SECRET, "demo-ssh"),
                                            "metadata": {**owned(SECRET, "demo-ssh")["metadata"],
                                                         "uid": "s1"}}])
     with k8s_client.reading_from(job_cache.view(KEY)):
         results = writes.ensure_together(owned(SECRET, "demo-ssh"), owned(POD, "demo-launcher"),
                                       owner_uid="job-uid")
-    assert posts["sent"] == ["demo-launcher"]
+    assert [name for name, _ in posts["sent"]] == ["demo-launcher"]
     assert [(found["metadata"]["uid"], made) for found, made in results] == [
         ("s1", False), ("uid-demo-launcher", True)]
 

@@ -85,18 +85,38 @@ def ensure(desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], boo
 
 def ensure_together(*desired: dict[str, Any], owner_uid: str) -> list[tuple[dict[str, Any],
                                                                           bool]]:
-    """:func:`ensure` for objects that do not need each other to be created (the hostfile
-    ConfigMap and the launcher pod that mounts it: a kubelet retries a volume whose source is
-    not there yet). The creates needed are sent at once, each on its own connection, so that
-    the last one exists one round trip after the first, not one per object later.
+    """:func:`ensure` for objects the last of which mounts the others (the hostfile ConfigMap,
+    then the launcher pod that mounts it). Every object but the last is read or created at once
+    (each create on its own connection); the last is created only once each of them is the
+    job's own, one round trip later. A kubelet mounts a ConfigMap by name: a launcher created
+    beside a hostfile an earlier job of the same name still held (garbage collection had not
+    removed it yet) ran on that job's hosts and addresses, and with a resolver still answering
+    the old pods' addresses its pre-flight passed the name check and timed out on an address
+    nobody had any more (a clean-clone CI run, tests/e2e/test_same_name_again.py).
 
     Returns:
         ``(observed, created)`` per object, in order.
 
     Raises:
-        What :func:`ensure` raises, for the first object (in order) that failed; the others
-        were created or found all the same.
+        What :func:`ensure` raises, for the first object (in order) that failed or that the
+        job does not control; the last object is then not created. Objects created before
+        stay known to the pass's view.
     """
+    *mounted, last = desired
+    results = _ensure_at_once(mounted, owner_uid) if mounted else []
+    for found, _ in results:
+        check_owner(found, owner_uid)
+    results += _ensure_at_once([last], owner_uid)
+    check_owner(results[-1][0], owner_uid)
+    return results
+
+
+def _ensure_at_once(desired: list[dict[str, Any]], owner_uid: str
+                    ) -> list[tuple[dict[str, Any], bool]]:
+    """Read each of ``desired`` from the pass's view and create the missing ones at once, all
+    but the last on other threads. Returns ``(observed, created)`` per object; raises what
+    :func:`ensure` raises for the first that failed (the others created all the same), but
+    not for an object another owner controls (the caller checks)."""
     observed = [reads.read(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"],
                      obj["metadata"]["name"]) for obj in desired]
     missing = [index for index, found in enumerate(observed) if found is None]
@@ -121,7 +141,6 @@ def ensure_together(*desired: dict[str, Any], owner_uid: str) -> list[tuple[dict
     results = []
     for found, made in zip(observed, created, strict=True):
         assert found is not None
-        check_owner(found, owner_uid)
         results.append((found, made))
     return results
 
