@@ -156,7 +156,8 @@ def test_no_launcher_runs_on_a_hostfile_an_earlier_job_of_the_name_still_holds(k
     kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "again-hostfile", "labels": {
-            "monarch-operator.dev/job": "again", "app.kubernetes.io/managed-by": "monarch-operator"},
+            "monarch-operator.dev/job": "again",
+            "app.kubernetes.io/managed-by": "monarch-operator"},
             "ownerReferences": [{"apiVersion": "monarch-operator.dev/v1alpha1",
                                  "kind": "MonarchJob", "name": "earlier",
                                  "uid": earlier["metadata"]["uid"], "controller": True}]},
