@@ -1,13 +1,18 @@
 """Pure parts of the node agent's kubelet API: where ``--tail`` starts, the exec command line,
-the exit status sent to kubectl, and the identity an exec takes from the container."""
+the exit status sent to kubectl, the identity an exec takes from the container, and its wait for
+the container's command."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
+import subprocess
+import time
 
 import pytest
 
+from monarch_operator.localcluster import podexec, sandbox
 from monarch_operator.localcluster.kubeletapi import tail_start
 from monarch_operator.localcluster.podexec import Identity, exec_argv, exit_status
 
@@ -80,3 +85,32 @@ def test_exec_takes_the_containers_no_new_privs_and_bounding_set():
 def test_identity_of_a_process_with_the_agents_own_privileges():
     identity = Identity.of(os.getpid())
     assert identity.no_new_privs is False and identity.bounding_set is None
+
+
+def test_an_exec_waits_until_the_sandbox_runs_the_containers_command():
+    """The agent reports a container Running once it holds its namespace, while the sandbox
+    script may still be making the mounts; an exec that joined it then saw them half made
+    (``kubectl cp`` wrote under a volume mounted over it a moment later: a clean-clone CI run,
+    2026-12-06). Here a process that looks like the sandbox for 0.5 s, then execs a command."""
+    process = subprocess.Popen(["sh", "-c", "sleep 0.5; exec sleep 30", sandbox.SCRIPT_NAME])
+    try:
+        assert not sandbox.command_started(process.pid), "still the sandbox script"
+        started = time.monotonic()
+        assert asyncio.run(podexec.wait_for_command(process.pid, timeout=10))
+        assert time.monotonic() - started >= 0.3
+        assert sandbox.command_started(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert not sandbox.command_started(process.pid), "gone"
+
+
+def test_an_exec_waits_for_a_sandbox_that_never_gets_there_only_until_its_timeout():
+    process = subprocess.Popen(["sh", "-c", "sleep 30; true", sandbox.SCRIPT_NAME])
+    try:
+        started = time.monotonic()
+        assert not asyncio.run(podexec.wait_for_command(process.pid, timeout=0.3))
+        assert 0.3 <= time.monotonic() - started < 5
+    finally:
+        process.kill()
+        process.wait()

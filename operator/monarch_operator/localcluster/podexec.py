@@ -35,6 +35,11 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from monarch_operator.localcluster import sandbox
+
+# How long an exec waits for a container whose sandbox is still making its mounts, and how
+# often it looks, seconds.
+COMMAND_START_SECONDS, COMMAND_START_POLL_SECONDS = 10.0, 0.02
 V5_PROTOCOL = "v5.channel.k8s.io"
 V4_PROTOCOL = "v4.channel.k8s.io"
 STDIN, STDOUT, STDERR, STATUS, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
@@ -152,6 +157,22 @@ def _requested(request: web.Request, name: str) -> bool:
     return request.query.get(name, "") in ("1", "true")
 
 
+async def wait_for_command(pid: int, timeout: float = COMMAND_START_SECONDS) -> bool:
+    """Wait until the container of main process ``pid`` runs its command (its sandbox's
+    mounts made, its user taken: :func:`.sandbox.command_started`), polling every
+    :data:`COMMAND_START_POLL_SECONDS`, at most ``timeout`` seconds. The agent reports a
+    container Running as soon as it holds its namespace, a little before. Returns whether it
+    did; an exec goes ahead either way (a command that is itself ``setpriv`` never looks
+    started)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not sandbox.command_started(pid):
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(COMMAND_START_POLL_SECONDS)
+    return True
+
+
 async def serve(request: web.Request, pid: int,
                 env: dict[str, str] | None = None) -> web.StreamResponse:
     """Run the request's ``command`` in the container of main process ``pid`` over a WebSocket,
@@ -170,6 +191,7 @@ async def serve(request: web.Request, pid: int,
     if not ws.can_prepare(request).ok:
         raise web.HTTPBadRequest(text="exec: the local node agent serves WebSocket "
                                       f"({V5_PROTOCOL}, {V4_PROTOCOL}) only, not SPDY")
+    await wait_for_command(pid)
     try:
         identity = Identity.of(pid)
     except (OSError, KeyError, ValueError):

@@ -158,6 +158,10 @@ exec setpriv $__sb_privileges --reuid="$__sb_uid" --regid="$__sb_gid" --clear-gr
 """
 
 NAMESPACE_TIMEOUT_SECONDS = 5.0
+# The script's $0: while a container's main process has it as its fourth word, the sandbox is
+# still making the container's mounts (``start`` returns before that, once it holds the
+# namespace).
+SCRIPT_NAME = "pod-sandbox"
 
 
 class SandboxError(RuntimeError):
@@ -287,7 +291,7 @@ def start(command: list[str], *, hostname: str, mounts: Iterable[Mount | tuple[P
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(
                 ["unshare", "--mount", "--uts", "--propagation", "private", "--",
-                 "sh", "-c", SANDBOX_SCRIPT, "pod-sandbox", marker.name, str(real_dev),
+                 "sh", "-c", SANDBOX_SCRIPT, SCRIPT_NAME, marker.name, str(real_dev),
                  hostname, working_dir, user_arg, privilege_arg, *mount_args, "--", *command],
                 env=env, cwd=workdir, stdin=go_read, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True)
@@ -355,6 +359,22 @@ def _mount_ns(pid: int | str) -> str:
         return os.readlink(f"/proc/{pid}/ns/mnt")
     except OSError:
         return ""
+
+
+def command_started(pid: int) -> bool:
+    """Whether process ``pid``, a container's main process as :func:`start` returned it, runs
+    the container's command: the sandbox made its mounts and exec'd it, as a runtime's exec
+    would find it. False while the process is still ``unshare``, the sandbox script or
+    ``setpriv`` (its user not taken yet), and once it is gone. An exec that joined it earlier
+    saw the mounts half made: ``kubectl cp`` into a volume wrote under it, and the file was
+    hidden by the volume mounted over it (a clean-clone CI run, 2026-12-06,
+    tests/cluster/test_kubectl_logs_exec.py)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    program = os.path.basename(argv[0])
+    return program not in (b"unshare", b"setpriv") and argv[3:4] != [SCRIPT_NAME.encode()]
 
 
 def _wait_new_mount_ns(process: subprocess.Popen[bytes]) -> str:
