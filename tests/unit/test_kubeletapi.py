@@ -9,6 +9,7 @@ import io
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -87,12 +88,23 @@ def test_identity_of_a_process_with_the_agents_own_privileges():
     assert identity.no_new_privs is False and identity.bounding_set is None
 
 
+def looks_like_the_sandbox(script: str) -> subprocess.Popen[bytes]:
+    """``sh -c SCRIPT pod-sandbox``, once it is ``sh`` (what ``sandbox.start`` returns is past
+    ``unshare``'s exec; a process just forked is still this Python)."""
+    process = subprocess.Popen(["sh", "-c", script, sandbox.SCRIPT_NAME])
+    deadline = time.monotonic() + 5
+    while not Path(f"/proc/{process.pid}/cmdline").read_bytes().startswith(b"sh\0"):
+        assert time.monotonic() < deadline, "sh never started"
+        time.sleep(0.005)
+    return process
+
+
 def test_an_exec_waits_until_the_sandbox_runs_the_containers_command():
     """The agent reports a container Running once it holds its namespace, while the sandbox
     script may still be making the mounts; an exec that joined it then saw them half made
     (``kubectl cp`` wrote under a volume mounted over it a moment later: a clean-clone CI run,
     2026-12-06). Here a process that looks like the sandbox for 0.5 s, then execs a command."""
-    process = subprocess.Popen(["sh", "-c", "sleep 0.5; exec sleep 30", sandbox.SCRIPT_NAME])
+    process = looks_like_the_sandbox("sleep 0.5; exec sleep 30")
     try:
         assert not sandbox.command_started(process.pid), "still the sandbox script"
         started = time.monotonic()
@@ -106,7 +118,7 @@ def test_an_exec_waits_until_the_sandbox_runs_the_containers_command():
 
 
 def test_an_exec_waits_for_a_sandbox_that_never_gets_there_only_until_its_timeout():
-    process = subprocess.Popen(["sh", "-c", "sleep 30; true", sandbox.SCRIPT_NAME])
+    process = looks_like_the_sandbox("sleep 30; true")
     try:
         started = time.monotonic()
         assert not asyncio.run(podexec.wait_for_command(process.pid, timeout=0.3))
