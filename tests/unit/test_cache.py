@@ -91,6 +91,42 @@ def test_own_create_is_shown_until_the_watch_confirms_it_or_it_expires():
     assert job_cache.view(KEY).get(SECRET, "demo-ssh") is None
 
 
+def with_managed_fields(body: dict[str, Any], **sections: Any) -> dict[str, Any]:
+    """``body`` as the API server replies with it: ``managedFields`` and the other sections."""
+    managed = [{"manager": "monarch-operator", "operation": "Update", "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:labels": {"f:app": {}}}}}]
+    return {**body, "metadata": {**body["metadata"], "managedFields": managed}, **sections}
+
+
+def test_what_the_cache_keeps_of_our_own_writes_is_slimmed_as_the_watchs_copies_are():
+    # A burst of new jobs keeps a reply per created child and per status patch until the
+    # watch catches up (docs/performance.md, "Operator weight, round 2"): those are slimmed
+    # too, so that they cost what the watch's copies cost.
+    job_cache, _, _ = make_cache()
+    view = job_cache.view(KEY)
+    secret = with_managed_fields(obj(SECRET, "demo-ssh", "s1"), data={"id_ed25519": "KEY"},
+                                 type="Opaque")
+    pod = with_managed_fields(obj(POD, "demo-worker-0", "p0"),
+                              spec={"nodeName": "n1", "volumes": [{"name": "v"}],
+                                    "containers": [{"name": "worker", "image": "i",
+                                                    "env": [{"name": "A", "value": "1"}]}]},
+                              status={"phase": "Pending"})
+    view.created(SECRET, secret)
+    view.created(POD, pod)
+    view.status_written(with_managed_fields(obj(JOB_KIND, "demo", "job-uid", 12),
+                                            spec={"image": "i"}, status={"phase": "Running"}))
+    later = job_cache.view(KEY)
+    kept_secret = later.get(SECRET, "demo-ssh")
+    assert kept_secret["metadata"]["uid"] == "s1" and "managedFields" not in kept_secret["metadata"]
+    assert "data" not in kept_secret  # no key material kept, as for the watch's Secrets
+    kept_pod = later.get(POD, "demo-worker-0")
+    assert kept_pod["spec"] == {"nodeName": "n1", "containers": [{"name": "worker"}]}
+    assert kept_pod["status"] == {"phase": "Pending"}
+    assert "managedFields" not in later.job["metadata"]
+    assert later.job["status"] == {"phase": "Running"} and later.job["spec"] == {"image": "i"}
+    assert "managedFields" in secret["metadata"]  # the caller's reply is left as it was
+
+
 def test_own_delete_hides_the_object_until_the_watch_drops_it():
     job_cache, stores, _ = make_cache(secrets=[obj(SECRET, "demo-ssh", "s1")])
     job_cache.view(KEY).deleted(SECRET, "demo-ssh")

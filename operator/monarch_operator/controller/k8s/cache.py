@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from monarch_operator.controller.k8s.slim import slim
 from monarch_operator.controller.state.ownership import controller_uid, owned_by_another_job
 
 JobKey = tuple[str, str]  # (namespace, name)
@@ -171,12 +172,17 @@ class JobCache:
                        job_uid: str | None = None) -> bool:
         """This process created ``body`` (a child of job ``job_uid``): show it until the watch
         does. Returns False, remembering nothing, when that job is gone
-        (:meth:`job_deleted` came first: the creator deletes ``body`` itself)."""
+        (:meth:`job_deleted` came first: the creator deletes ``body`` itself).
+
+        What is kept is ``body`` as the watch's copy would be cached (:func:`.slim.slim`): the
+        API server's reply to a create is the whole object with its ``managedFields``, and a
+        burst of new jobs holds hundreds of them until the watch catches up."""
+        kept = slim(kind, body)
         with self._lock:
             if job_uid and job_uid in self._gone:
                 return False
             self._expected.setdefault(key, {})[(kind, body["metadata"]["name"])] = (
-                _Expectation(body, _uid(body), self._clock()))
+                _Expectation(kept, _uid(body), self._clock()))
             return True
 
     def expect_deleted(self, key: JobKey, kind: Kind, name: str, uid: str) -> None:
@@ -190,9 +196,11 @@ class JobCache:
 
         The next view starts from it until the watch delivers it, and its own watch event
         wakes nobody when the pass saw the spec it carries (a spec edited meanwhile has a
-        higher generation, and its event still wakes the job)."""
+        higher generation, and its event still wakes the job). It is kept slimmed as the
+        watch's copy is (no ``managedFields``: every status patch adds to them)."""
+        kept = slim(self.job_kind, body)
         with self._lock:
-            self._written[key] = body
+            self._written[key] = kept
             generation = (body.get("metadata") or {}).get("generation")
             version = (body.get("metadata") or {}).get("resourceVersion")
             if generation == generation_seen and version:
