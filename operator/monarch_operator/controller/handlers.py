@@ -39,11 +39,11 @@ CACHE = cache.JobCache((f"{constants.GROUP}/{constants.VERSION}", constants.KIND
 # Passes run in threads (the API client blocks); with the cache a pass mostly computes and writes,
 # so a few more threads than cores keep writes of many jobs in flight at once.
 _PASS_THREAD_COUNT = 8
-# Seconds an object's kopf worker waits idle for its next event before it ends (kopf's
-# settings.queueing.idle_timeout, default 5): see configure().
-OBJECT_WORKER_IDLE_SECONDS = 0.5
 _PASS_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=_PASS_THREAD_COUNT,
                                                       thread_name_prefix="pass")
+# Seconds an object's kopf worker waits idle for its next event before it ends (kopf's
+# settings.queueing.idle_timeout, default 5): see configure_queueing().
+OBJECT_WORKER_IDLE_SECONDS = 0.5
 logger = logging.getLogger("monarch_operator")
 _RESOURCE = (constants.GROUP, constants.VERSION, constants.PLURAL)
 # Children whose changes matter to a job's status: its pods (workers and launcher) and the
