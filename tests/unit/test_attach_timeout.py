@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from monarch_operator.launcher.session.lifecycle import attach_timeout_message
+from monarch_operator.launcher.session.attaching import attach_timeout_message
 
 # torchmonarch's words, as a loaded CI machine printed them (backtrace cut).
 PUSH_TIMED_OUT = (

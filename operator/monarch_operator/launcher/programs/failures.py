@@ -20,10 +20,10 @@ from monarch_operator.launcher.session.lifecycle import (
     FaultRecorder,
     Terminated,
     WorkerLost,
-    WorkerStartFailed,
     one_line,
 )
 from monarch_operator.launcher.session.preflight import PreflightError
+from monarch_operator.launcher.session.workerloss import WorkerStartFailed
 
 # How long a failed launch waits for a fault report that names the exit status, seconds.
 FAULT_SETTLE_S = 3.0

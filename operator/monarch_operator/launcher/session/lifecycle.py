@@ -16,11 +16,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import signal
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from monarch_operator import hwerrors
 from monarch_operator.launcher import exitcodes, progress, stoprequest, stopsignal
 from monarch_operator.launcher.report import Reporter
+from monarch_operator.launcher.session.attaching import attach_all, wait_workers_up
 from monarch_operator.launcher.session.diagnose import SSH_SESSION_FAILED
 from monarch_operator.launcher.session.dnswait import DEFAULT_STABLE_S, wait_for_addresses
 from monarch_operator.launcher.session.environment import (
@@ -64,7 +63,7 @@ from monarch_operator.launcher.session.stragglers import (
 )
 from monarch_operator.launcher.session.sweep import sweep_lines, sweep_run
 from monarch_operator.launcher.session.workerloss import WorkerLost as WorkerLost
-from monarch_operator.launcher.session.workerloss import WorkerStartFailed, _WorkerWatch
+from monarch_operator.launcher.session.workerloss import _WorkerWatch
 
 if TYPE_CHECKING:
     from monarch.actor import HostMesh, MeshFailure
@@ -77,18 +76,11 @@ SHUTDOWN_TIMEOUT_S = 15.0
 # about a second instead of at a call timeout (measured: 8.4 s -> 0.35 s for an exiting proc).
 SUPERVISION_POLL = "500ms"
 _SUPERVISION_POLL_ENV = "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"
-# How often the ssh clients are checked while the meshes attach, seconds: a worker that dies
-# before it attached (port taken, import error, crash) fails the launch at once instead of at
-# the attach timeout.
-ATTACH_POLL_S = 0.25
 # Monarch's own limit for a worker to answer the attach config push is set this much beyond the
 # launcher's attach limit (``attach_timeout_s`` + 5 s, counted after the meshes were created), so
 # that the launcher's message, which names the mesh and ``--attach-timeout``, is the one users
 # see. Seconds.
 MONARCH_ATTACH_MARGIN_S = 15
-# Monarch's words when a worker did not answer the config push in time, and its address in them.
-_CONFIG_PUSH_TIMEOUT = "MESH_ATTACH_CONFIG_TIMEOUT"
-_PUSH_ADDRESS = re.compile(r"tcp:\[?([0-9A-Za-z.:_-]+?)\]?:\d+")
 
 
 @dataclass(frozen=True)
@@ -389,14 +381,20 @@ def started_job(
         configure(mesh_attach_config_timeout=f"{push_limit}s")
         for name, hosts in meshes:
             job.add_mesh(name, [addresses[host] for host in hosts])
+        job.apply()  # one worker per host, over ssh
+        wait_workers_up(job, meshes, addresses, config.attach_timeout_s, names)
+        reporter.progress(f"workers up on {len(addresses)} hosts")
+        seen = len(recorder.reports) if recorder is not None else 0
+
+        def faults() -> list[str]:  # Monarch's fault reports since the attach began
+            return recorder.reports[seen:] if recorder is not None else []
+
         # cached_path=None: do not pickle the job into ./.monarch, where a later launch in the
         # same directory would silently re-attach to these workers.
         state = job.state(cached_path=None)
         for name, _ in meshes:
             host_meshes[name] = getattr(state, name)
-        for name, host_mesh in host_meshes.items():
-            _wait_attached(job, name, host_mesh, config.attach_timeout_s, names)
-            reporter.progress(f"mesh {name} attached")
+        attach_all(job, host_meshes, config.attach_timeout_s, names, faults, reporter)
         watch.start()
         yield host_meshes
     finally:
@@ -433,82 +431,6 @@ def stop_leftovers(
         result = sweep_run(addresses, config.ssh, config.python_exe, mark)
     for line in sweep_lines(result):
         reporter.warning(line)
-
-
-def _wait_attached(
-    job: LauncherSSHJob,
-    name: str,
-    host_mesh: HostMesh,
-    timeout_s: float,
-    names: Mapping[str, str],
-) -> None:
-    """Wait until ``host_mesh`` attached, checking the ssh clients every ``ATTACH_POLL_S``.
-
-    Raises:
-        WorkerStartFailed: a worker's ssh client exited first (any mesh's: the launch cannot
-            go on), naming its host, ssh's exit status and the worker's last output.
-        TimeoutError: not attached within ``timeout_s`` plus 5 seconds, or Monarch's own
-            config push to a worker timed out (the message then names the hosts that did not
-            answer and ``--attach-timeout``).
-    """
-    attached = host_mesh.initialized  # one Future: a get() that times out does not consume it
-    deadline = time.monotonic() + timeout_s + 5
-    limit = f"{timeout_s + 5:g}s"
-    while True:
-        polled = time.monotonic()
-        try:
-            attached.get(timeout=ATTACH_POLL_S)
-            return
-        except Exception as error:
-            _raise_if_workers_exited(job, name, names, cause=error)
-            # A TimeoutError before the poll's time is up is Monarch's own answer, not the poll's.
-            early = time.monotonic() - polled < ATTACH_POLL_S / 2
-            if _CONFIG_PUSH_TIMEOUT in str(error):
-                raise TimeoutError(attach_timeout_message(name, limit, str(error), names)) from None
-            if not isinstance(error, TimeoutError) or early:
-                raise
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"mesh {name} did not attach within {limit}") from None
-
-
-def attach_timeout_message(
-    name: str, limit: str, monarch_error: str, names: Mapping[str, str]
-) -> str:
-    """Say which hosts of mesh ``name`` did not answer Monarch's attach config push.
-
-    Args:
-        name: the mesh.
-        limit: the launcher's attach limit as shown to users, e.g. ``"35s"``.
-        monarch_error: Monarch's error text, which lists the silent workers as
-            ``tcp:<address>:<port>``.
-        names: host name by address, to name hosts as the hostfile does.
-
-    Returns:
-        One line such as ``mesh spmd did not attach within 35s: no answer from the worker on
-        node-0 (raise --attach-timeout if workers start slowly)``.
-    """
-    addresses = _PUSH_ADDRESS.findall(monarch_error)
-    silent = sorted({names.get(address, address) for address in addresses})
-    where = f" from the worker on {', '.join(silent)}" if silent else " from a worker"
-    return (
-        f"mesh {name} did not attach within {limit}: no answer{where} "
-        "(raise --attach-timeout if workers start slowly)"
-    )
-
-
-def _raise_if_workers_exited(
-    job: LauncherSSHJob,
-    name: str,
-    names: Mapping[str, str],
-    cause: BaseException | None = None,
-) -> None:
-    exited = job.exited_ssh()
-    if exited:
-        exits = {
-            names.get(address, address): (code, job.output_tail(address))
-            for address, code in exited.items()
-        }
-        raise WorkerStartFailed(name, exits) from cause
 
 
 def teardown(job: LauncherSSHJob, host_meshes: Mapping[str, HostMesh], reporter: Reporter) -> None:

@@ -36,6 +36,8 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
+from monarch.actor import HostMesh, attach_to_workers
+
 from monarch_operator import constants
 from monarch_operator.launcher import progress
 from monarch_operator.launcher.session.environment import (
@@ -56,6 +58,12 @@ _PR_SET_PDEATHSIG = 1
 # Lines of each worker's output kept for failure reports.
 OUTPUT_TAIL_LINES = 20
 _PROGRESS_MARKER = constants.PROGRESS_LINE_MARKER.encode()
+# What a worker prints on stderr once its host agent is bound and can take messages: Monarch's
+# ``HostAgent::init`` prints it right after ``this.bind()`` (hyperactor_mesh/src/host_agent.rs,
+# torchmonarch 0.7.0, process hosts only). The worker's port opens before that, and a message
+# that arrives in between bounces back undeliverable at once; the attach config push is sent
+# only once, so its mesh then times out (field case in docs/troubleshooting.md, "attach").
+HOST_AGENT_UP = b"Monarch internal logs are being written to"
 
 
 def _die_with_parent() -> None:
@@ -114,7 +122,8 @@ class _OutputTail:
 
     With ``up_line`` (stderr): what comes before that line is ssh's own (or the remote shell's)
     and is held back in :attr:`before_up` instead of copied; the line itself is dropped and
-    sets :attr:`up`. ``lines`` may be shared by the stdout and stderr tails of one session.
+    sets :attr:`up`. ``lines`` may be shared by the stdout and stderr tails of one session, and
+    so may ``agent_up``, set once a forwarded line holds :data:`HOST_AGENT_UP`.
     """
 
     def __init__(
@@ -123,11 +132,13 @@ class _OutputTail:
         target_fd: int,
         lines: deque[str] | None = None,
         up_line: bytes | None = None,
+        agent_up: threading.Event | None = None,
     ) -> None:
         self._lines: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES) if lines is None else lines
         self._partial = b""
         self._up_line = up_line
         self.up = threading.Event()
+        self.agent_up = threading.Event() if agent_up is None else agent_up
         self.before_up = b""
         self._thread = threading.Thread(
             target=self._pump, args=(source, target_fd), name="ssh-output", daemon=True
@@ -148,6 +159,8 @@ class _OutputTail:
                 for line in complete:
                     if _PROGRESS_MARKER in line:  # a program's report (launcher/progress.py)
                         progress.feed_line(_text(line))
+                    elif HOST_AGENT_UP in line:
+                        self.agent_up.set()
         if self._partial:
             self._lines.append(_text(self._partial))
         if not self.up.is_set() and self.before_up:
@@ -243,6 +256,7 @@ class LauncherSSHJob(SSHJob):
         self._on_retry = on_retry
         self.ssh_processes: dict[str, subprocess.Popen[bytes]] = {}
         self._output_tails: dict[str, list[_OutputTail]] = {}
+        self._agents_up: dict[str, threading.Event] = {}
         progress.mark_launcher()  # the program's reports go to the job, never into the output
         progress.install()  # in a MonarchJob's launcher pod: forward them from the start
 
@@ -314,9 +328,10 @@ class LauncherSSHJob(SSHJob):
         assert process.stdout is not None and process.stderr is not None
         target = self._ssh_stdout.fileno() if self._ssh_stdout is not None else 1
         lines: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
-        errors = _OutputTail(process.stderr, 2, lines, up_line=SESSION_UP)
+        agent_up = self._agents_up[host] = threading.Event()
+        errors = _OutputTail(process.stderr, 2, lines, up_line=SESSION_UP, agent_up=agent_up)
         self._output_tails.setdefault(host, []).extend(
-            [_OutputTail(process.stdout, target, lines), errors]
+            [_OutputTail(process.stdout, target, lines, agent_up=agent_up), errors]
         )
         return _StartingSession(process, errors)
 
@@ -331,6 +346,24 @@ class LauncherSSHJob(SSHJob):
             for host, process in self.ssh_processes.items()
             if (code := process.poll()) is not None
         }
+
+    def workers_not_up(self, hosts: Sequence[str]) -> list[str]:
+        """Those of ``hosts`` (addresses, as given to the job) whose worker has not yet said that
+        its host agent is up (:data:`HOST_AGENT_UP`), in the order given; a host with no
+        session started yet counts as not up."""
+        up = self._agents_up
+        return [host for host in hosts if not (host in up and up[host].is_set())]
+
+    def worker_locations(self, mesh: str) -> dict[str, str]:
+        """``{host: its worker's location}`` for the hosts of ``mesh`` (addresses, as given to the
+        job), such as ``{"10.0.0.3": "tcp://10.0.0.3:22222"}``: where Monarch reaches them."""
+        return {host: f"{self._scheme}://{host}:{self._port}" for host in self._meshes[mesh]}
+
+    def attach_again(self, mesh: str) -> HostMesh:
+        """Attach to the workers of ``mesh`` once more (their host meshes are already serving);
+        returns the new HostMesh, to wait on as the first (``initialized``)."""
+        workers = [self._host_to_pid[host].channel for host in self._meshes[mesh]]
+        return attach_to_workers(name=mesh, ca="trust_all_connections", workers=workers)
 
     def output_tail(self, host: str, wait_s: float = 1.0) -> list[str]:
         """The last lines (at most :data:`OUTPUT_TAIL_LINES`) the worker on ``host`` printed.
