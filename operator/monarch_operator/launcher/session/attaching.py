@@ -1,11 +1,12 @@
 """Waiting for a session's workers: first each worker's host agent up, then each mesh attached.
 
 Monarch's worker opens its port before its host agent is bound (``Host::new_with_gateway``
-listens first; ``HostAgent::init`` binds later, hyperactor_mesh, torchmonarch 0.7.0). A client
-message that arrives in between bounces back undeliverable at once, and the attach config push
-is sent only once: its mesh then waits out ``MESH_ATTACH_CONFIG_TIMEOUT`` and fails, though the
-worker came up a moment later. A loaded host (imports at a third of their speed) widens that
-window enough to hit (the sample job on the real nodes failed so in CI once, stop 56). So
+listens first; ``HostAgent::init`` binds later, hyperactor_mesh, torchmonarch 0.7.0): 1-16 ms
+apart on a loaded 2-core machine. A client message that arrives in between can come back
+undeliverable, and the attach config push is sent only once: its mesh then waits out the attach
+limit and fails, though the worker came up a moment later. The sample job on the real nodes
+failed so in CI (stop 56: the ref worker's host-agent line came after Monarch's undeliverable
+report, 2 s into the attach; earlier loaded runs timed out at the push the same way). So
 :func:`wait_workers_up` holds the attach until every worker said its host agent is up
 (:data:`launcher.session.sshjob.HOST_AGENT_UP` on its output), and :func:`wait_attached` then
 waits for the mesh. Both check the ssh clients meanwhile: a worker that dies first fails the

@@ -61,8 +61,8 @@ _PROGRESS_MARKER = constants.PROGRESS_LINE_MARKER.encode()
 # What a worker prints on stderr once its host agent is bound and can take messages: Monarch's
 # ``HostAgent::init`` prints it right after ``this.bind()`` (hyperactor_mesh/src/host_agent.rs,
 # torchmonarch 0.7.0, process hosts only). The worker's port opens before that, and a message
-# that arrives in between bounces back undeliverable at once; the attach config push is sent
-# only once, so its mesh then times out (field case in docs/troubleshooting.md, "attach").
+# that arrives in between can come back undeliverable; the attach config push is sent only once,
+# so its mesh then times out (see :mod:`launcher.session.attaching`).
 HOST_AGENT_UP = b"Monarch internal logs are being written to"
 
 
