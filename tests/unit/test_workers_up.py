@@ -22,7 +22,7 @@ from monarch_operator.launcher.session.sshjob import HOST_AGENT_UP, _OutputTail
 from monarch_operator.launcher.session.workerloss import WorkerStartFailed
 
 MESHES = [("trainer", ["node-0", "node-1"]), ("ref", ["node-2"])]
-ADDRESSES = {"node-0": "10.0.0.1", "node-1": "10.0.0.2", "node-2": "10.0.0.3"}
+ADDRESSES = {"node-0": "10.244.1.1", "node-1": "10.244.1.2", "node-2": "10.244.1.3"}
 NAMES = {address: host for host, address in ADDRESSES.items()}
 
 
@@ -53,8 +53,8 @@ def later(seconds: float, action) -> threading.Timer:  # type: ignore[no-untyped
 
 def test_returns_only_once_the_last_worker_is_up() -> None:
     job = StandInJob()
-    job.up = {"10.0.0.1", "10.0.0.3"}
-    timer = later(0.4, lambda: job.up.add("10.0.0.2"))
+    job.up = {"10.244.1.1", "10.244.1.3"}
+    timer = later(0.4, lambda: job.up.add("10.244.1.2"))
     started = time.monotonic()
 
     wait_workers_up(job, MESHES, ADDRESSES, 10, NAMES)  # type: ignore[arg-type]
@@ -66,8 +66,8 @@ def test_returns_only_once_the_last_worker_is_up() -> None:
 
 def test_a_worker_that_dies_first_fails_at_once_naming_its_host() -> None:
     job = StandInJob()
-    job.up = {"10.0.0.1", "10.0.0.2"}
-    later(0.2, lambda: job.exited.update({"10.0.0.3": 1}))
+    job.up = {"10.244.1.1", "10.244.1.2"}
+    later(0.2, lambda: job.exited.update({"10.244.1.3": 1}))
     started = time.monotonic()
 
     with pytest.raises(WorkerStartFailed) as failed:
@@ -75,7 +75,7 @@ def test_a_worker_that_dies_first_fails_at_once_naming_its_host() -> None:
 
     assert time.monotonic() - started < 10
     assert failed.value.mesh == "ref"
-    assert failed.value.exits == {"node-2": (1, ["last words of 10.0.0.3"])}
+    assert failed.value.exits == {"node-2": (1, ["last words of 10.244.1.3"])}
 
 
 def test_a_worker_that_never_comes_up_times_out_naming_its_mesh_and_host(
@@ -83,7 +83,7 @@ def test_a_worker_that_never_comes_up_times_out_naming_its_mesh_and_host(
 ) -> None:
     monkeypatch.setattr(attaching, "ATTACH_SLACK_S", 0)
     job = StandInJob()
-    job.up = {"10.0.0.1", "10.0.0.3"}
+    job.up = {"10.244.1.1", "10.244.1.3"}
 
     with pytest.raises(TimeoutError) as timed_out:
         wait_workers_up(job, MESHES, ADDRESSES, 0.3, NAMES)  # type: ignore[arg-type]
@@ -198,7 +198,7 @@ def test_a_bounced_attach_is_attached_again_at_once_and_only_that_mesh() -> None
     job = AttachingJob(again)
     meshes = {"trainer": Attaching(attached_after=0.2), "ref": Attaching(attached_after=None)}
     reports: list[str] = []
-    later(0.5, lambda: reports.append(BOUNCE.replace("10.244.2.10", "10.0.0.3")))
+    later(0.5, lambda: reports.append(BOUNCE.replace("10.244.2.10", "10.244.1.3")))
     reporter = Lines()
     started = time.monotonic()
 
@@ -218,7 +218,7 @@ def test_a_bounced_attach_is_attached_again_at_once_and_only_that_mesh() -> None
 def test_an_attach_that_bounces_twice_ends_at_the_attach_timeout_naming_the_mesh() -> None:
     job = AttachingJob(Attaching(attached_after=None))
     meshes = {"ref": Attaching(attached_after=None)}
-    reports = [BOUNCE.replace("10.244.2.10", "10.0.0.3")]
+    reports = [BOUNCE.replace("10.244.2.10", "10.244.1.3")]
 
     with pytest.raises(TimeoutError, match=r"^mesh ref did not attach within 1\.5s$"):
         attaching.attach_all(job, meshes, 1.5 - attaching.ATTACH_SLACK_S, NAMES,  # type: ignore[arg-type]

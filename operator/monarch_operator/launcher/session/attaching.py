@@ -74,7 +74,7 @@ def bounced_hosts(reports: Sequence[str], locations: Mapping[str, str]) -> list[
 
     Args:
         reports: fault reports (:class:`launcher.session.lifecycle.FaultRecorder`), whole.
-        locations: ``{host: its worker's location}``, such as ``"tcp://10.0.0.3:22222"``.
+        locations: ``{host: its worker's location}``, such as ``"tcp://10.244.1.3:22222"``.
 
     Returns:
         Those hosts, in the order of ``locations``.

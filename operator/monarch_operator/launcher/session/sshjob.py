@@ -356,7 +356,7 @@ class LauncherSSHJob(SSHJob):
 
     def worker_locations(self, mesh: str) -> dict[str, str]:
         """``{host: its worker's location}`` for the hosts of ``mesh`` (addresses, as given to the
-        job), such as ``{"10.0.0.3": "tcp://10.0.0.3:22222"}``: where Monarch reaches them."""
+        job), such as ``{"10.244.1.3": "tcp://10.244.1.3:22222"}``: where Monarch reaches them."""
         return {host: f"{self._scheme}://{host}:{self._port}" for host in self._meshes[mesh]}
 
     def attach_again(self, mesh: str) -> HostMesh:
