@@ -2,7 +2,8 @@
 
 The launcher runs in a mount namespace whose resolv.conf points at a fake caching resolver
 (monarch_operator.testing.fake_dns) that caches "no such name" for 30 s, as CoreDNS's
-``cache 30`` does. The host's record appears 2 s after the start: ``--host-wait 40`` rides out
+``cache 30`` does. The host's record appears 2 s after the launcher first asks for it (however
+long the launcher took to start): ``--host-wait 40`` rides out
 the cached negative answer; the default wait fails naming the host and ``--host-wait``. With
 ``--host-address NAME=IP`` the launcher also waits until the name resolves to that address,
 and keeps resolving to it for ``--dns-stable`` seconds, before it connects.

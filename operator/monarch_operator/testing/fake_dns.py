@@ -3,8 +3,12 @@
 :class:`FakeResolver` answers ``A`` queries over UDP (RFC 1035) for the names it is given, as a
 caching resolver in front of a changing zone would (field case C20; CoreDNS ``cache 30``):
 
-- a record can appear ``appears_after_s`` seconds after the server started, or change its
-  address with :meth:`FakeResolver.set`;
+- a record can appear ``appears_after_s`` seconds after its name was first asked for, or change
+  its address with :meth:`FakeResolver.set`. The clock starts at the first query, not when the
+  server starts: a launcher that starts slowly on a loaded machine still asks before the record
+  appears, as a pod asks CoreDNS before its Service's endpoints exist (a clock started with the
+  server let a launcher that took over 2 s to start see the record at its first query: CI of
+  stop 57);
 - every answer is cached per name: "no such name" (NXDOMAIN) for ``negative_ttl_s``, an address
   for ``positive_ttl_s``, counted from the moment it was first given out. Until then the old
   answer is repeated, whatever the zone says now.
@@ -36,8 +40,58 @@ class _Cached:
     until: float
 
 
+class CachingZone:
+    """The names a :class:`FakeResolver` serves, behind a cache; no sockets, no clock of its own.
+
+    Args:
+        negative_ttl_s: how long a "no such name" answer is repeated, seconds.
+        positive_ttl_s: how long an address answer is repeated, seconds.
+    """
+
+    def __init__(self, negative_ttl_s: float = 30.0, positive_ttl_s: float = 30.0) -> None:
+        self.negative_ttl_s = negative_ttl_s
+        self.positive_ttl_s = positive_ttl_s
+        # name -> [(seconds after its first query, address or None)], in the order set
+        self._records: dict[str, list[tuple[float, str | None]]] = {}
+        self._first_asked: dict[str, float] = {}  # name -> the time of its first query
+        self._cache: dict[str, _Cached] = {}
+        self._lock = threading.Lock()
+
+    def set(self, name: str, address: str | None, appears_after_s: float = 0.0) -> None:
+        """Make ``name`` resolve to ``address`` (None: no such name) from ``appears_after_s``
+        seconds after ``name`` was first asked for; until then the zone says what earlier calls
+        set (nothing: no such name). Cached answers stand until their TTL is over."""
+        with self._lock:
+            self._records.setdefault(name.lower().rstrip("."), []).append(
+                (appears_after_s, address)
+            )
+
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` (lower case, no trailing dot) was ever :meth:`set`."""
+        with self._lock:
+            return name in self._records
+
+    def answer(self, name: str, now: float) -> str | None:
+        """The address a caching resolver gives for ``name`` at ``now`` (seconds, monotonic),
+        or None for "no such name"; the first call for a name starts that name's clock."""
+        with self._lock:
+            cached = self._cache.get(name)
+            if cached is not None and now < cached.until:
+                return cached.address
+            changes = self._records.get(name)
+            if changes is None:
+                return None
+            elapsed = now - self._first_asked.setdefault(name, now)
+            due = [address for after_s, address in changes if after_s <= elapsed]
+            address = due[-1] if due else None
+            ttl = self.positive_ttl_s if address else self.negative_ttl_s
+            self._cache[name] = _Cached(address, now + ttl)
+            return address
+
+
 class FakeResolver:
-    """Serves ``A`` records on ``(address, 53)``; use as a context manager.
+    """Serves a :class:`CachingZone`'s ``A`` records on ``(address, 53)``; use as a context
+    manager.
 
     Args:
         address: the loopback address to listen on (UDP port 53).
@@ -49,13 +103,8 @@ class FakeResolver:
         self, address: str, negative_ttl_s: float = 30.0, positive_ttl_s: float = 30.0
     ) -> None:
         self.address = address
-        self.negative_ttl_s = negative_ttl_s
-        self.positive_ttl_s = positive_ttl_s
+        self.zone = CachingZone(negative_ttl_s, positive_ttl_s)
         self.queries: list[tuple[float, str, str | None]] = []  # (time, name, answer)
-        # name -> [(seconds after the start, address or None)], in the order set
-        self._records: dict[str, list[tuple[float, str | None]]] = {}
-        self._cache: dict[str, _Cached] = {}
-        self._lock = threading.Lock()
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._socket.bind((address, 53))
         self._socket.settimeout(0.2)
@@ -64,29 +113,8 @@ class FakeResolver:
         self._thread = threading.Thread(target=self._serve, name="fake-dns", daemon=True)
 
     def set(self, name: str, address: str | None, appears_after_s: float = 0.0) -> None:
-        """Make ``name`` resolve to ``address`` (None: no such name) from ``appears_after_s``
-        seconds after the server started; until then the zone says what earlier calls set
-        (nothing: no such name). Cached answers stand until their TTL is over."""
-        with self._lock:
-            self._records.setdefault(name.lower().rstrip("."), []).append(
-                (appears_after_s, address)
-            )
-
-    def _answer(self, name: str) -> str | None:
-        now = time.monotonic()
-        with self._lock:
-            cached = self._cache.get(name)
-            if cached is not None and now < cached.until:
-                return cached.address
-            changes = self._records.get(name)
-            if changes is None:
-                return None
-            elapsed = now - self._started
-            due = [address for after_s, address in changes if after_s <= elapsed]
-            address = due[-1] if due else None
-            ttl = self.positive_ttl_s if address else self.negative_ttl_s
-            self._cache[name] = _Cached(address, now + ttl)
-            return address
+        """:meth:`CachingZone.set` on this resolver's zone."""
+        self.zone.set(name, address, appears_after_s)
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -112,8 +140,8 @@ class FakeResolver:
         question = query[12 : offset + 5]
         qtype, _ = struct.unpack("!HH", query[offset + 1 : offset + 5])
         name = ".".join(labels).lower()
-        address = self._answer(name) if qtype == _TYPE_A else None
-        known = name in self._records
+        address = self.zone.answer(name, time.monotonic()) if qtype == _TYPE_A else None
+        known = self.zone.knows(name)
         self.queries.append((time.monotonic() - self._started, name, address))
         if qtype == _TYPE_A and address is not None:
             header = ident + struct.pack("!HHHHH", _FLAGS_RESPONSE, 1, 1, 0, 0)
