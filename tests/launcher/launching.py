@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -20,6 +21,10 @@ from pathlib import Path
 from monarch_operator.testing.loopback_sshd import SshCluster
 
 LAUNCH_WALL_LIMIT_S = 150
+# After the stop guard (launcher/stopguard.py) ended, how long the launcher proper it had
+# started may still take to end, seconds: a guard killed with SIGKILL hands its child SIGTERM,
+# and the child then tears down (stacks, meshes, ssh sessions) before it ends.
+PROPER_END_LIMIT_S = 60
 RANK_LINE = re.compile(
     r"^(?P<role>trainer|ref) rank (?P<rank>\d+)/(?P<world>\d+) host=(?P<host>\S+) "
     r"pid=(?P<pid>\d+) ssh=(?P<ssh>\S+) worker=(?P<worker>-?\d+) gpus=(?P<gpus>\S+)$"
@@ -60,6 +65,7 @@ def run_launch(
     program: bool = False,
     wrapper: Sequence[str] = (),
     signal_delay_s: float = 0.0,
+    to_launcher_proper: bool = False,
 ) -> Launch:
     """Run monarch-launch on ``hostfile`` text against the loopback cluster and wait for it.
 
@@ -74,6 +80,15 @@ def run_launch(
         extra_env: variables added to the launcher's environment.
         wrapper: a command prefix the launcher runs under (e.g. a mount namespace).
         signal_delay_s: with ``sigterm_after``, wait this long after the line first.
+        to_launcher_proper: send ``stop_signal`` to the launcher proper, the stop guard's child
+            (the process the OOM killer picks), instead of the guard, the process a user or the
+            kubelet signals.
+
+    The returned run has ended with everything the guard had started at the signal's time:
+    a guard killed with SIGKILL hands its child SIGTERM, and the run's lines include that
+    child's teardown (at most ``PROPER_END_LIMIT_S`` more seconds). A leak check right after a
+    killed guard raced that teardown (CI of stop 57: an ssh client still there 10 s after the
+    guard's SIGKILL, the launcher proper still tearing down).
     """
     executable = Path(sys.executable).parent / "monarch-launch"
     assert executable.exists(), f"{executable} missing: pip install -e '.[dev]'"
@@ -108,6 +123,7 @@ def run_launch(
     ]
     output_path = tmp_path / "launch.log"
     started = time.monotonic()
+    pinned: list[int] = []  # pidfds of the guard's children at the signal's time
     with output_path.open("wb") as output:
         process = subprocess.Popen(
             command,
@@ -122,8 +138,14 @@ def run_launch(
             if sigterm_after is not None:
                 _wait_for_line(output_path, sigterm_after, process, started)
                 time.sleep(signal_delay_s)
+                pinned = _pin_children(process.pid)
                 if then is not None:
                     then()
+                elif to_launcher_proper:
+                    children = _children(process.pid)
+                    assert children, "the stop guard has no child to signal"
+                    for child in children:
+                        os.kill(child, stop_signal)
                 else:
                     process.send_signal(stop_signal)
             process.wait(timeout=LAUNCH_WALL_LIMIT_S - (time.monotonic() - started))
@@ -134,9 +156,43 @@ def run_launch(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        _wait_ended(pinned, PROPER_END_LIMIT_S)
     wall_s = time.monotonic() - started
     lines = output_path.read_text(errors="replace").splitlines()
     return Launch(process.returncode, [line.rstrip("\r") for line in lines], wall_s)
+
+
+def _children(pid: int) -> list[int]:
+    """The process ids of ``pid``'s children (proc(5) ``task/<tid>/children``; the stop guard
+    forks before it starts any thread)."""
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _pin_children(pid: int) -> list[int]:
+    """A pidfd for each child of ``pid`` (pidfd_open(2)): waiting on it never mistakes a later
+    process that took the same pid for the child."""
+    fds = []
+    for child in _children(pid):
+        try:
+            fds.append(os.pidfd_open(child))
+        except OSError:
+            pass  # ended meanwhile
+    return fds
+
+
+def _wait_ended(pidfds: list[int], limit_s: float) -> None:
+    """Wait up to ``limit_s`` seconds until every process of ``pidfds`` has ended (a pidfd is
+    readable once its process ended), then close the pidfds."""
+    deadline = time.monotonic() + limit_s
+    waiting = list(pidfds)
+    while waiting and (left := deadline - time.monotonic()) > 0:
+        ended, _, _ = select.select(waiting, [], [], left)
+        waiting = [fd for fd in waiting if fd not in ended]
+    for fd in pidfds:
+        os.close(fd)
 
 
 def _default_stop_signals() -> None:

@@ -185,8 +185,11 @@ def test_sigterm_mid_run_tears_down_and_exits_143(
 def test_a_killed_launcher_leaves_no_worker_and_the_next_run_works(
     tmp_path: Path, ssh_cluster: SshCluster, monarch_port: int
 ) -> None:
-    # SIGKILL gives the launcher no chance to tear down. Its ssh clients die with it
-    # (PR_SET_PDEATHSIG) and, with -tt, sshd hangs up the remote workers, so the port is free.
+    # The OOM killer picks the launcher proper (the stop guard's child, the biggest process)
+    # and SIGKILL gives it no chance to tear down. Its ssh clients die with it
+    # (PR_SET_PDEATHSIG), each worker's session guard sees its channel close and ends the
+    # worker, so the port is free. (A SIGKILL for the stop guard instead hands the launcher
+    # SIGTERM, a teardown: test_rank_output_bytes and test_stragglers kill it so.)
     a, b, _ = ssh_cluster.hosts
     hostfile = f"{a} slots=1\n{b} slots=1\n"
     (tmp_path / "killed").mkdir()
@@ -199,8 +202,14 @@ def test_a_killed_launcher_leaves_no_worker_and_the_next_run_works(
         "1000000",
         sigterm_after="step 2/",
         stop_signal=signal.SIGKILL,
+        to_launcher_proper=True,
     )
-    assert killed.returncode == -signal.SIGKILL, killed.describe()
+    # The guard exits as its child did: 128 + 9, and says so (no teardown ran to say it).
+    assert killed.returncode == 128 + signal.SIGKILL, killed.describe()
+    assert not any(line.startswith("monarch-launch: torn down") for line in killed.lines)
+    assert killed.lines[-1].startswith(
+        "monarch-launch: failed: the launcher was killed by signal 9 (SIGKILL)"
+    ), killed.describe()
     assert not reap_processes_mentioning(f":{monarch_port}", grace_s=10), "left behind"
 
     launch = run_launch(tmp_path, ssh_cluster, hostfile, monarch_port, "--steps", "1")

@@ -135,13 +135,22 @@ def _status(code: int = 0, killed_by: int | None = None) -> int:
     [
         (_status(0), None, None, 0, (0, None)),
         (_status(3), None, None, 3, (3, None)),
-        (_status(killed_by=9), None, None, None, (137, None)),
         (_status(143), 15, None, 143, (143, None)),  # the launcher said it itself
         (_status(130), 2, None, 130, (130, None)),
     ],
 )
 def test_decide_keeps_what_the_launcher_said(status, first_signal, stop, final, expected):
     assert stopguard.decide(status, first_signal, stop, final) == expected
+
+
+@pytest.mark.parametrize("number", [signal.SIGKILL, signal.SIGSEGV])
+def test_decide_a_launcher_killed_without_a_word_gets_the_guards_line(number: int) -> None:
+    # The OOM killer's SIGKILL for the launcher proper: no final line, no stop received.
+    code, reason = stopguard.decide(_status(killed_by=number), None, None, None)
+    assert code == 128 + number
+    assert reason is not None
+    assert reason.startswith(f"the launcher was killed by signal {number} ({number.name})")
+    assert ("OOM killer" in reason) == (number == signal.SIGKILL)
 
 
 def test_decide_a_stop_wins_over_exit_0() -> None:

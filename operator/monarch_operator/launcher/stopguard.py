@@ -13,7 +13,9 @@ container's first process) signals, takes the stop signals itself with ``sigwait
 records the first one, passes it on to the child (the launcher proper) and, when the child
 ends, decides the exit status:
 
-- no stop recorded: the child's own status (``128 + S`` when the child was killed by S);
+- no stop recorded: the child's own status (``128 + S`` when the child was killed by S, and
+  the guard then prints the final failure line, which the killed child could not: the OOM
+  killer picks the launcher proper, the bigger process);
 - a stop signal S recorded (or a stop the launcher decided itself, :func:`note_stop`, e.g. a
   stalled run): ``128 + S`` whatever the child exited with. The launcher reads the same record
   (:func:`signal_received`, :func:`noted_stop`) before its final line, so normally it already
@@ -189,6 +191,8 @@ def decide(status: int, first_signal: int | None, stop: str | None,
     own = os.waitstatus_to_exitcode(status)
     own = SIGNAL_BASE - own if own < 0 else own  # killed by S: 128 + S, as a shell says
     if first_signal is None and stop is None:
+        if final is None and os.WIFSIGNALED(status):  # killed before it could say anything
+            return own, killed_reason(os.WTERMSIG(status))
         return own, None
     expected = SIGNAL_BASE + (first_signal or signal.SIGTERM)
     if final == expected and own == expected:
@@ -202,6 +206,17 @@ def decide(status: int, first_signal: int | None, stop: str | None,
         reason += (f"; the program then ended the launcher (it {how}) before the launcher's "
                    "teardown: processes of this run may be left on its hosts")
     return expected, reason
+
+
+def killed_reason(number: int) -> str:
+    """The guard's failure line for a launcher killed by signal ``number`` with no stop
+    received (the OOM killer picks the launcher proper, the bigger process): what happened and
+    what became of the hosts' processes."""
+    hint = " (the kernel's OOM killer sends it when memory runs out)" if (
+        number == signal.SIGKILL) else ""
+    return (f"the launcher was {_describe(number, 'killed')}{hint} before its teardown; its "
+            "ssh sessions closed with it, so each host's session guard ends the run's processes "
+            "there")
 
 
 def _decide(status: int, first_signal: int | None, notes: str, prog: str,
@@ -222,11 +237,11 @@ def _decide(status: int, first_signal: int | None, notes: str, prog: str,
     return code
 
 
-def _describe(number: int) -> str:
+def _describe(number: int, verb: str = "terminated") -> str:
     try:
-        return f"terminated by signal {number} ({signal.Signals(number).name})"
+        return f"{verb} by signal {number} ({signal.Signals(number).name})"
     except ValueError:
-        return f"terminated by signal {number}"
+        return f"{verb} by signal {number}"
 
 
 def signal_received() -> int | None:

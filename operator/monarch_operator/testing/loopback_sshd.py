@@ -352,17 +352,40 @@ def reap_processes_mentioning(needle: str, grace_s: float = 5.0) -> list[tuple[i
     orphaned worker that would hold the port and break the next job on it.
 
     Returns:
-        The ``(pid, command line)`` of each process still there after the grace and therefore
-        sent SIGKILL; empty when nothing leaked.
+        The ``(pid, command line + process facts)`` of each process still there after the grace
+        and therefore sent SIGKILL; empty when nothing leaked. The facts (:func:`process_facts`)
+        are read before the SIGKILL: they tell a leak from a process that is slow to die.
     """
     deadline = time.monotonic() + grace_s
     strays = processes_mentioning(needle)
     while strays and time.monotonic() < deadline:
         time.sleep(0.25)
         strays = processes_mentioning(needle)
+    described = [(pid, f"{args} [{process_facts(pid)}]") for pid, args in strays]
     for pid, _ in strays:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return strays
+    return described
+
+
+def process_facts(pid: int) -> str:
+    """What ``/proc`` says of ``pid`` for a leak report: its state, parent, age in seconds,
+    and its pending, blocked and ignored signal masks (hex, proc(5)); ``gone`` if it ended."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    except OSError:
+        return "gone"
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+    state, ppid, start_ticks = fields[0], fields[1], int(fields[19])
+    age_s = uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
+    masks = {
+        key: value.strip()
+        for key, _, value in (line.partition(":") for line in status)
+        if key in ("SigPnd", "ShdPnd", "SigBlk", "SigIgn")
+    }
+    listed = " ".join(f"{key}={value}" for key, value in masks.items())
+    return f"state={state} ppid={ppid} age={age_s:.1f}s {listed}"
