@@ -117,6 +117,10 @@ def test_the_next_run_stops_what_a_killed_run_left_and_nothing_else(
     first = _stragglers_run(
         tmp_path / "first", ssh_cluster, monarch_port, master_port, "sleep",
         sigterm_after=f"[spmd/{a}/0] stragglers started", stop_signal=signal.SIGKILL,
+        # The launcher proper, as the OOM killer would: a SIGKILL for the stop guard hands it
+        # SIGTERM, and its teardown stops the stragglers itself (this test raced that teardown
+        # until the runs waited for it).
+        to_launcher_proper=True,
     )
     left = _recorded(tmp_path / "first" / "pids")
     planted.extend(left.values())
