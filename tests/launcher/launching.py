@@ -166,9 +166,10 @@ def _children(pid: int) -> list[int]:
     """The process ids of ``pid``'s children (proc(5) ``task/<tid>/children``; the stop guard
     forks before it starts any thread)."""
     try:
-        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        listed = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     except OSError:
         return []
+    return [int(child) for child in listed.split()]
 
 
 def _pin_children(pid: int) -> list[int]:
