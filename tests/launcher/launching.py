@@ -142,10 +142,9 @@ def run_launch(
                 if then is not None:
                     then()
                 elif to_launcher_proper:
-                    children = _children(process.pid)
-                    assert children, "the stop guard has no child to signal"
-                    for child in children:
-                        os.kill(child, stop_signal)
+                    assert pinned, "the stop guard has no child to signal"
+                    for child in pinned:  # through the pidfd: never a later process's pid
+                        signal.pidfd_send_signal(child, stop_signal)
                 else:
                     process.send_signal(stop_signal)
             process.wait(timeout=LAUNCH_WALL_LIMIT_S - (time.monotonic() - started))
