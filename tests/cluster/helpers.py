@@ -19,14 +19,15 @@ T = TypeVar("T")
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, what: str,
-               interval: float = 0.5) -> T:
+               interval: float = 0.5, explain: Callable[[], str] | None = None) -> T:
     """Call ``predicate`` every ``interval`` seconds until it returns something truthy.
 
     Returns:
         That value.
 
     Raises:
-        AssertionError: ``timeout`` seconds passed first; the message names ``what``.
+        AssertionError: ``timeout`` seconds passed first; the message names ``what`` and ends
+            with what ``explain()`` returns then (the state that was waited on).
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -34,7 +35,13 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str,
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    message = f"timed out after {timeout}s waiting for {what}"
+    if explain is not None:
+        try:
+            message += "\n" + explain()
+        except Exception as error:  # the explanation must never hide the timeout
+            message += f"\n(no explanation: {error!r})"
+    raise AssertionError(message)
 
 
 def get_json(kubectl: Callable[..., str], *args: str) -> Any:
@@ -70,7 +77,32 @@ def wait_phase(kubectl: Callable[..., str], namespace: str, name: str, phase: st
                timeout: float = 120) -> dict[str, Any]:
     """Wait until the job's ``status.phase`` is ``phase``; returns its status."""
     return wait_until(lambda: (status := job_status(kubectl, namespace, name))
-                      .get("phase") == phase and status, timeout, f"{name} {phase}")
+                      .get("phase") == phase and status, timeout, f"{name} {phase}",
+                      explain=lambda: job_snapshot(kubectl, namespace, name))
+
+
+def job_snapshot(kubectl: Callable[..., str], namespace: str, name: str) -> str:
+    """What a timed-out wait on job ``name`` shows: its status (phase, attempt, conditions,
+    message), each of its pods (phase, node, readiness, each container's state) and the
+    namespace's last 15 Events, as text."""
+    status = job_status(kubectl, namespace, name)
+    lines = [f"job {namespace}/{name}: phase {status.get('phase')}, attempt "
+             f"{status.get('attempt')}, message {status.get('message')!r}"]
+    lines += [f"  condition {c.get('type')}={c.get('status')} ({c.get('reason')}): "
+              f"{c.get('message', '')}" for c in status.get("conditions") or []]
+    for pod in job_pods(kubectl, namespace, name):
+        pod_status = pod.get("status") or {}
+        states = ", ".join(f"{c['name']} {next(iter(c.get('state') or {'?': 0}))}"
+                           f" (restarts {c.get('restartCount', 0)})"
+                           for c in pod_status.get("containerStatuses") or [])
+        lines.append(f"  pod {pod['metadata']['name']}: {pod_status.get('phase')} on "
+                     f"{pod['spec'].get('nodeName')}, Ready {pod_condition(pod)}; {states}")
+    events = (get_json(kubectl, "events", "-n", namespace) or {}).get("items") or []
+    events.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    lines += [f"  event {e.get('lastTimestamp') or e.get('eventTime')} "
+              f"{e['involvedObject'].get('name')} {e.get('reason')}: {e.get('message', '')}"
+              for e in events[-15:]]
+    return "\n".join(lines)
 
 
 def condition(status: dict[str, Any], condition_type: str) -> dict[str, Any]:
@@ -93,7 +125,8 @@ def running_attempt(kubectl: Callable[..., str], namespace: str, name: str,
                         f"{LABEL_JOB}={name},monarch-operator.dev/attempt={attempt}")
         phases = [pod["status"].get("phase") for pod in pods["items"]]
         return status if "Running" in phases else None
-    return wait_until(running, 120, f"{name} attempt {attempt} running")
+    return wait_until(running, 120, f"{name} attempt {attempt} running",
+                      explain=lambda: job_snapshot(kubectl, namespace, name))
 
 
 class PodWatch:

@@ -15,7 +15,6 @@ import datetime as dt
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import yaml
 from monarch_operator import names
 from monarch_operator.controller.leader.run import EXIT_LOST
 from monarch_operator.localcluster.demo import install_crds
+from monarch_operator.localcluster.ports import free_port
 from tests.cluster.helpers import (
     apply_manifest,
     job_manifest,
@@ -49,10 +49,6 @@ LD, RD, RP = 15.0, 10.0, 2.0
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -8,7 +8,6 @@ shared test operator leaves alone (two operators must not act on one job)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -18,6 +17,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from monarch_operator.localcluster.orphans import stop_with_parent
+from monarch_operator.localcluster.ports import free_port
 from tests.chart import ROOT
 from tests.cluster.helpers import apply_manifest, get_json, job_manifest, job_status, wait_until
 
@@ -27,10 +27,6 @@ REPORT_THEN_WAIT = ("import time; from monarch_operator.job import report; "
                     "report(7, total_steps=10, metrics={'loss': 0.5}); time.sleep(600)")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -50,7 +46,7 @@ def _jobs_by_phase(samples) -> dict[str, float]:
 
 def test_real_passes_are_counted_and_the_job_is_shown_in_its_phase(
         local_cluster, kubectl, operator_process, chart_namespace, tmp_path):
-    url = f"http://127.0.0.1:{_free_port()}/metrics"
+    url = f"http://127.0.0.1:{free_port()}/metrics"
     address = url.split("//")[1].removesuffix("/metrics")
     log_path = tmp_path / "operator.log"
     with open(log_path, "wb") as log_file:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ import pytest
 import yaml
 
 from monarch_operator.localcluster.demo import stop_process
+from monarch_operator.localcluster.ports import free_port
 from tests.cluster.helpers import (
     apply_manifest,
     job_manifest,
@@ -77,10 +77,6 @@ class ProxiedOperator:
         return self.log_path.read_text(errors="replace")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

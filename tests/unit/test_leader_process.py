@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import threading
 import time
 import urllib.request
@@ -21,6 +20,7 @@ from prometheus_client import REGISTRY
 from monarch_operator.controller import __main__ as entry
 from monarch_operator.controller.leader import fence, run, settings
 from monarch_operator.controller.leader.settings import ElectionSettings
+from monarch_operator.localcluster.ports import free_port
 from tests.leaderfakes import FakeLeaseApi, FakeServer, RealClock
 
 # Short timings: the same ratios as the defaults 15/10/2 s.
@@ -108,10 +108,7 @@ def test_sigterm_stops_kopf_first_then_releases(server):
 
 def test_a_standby_answers_healthz_and_stops_on_sigterm_without_starting_kopf(server):
     server._write("other", 3600, 0, None)  # held by a live leader for the whole test
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/healthz"
+    url = f"http://127.0.0.1:{free_port()}/healthz"
     answers: list[tuple[int, dict]] = []
 
     def probe_then_terminate() -> None:

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from monarch_operator.localcluster.node import configs as node_configs
 from monarch_operator.localcluster.node import network as node_network
 from monarch_operator.localcluster.node import nodes as real_nodes_mod
 from monarch_operator.localcluster.orphans import stop_with_parent
+from monarch_operator.localcluster.ports import free_port
 
 # Pod IPs (kwok --cidr), inside 127.0.0.0/8. MONARCH_LOCALCLUSTER_POD_CIDR moves them, so that two
 # local clusters on one machine (parallel test workers) never hand out the same pod IP.
@@ -92,13 +92,6 @@ def audit_policy(users: tuple[str, ...] = ()) -> dict[str, object]:
         return AUDIT_POLICY
     everything = {"level": "Metadata", "users": list(users)}
     return {**AUDIT_POLICY, "rules": [everything, *AUDIT_POLICY["rules"]]}  # type: ignore[list-item]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class LocalCluster:

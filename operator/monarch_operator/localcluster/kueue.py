@@ -38,6 +38,7 @@ from monarch_operator import constants
 from monarch_operator.localcluster import certs
 from monarch_operator.localcluster.binaries import BUILD_SCRIPT
 from monarch_operator.localcluster.orphans import stop_with_parent
+from monarch_operator.localcluster.ports import free_port
 
 KUEUE_VERSION = "v0.19.2"
 NAMESPACE = "kueue-system"
@@ -201,7 +202,6 @@ class KueueProcess:
             RuntimeError: the build failed, the process exited, or it was not ready within
                 ``timeout`` seconds (the end of its log is in the message).
         """
-        from monarch_operator.localcluster.cluster import free_port
         from monarch_operator.localcluster.demo import wait_established
 
         built = ensure_kueue()

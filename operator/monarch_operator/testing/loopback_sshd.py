@@ -17,7 +17,6 @@ client or Monarch worker still holding a port after a job.
 from __future__ import annotations
 
 import os
-import random
 import resource
 import shutil
 import signal
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from monarch_operator.localcluster import ports
 from monarch_operator.localcluster.orphans import stop_with_parent
 
 SSHD = "/usr/sbin/sshd"
@@ -99,51 +99,15 @@ def loopback_hosts(count: int) -> tuple[str, ...]:
     return tuple(f"127.0.0.{FIRST_HOST_OCTET + index}" for index in range(count))
 
 
-def _can_bind(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-# The ports tests hand to sshd daemons and Monarch workers: below the kernel's ephemeral range,
-# from which every other process here gets its ports (bind to port 0: the local clusters' etcd,
-# API server, Kueue, operators). A test port then never equals such a port on another address:
-# a launcher test's clean-up, which kills what mentions ":<port>" after the test, once killed
-# the etcd and API server of the other pytest worker's cluster (etcd on 127.0.0.1:39433, the
-# test's Monarch port 39433 on 127.0.0.2-4; CI run of 2026-12-05, 164 errors). Left out: the
-# kubelet's and kube-proxy's ports (10248-10259), Kubernetes' NodePort range (30000-32767) and
-# the images' fixed ports (sshd 2222, Monarch worker 22222).
-TEST_PORTS = range(11000, 30000)
-_FIXED_PORTS = frozenset({22222})
-
-
-def _test_ports() -> range:
-    """:data:`TEST_PORTS`, cut below the kernel's ephemeral range where that starts lower."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return TEST_PORTS
-    return range(TEST_PORTS.start, max(TEST_PORTS.start + 1000, min(TEST_PORTS.stop, low)))
-
-
 def free_port(hosts: tuple[str, ...]) -> int:
-    """Return a TCP port from :data:`TEST_PORTS` that is free on every address right now (the
-    wildcard bind fails while any address holds it), so on ``hosts`` too.
+    """Return a TCP port from :data:`~monarch_operator.localcluster.ports.TEST_PORTS` (below the
+    kernel's ephemeral range, apart from the local clusters' ports) that is free on every
+    address right now, so on ``hosts`` too (:func:`monarch_operator.localcluster.ports.free_port`).
 
     Raises:
-        RuntimeError: 200 candidate ports were each taken on some address.
+        RuntimeError: no such port was found.
     """
-    candidates = _test_ports()
-    for _ in range(200):
-        port = random.randrange(candidates.start, candidates.stop)
-        if port in _FIXED_PORTS:
-            continue
-        if _can_bind("", port) and all(_can_bind(host, port) for host in hosts):
-            return port
-    raise RuntimeError(f"no common free port on {hosts} in {candidates.start}-{candidates.stop - 1}")
+    return ports.free_port(hosts, ports.TEST_PORTS)
 
 
 def check_prerequisites() -> None:

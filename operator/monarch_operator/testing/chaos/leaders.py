@@ -29,8 +29,9 @@ from pathlib import Path
 
 import kubernetes
 
-from monarch_operator.localcluster.cluster import AUDIT_LEASES_GROUP, LocalCluster, free_port
+from monarch_operator.localcluster.cluster import AUDIT_LEASES_GROUP, LocalCluster
 from monarch_operator.localcluster.orphans import stop_with_parent
+from monarch_operator.localcluster.ports import free_port
 from monarch_operator.testing.chaos import checks, faults, tenure
 
 LEASE = "monarch-operator"
