@@ -1,12 +1,11 @@
 """How much disk the nodes' image imports take, and whether they run side by side or in turn.
 
-``ctr images import --discard-unpacked-layers`` writes every layer of the archive into the
-content store, unpacks the layers whose snapshot the node lacks, then drops the blobs. So while
-one archive imports a node holds its whole archive once more (the blobs) and its new layers
-unpacked; afterwards only the new layers stay. Measured on this machine (2026-12-05): two nodes
-importing the 5.6 GiB worker archive at once into empty roots took 23.3 GiB at the peak and kept
-11.6; the examples image, sharing the worker's layers, then needs about its archive's size per
-node for a moment and keeps a few MiB.
+A node imports an archive as an OCI layout stream of the layers it lacks (:mod:`.ocistream`);
+``ctr images import --discard-unpacked-layers`` writes those into the content store, unpacks
+them, then drops the blobs. So while one archive imports a node holds its new layers twice (the
+blobs and the unpacked layers); afterwards only the unpacked layers stay. Measured on this
+machine (2026-12-05, with whole archives then): two nodes importing the 5.6 GiB worker archive
+at once into empty roots took 23.3 GiB at the peak and kept 11.6.
 
 Our images share most of their bytes (torch's layer is in each), so the estimate goes by layer:
 an archive's layers are named by their digest in its ``manifest.json``, and each node records
@@ -89,14 +88,14 @@ class NodeImports:
     def cost(self, layers: Callable[[Path], dict[str, int]] = archive_layers
              ) -> tuple[int, int]:
         """``(peak, kept)`` in bytes: the most this node's imports hold at once on its disk
-        (everything kept so far, plus the archive in flight's blobs and new layers), and what
-        stays once they are done (the new layers)."""
+        (everything kept so far, plus the new layers of the archive in flight twice: as blobs
+        and unpacked), and what stays once they are done (the new layers)."""
         seen = set(self.present)
         kept = peak = 0
         for archive in self.archives:
             sizes = layers(archive)
             new = sum(size for name, size in sizes.items() if name not in seen)
-            peak = max(peak, kept + sum(sizes.values()) + new)
+            peak = max(peak, kept + 2 * new)
             kept += new
             seen.update(sizes)
         return peak, kept

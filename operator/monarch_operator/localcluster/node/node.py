@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from monarch_operator.localcluster import binaries
-from monarch_operator.localcluster.node import configs, imports, network
+from monarch_operator.localcluster.node import configs, imports, network, ocistream
 from monarch_operator.localcluster.node.network import NodeAddresses
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -225,9 +225,24 @@ class RealNode:
             root=self.images_root, archives=tuple(a for a in archives if self.needs_import(a)),
             present=frozenset(imports.unpacked_layers(self.images_root)))
 
+    def committed_snapshots(self) -> set[str]:
+        """The keys of the committed overlayfs snapshots of the node's containerd: the chain
+        IDs of the layers it has unpacked.
+
+        Raises:
+            RuntimeError: ``ctr snapshots ls`` failed; its output is in the message.
+        """
+        result = self.ctr("snapshots", "--snapshotter", "overlayfs", "ls", timeout=60)
+        if result.returncode != 0:
+            raise RuntimeError(f"node {self.name}: ctr snapshots ls failed: "
+                               f"{(result.stderr or result.stdout).strip()[-2000:]}")
+        return {fields[0] for line in result.stdout.splitlines()[1:]
+                if len(fields := line.split()) >= 2 and fields[-1] == "Committed"}
+
     def import_image(self, archive: Path, progress: Progress) -> None:
         """Import a docker-archive into the node's containerd unless this very archive (its
-        file name carries its content hash) was imported before into the kept root.
+        file name carries its content hash) was imported before into the kept root; only the
+        layers the node has not unpacked go to containerd (:mod:`.ocistream`).
 
         Raises:
             RuntimeError: ``ctr images import`` failed; its output is in the message.
@@ -237,13 +252,21 @@ class RealNode:
         if archive.name in imported:
             return
         started = time.monotonic()
-        size = archive.stat().st_size / 2**30
-        progress(f"{self.name}: importing {archive.name} ({size:.1f} GiB)")
-        result = self.ctr("images", "import", "--snapshotter", "overlayfs",
-                          "--local", "--discard-unpacked-layers", str(archive))
-        if result.returncode != 0:
-            raise RuntimeError(f"node {self.name}: ctr images import {archive} failed: "
-                               f"{(result.stderr or result.stdout).strip()[-2000:]}")
+        image = ocistream.read_archive(archive)
+        present = self.committed_snapshots()
+        new = [layer for layer in image.layers if layer.chain_id not in present]
+        total, sending = (sum(layer.size for layer in layers) / 2**30
+                          for layers in (image.layers, new))
+        progress(f"{self.name}: importing {archive.name} ({total:.1f} GiB; "
+                 f"{len(new)} of {len(image.layers)} layers new, {sending:.1f} GiB)")
+        code, said = ocistream.run_import(self.enter(
+            str(self.bin_dir / "ctr"), "--address", configs.CONTAINERD_SOCKET, "--namespace",
+            "k8s.io", "images", "import", "--snapshotter", "overlayfs", "--local",
+            "--discard-unpacked-layers", "-"), image, present)
+        if code != 0:
+            raise RuntimeError(f"node {self.name}: ctr images import of {archive} (as an OCI "
+                               f"layout of its {len(new)} new layers) failed with exit code "
+                               f"{code}: {said.strip()[-2000:]}")
         record.write_text(json.dumps(sorted({*imported, archive.name})))
         imports.record_layers(self.images_root, imports.archive_layers(archive))
         progress(f"{self.name}: imported {archive.name} in {time.monotonic() - started:.0f}s")
