@@ -257,7 +257,9 @@ def test_a_prebuilt_workload_out_of_sync_is_finished_and_nothing_runs(kubectl, w
                           or None, 60, "the out-of-sync Workload Finished")
     assert finished["reason"] == "OutOfSync", finished
     assert "workers x3" in finished["message"] and "workers x2" in finished["message"], finished
-    assert job_status(kubectl, namespace, "drift").get("phase") == "Queued"
+    # The pass that finished the Workload writes the job's status last: wait for it.
+    queued = wait_phase(kubectl, namespace, "drift", "Queued", timeout=30)
+    assert condition(queued, "Queued")["status"] == "True", queued
     assert not job_pods(kubectl, namespace, "drift")
 
 
