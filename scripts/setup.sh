@@ -5,7 +5,7 @@
 # to build the images), then these parts at once, each with a line when it ends:
 #   venv           a virtualenv in .venv with monarch-operator and its pinned dependencies
 #   control-plane  etcd, kube-apiserver, ... built from the Go module proxy into
-#   node             ~/.cache/monarch-operator (15-25 min the first time, seconds after),
+#   node             ~/.cache/monarch-operator (10-15 min the first time, seconds after),
 #   helm, kueue      the Helm client and Kueue the tests use
 #   scanners       the pinned linters and scanners (scripts/scanners.txt) in their own virtualenv
 #   images         the container images of the real nodes (after venv and node), with --images

@@ -15,7 +15,7 @@ def ensure_binaries() -> Path:
     """Return the directory holding every binary in :data:`NAMES`, building missing ones.
 
     Binaries are cached under ``~/.cache/monarch-operator/bin/<versions>/`` (or
-    ``$MONARCH_OPERATOR_CACHE``); a build from an empty cache takes 10-25 minutes on 2 cores.
+    ``$MONARCH_OPERATOR_CACHE``); a build from an empty cache takes 10-15 minutes on 2 cores.
 
     Raises:
         RuntimeError: the build failed; the message carries the end of the Go output.

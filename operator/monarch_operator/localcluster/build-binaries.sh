@@ -9,6 +9,8 @@
 # Prints the directory that holds them (`helm`: ~/.cache/monarch-operator/bin/helm-<version>/,
 # `node`: ~/.cache/monarch-operator/bin/node-<versions>/); with `kueue`, Kueue's controller manager,
 # its CRDs and webhook manifests (~/.cache/monarch-operator/bin/kueue-<version>/).
+# Most binaries are built in two groups, one `go build` each (below): the first ask for a binary
+# of a group builds the whole group, and the others find it built.
 # Why wrapper modules: k8s.io/kubernetes and etcd's server module carry replace directives, so
 # `go install pkg@version` refuses them (kubernetes/kubernetes#79384, #113302); a module of our own
 # that requires them and maps each staging module to its published version builds fine.
@@ -52,67 +54,179 @@ locked() {
   )
 }
 have() { [ -x "$BIN/$1" ]; }
+# module_file MODULE@VERSION FIELD: a field of `go mod download -json` (GoMod: its go.mod's
+# path; Dir: its files), the module downloaded first if it is not yet.
+module_file() {
+  go mod download -json "$1" | python3 -c "import json,sys; print(json.load(sys.stdin)['$2'])"
+}
 
-# Every command of k8s.io/kubernetes we build, control plane and node: the wrapper module lists
-# them all as tools, so that its go.sum covers each (a wrapper made before the node commands were
-# added is made again).
+# Groups: binaries built from one module graph in one `go build`, so that a package two of them
+# use compiles once. Built each from its own module, each got its own versions of the Kubernetes
+# API types, apimachinery, client-go, gRPC and more, and compiled them again. One module of a
+# group leads: the wrapper pins every module of the lead's build list at the version the lead
+# selects, so the lead's binaries are those of an upstream build; the others build on those
+# versions, and on their own for the modules only they use.
+#   kube     lead k8s.io/kubernetes (control plane and node commands); kwok, Kueue's manager.
+#            Not etcd: Kubernetes' build list has etcd's server (its tests run one) at another
+#            release than ours.
+#   runtime  lead containerd (containerd, its runc shim, ctr); Helm, CoreDNS.
+# `go list -deps`: 107 MB of Go source instead of 203 MB for the first, 84 instead of 128 MB
+# for the second; the time saved is in docs/development.md ("Set-up and demo times").
 KUBE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+# shellcheck disable=SC2034  # each group's settings are read by name (local -n, ${!name})
+{
+  GROUP_kube_PACKAGES=("${KUBE_TOOLS[@]/#/k8s.io/kubernetes/cmd/}" sigs.k8s.io/kwok/cmd/kwok
+                       sigs.k8s.io/kueue/cmd/kueue)
+  GROUP_kube_BINARIES=("${KUBE_TOOLS[@]}" kwok kueue)
+  GROUP_kube_REQUIRES=("k8s.io/kubernetes $KUBE_VERSION" "sigs.k8s.io/kwok $KWOK_VERSION"
+                       "sigs.k8s.io/kueue $KUEUE_VERSION")
+  GROUP_kube_TAGS=""
+  GROUP_kube_DIR="$WORK/group-k8s-$KUBE_VERSION-kwok-$KWOK_VERSION-kueue-$KUEUE_VERSION"
+  CONTAINERD="github.com/containerd/containerd/v2"
+  GROUP_runtime_PACKAGES=("$CONTAINERD/cmd/containerd" "$CONTAINERD/cmd/containerd-shim-runc-v2"
+                          "$CONTAINERD/cmd/ctr" helm.sh/helm/v3/cmd/helm github.com/coredns/coredns)
+  GROUP_runtime_BINARIES=(containerd containerd-shim-runc-v2 ctr helm coredns)
+  GROUP_runtime_REQUIRES=("$CONTAINERD $CONTAINERD_VERSION" "helm.sh/helm/v3 $HELM_VERSION"
+                          "github.com/coredns/coredns $COREDNS_VERSION")
+  # containerd without its btrfs snapshotter (we use overlayfs; CGO is off).
+  GROUP_runtime_TAGS="no_btrfs"
+  GROUP_runtime_DIR="$WORK/group-containerd-$CONTAINERD_VERSION-helm-$HELM_VERSION"
+  GROUP_runtime_DIR+="-coredns-$COREDNS_VERSION"
+}
 
-# build_kubernetes DEST NAME...: build the named commands of k8s.io/kubernetes into DEST.
-build_kubernetes() {
-  local dest="$1"; shift
-  local names=("$@") missing=()
-  for n in "${names[@]}"; do [ -x "$dest/$n" ] || missing+=("$n"); done
+# The version of a module that a build uses: a replace directive's, else the required one.
+SELECTED='{{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}'
+
+# lead_module_kube DIR: k8s.io/kubernetes alone as a module in DIR, each staging module
+# k8s.io/X => ./staging/src/k8s.io/X mapped to its published version.
+lead_module_kube() {
+  local gomod
+  gomod=$(module_file "k8s.io/kubernetes@$KUBE_VERSION" GoMod)
+  {
+    echo "module local/lead"
+    echo
+    grep -E '^go [0-9]' "$gomod"
+    echo
+    echo "require k8s.io/kubernetes $KUBE_VERSION"
+    echo
+    echo "replace ("
+    grep -oE 'k8s.io/[a-z0-9-]+ => \./staging/src/k8s.io/[a-z0-9-]+' "$gomod" |
+      awk -v v="$STAGING_VERSION" '{print "\t" $1 " => " $1 " " v}'
+    echo ")"
+    for n in "${KUBE_TOOLS[@]}"; do echo "tool k8s.io/kubernetes/cmd/$n"; done
+  } > "$1/go.mod"
+}
+
+# lead_module_runtime DIR: containerd alone as a module in DIR.
+lead_module_runtime() {
+  local gomod
+  gomod=$(module_file "$CONTAINERD@$CONTAINERD_VERSION" GoMod)
+  {
+    echo "module local/lead"
+    echo
+    grep -E '^go [0-9]' "$gomod"
+    echo
+    echo "require $CONTAINERD $CONTAINERD_VERSION"
+    echo
+    for p in "${GROUP_runtime_PACKAGES[@]:0:3}"; do echo "tool $p"; done
+  } > "$1/go.mod"
+}
+
+# group_module NAME: the group's wrapper module (go.mod, go.sum) in its directory, made once.
+group_module() {
+  local name="$1" dir lead pins line
+  local -n packages="GROUP_${name}_PACKAGES" requires="GROUP_${name}_REQUIRES"
+  dir="GROUP_${name}_DIR"; dir="${!dir}"
+  [ -f "$dir/go.mod.done" ] && return 0
+  lead="$dir/lead"
+  mkdir -p "$lead"
+  "lead_module_$name" "$lead"
+  (cd "$lead" && go mod tidy)
+  pins=$(cd "$lead" && go list -m -f "{{if not .Main}}{{.Path}} $SELECTED{{end}}" all |
+    awk 'NF == 2 {print "\t" $1 " => " $1 " " $2}')
+  {
+    echo "module local/group-$name"
+    echo
+    grep -E '^go [0-9]' "$lead/go.mod"
+    echo
+    echo "require ("
+    for line in "${requires[@]}"; do echo "	$line"; done
+    echo ")"
+    echo
+    echo "replace ("
+    echo "$pins"
+    echo ")"
+    for line in "${packages[@]}"; do echo "tool $line"; done
+  } > "$dir/go.mod"
+  (cd "$dir" && go mod tidy)
+  touch "$dir/go.mod.done"
+}
+
+# group_ldflags NAME: the -ldflags of the group's build. An -X of a package that a binary does
+# not link is ignored, so one string serves every binary of the group.
+group_ldflags() {
+  local ld="-s -w" pkg
+  case "$1" in
+    kube)
+      local ts minor
+      ts=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+      minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
+      for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+        ld+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+        ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$ts"
+      done
+      ld+=" -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
+      ;;
+    runtime)
+      ld+=" -X $CONTAINERD/version.Version=$CONTAINERD_VERSION"
+      ld+=" -X $CONTAINERD/version.Package=$CONTAINERD"
+      # Helm's own Makefile sets these: its version, and the Kubernetes version that `helm
+      # template` and `helm lint` assume without a cluster (that of the client-go it links).
+      local kube_minor
+      kube_minor=$(cd "$GROUP_runtime_DIR" && go list -m -f "$SELECTED" k8s.io/client-go |
+        sed -E 's/^v0\.([0-9]+)\..*/\1/')
+      ld+=" -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+      ld+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+      for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+        ld+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$kube_minor"
+      done
+      ;;
+  esac
+  echo "$ld"
+}
+
+# build_group NAME: every binary of the group not built yet, in one `go build`, into its bin/;
+# static binaries (CGO off, GOFLAGS above).
+build_group() {
+  local name="$1" dir tags n missing=() t0=$SECONDS
+  local -n packages="GROUP_${name}_PACKAGES" binaries="GROUP_${name}_BINARIES"
+  dir="GROUP_${name}_DIR"; dir="${!dir}"
+  tags="GROUP_${name}_TAGS"; tags="${!tags}"
+  for n in "${binaries[@]}"; do [ -x "$dir/bin/$n" ] || missing+=("$n"); done
   [ ${#missing[@]} -eq 0 ] && return 0
-  log "building ${missing[*]} $KUBE_VERSION (first time: 10-20 min on 2 cores, all of ${KUBE_TOOLS[*]} at once)"
-  local dir="$WORK/kubernetes-$KUBE_VERSION"
-  mkdir -p "$dir"
-  (
-    cd "$dir"
-    if [ "$(cat go.mod.done 2>/dev/null)" != "${KUBE_TOOLS[*]}" ]; then
-      local gomod
-      gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
-      {
-        echo "module local/kubebins"
-        echo
-        grep -E '^go [0-9]' "$gomod"
-        echo
-        echo "require k8s.io/kubernetes $KUBE_VERSION"
-        echo
-        echo "replace ("
-        # every staging module k8s.io/X => ./staging/src/k8s.io/X becomes k8s.io/X => k8s.io/X <staging version>
-        grep -oE 'k8s.io/[a-z0-9-]+ => \./staging/src/k8s.io/[a-z0-9-]+' "$gomod" |
-          awk -v v="$STAGING_VERSION" '{print "\t" $1 " => " $1 " " v}'
-        echo ")"
-        for n in "${KUBE_TOOLS[@]}"; do echo "tool k8s.io/kubernetes/cmd/$n"; done
-      } > go.mod
-      go mod tidy
-      echo "${KUBE_TOOLS[*]}" > go.mod.done
-    fi
-    local ts; ts=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-    local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
-    local ld="-s -w"
-    for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
-      ld+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-      ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$ts"
-    done
-    # Every command not built yet in one `go build`: the control plane's and the node's calls
-    # both find them then. Cold with empty Go caches on 2 cores: 389 s for all six (one at a
-    # time: 387 s, with the Go caches warm from etcd and kwok), 2026-12-04.
-    local out="$dir/bin" pkgs=() t0=$SECONDS
-    mkdir -p "$out"
-    for n in "${KUBE_TOOLS[@]}"; do [ -x "$out/$n" ] || pkgs+=("k8s.io/kubernetes/cmd/$n"); done
-    if [ ${#pkgs[@]} -gt 0 ]; then
-      rm -rf "$out.tmp" && mkdir -p "$out.tmp"
-      go build -trimpath -ldflags "$ld" -o "$out.tmp/" "${pkgs[@]}"
-      mv "$out.tmp"/* "$out/" && rmdir "$out.tmp"
-      log "built ${pkgs[*]##*/} in $((SECONDS - t0)) s"
-    fi
-    for n in "${missing[@]}"; do
-      cp "$out/$n" "$dest/$n.tmp"
-      mv "$dest/$n.tmp" "$dest/$n"
-    done
-  )
+  log "building ${binaries[*]} in one go build (first time: 5-10 min on 2 cores)"
+  group_module "$name"
+  rm -rf "$dir/bin.tmp" && mkdir -p "$dir/bin.tmp" "$dir/bin"
+  (cd "$dir" && go build -trimpath -tags "$tags" -ldflags "$(group_ldflags "$name")" \
+    -o "$dir/bin.tmp/" "${packages[@]}")
+  mv "$dir/bin.tmp"/* "$dir/bin/" && rmdir "$dir/bin.tmp"
+  log "built ${binaries[*]} in $((SECONDS - t0)) s"
+}
+
+# group_copy NAME DEST BINARY...: the group's named binaries in DEST, the group built first if
+# one is missing there.
+group_copy() {
+  local name="$1" dest="$2" dir n missing=()
+  shift 2
+  dir="GROUP_${name}_DIR"; dir="${!dir}"
+  for n in "$@"; do [ -x "$dest/$n" ] || missing+=("$n"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  locked "group-$name" build_group "$name"
+  mkdir -p "$dest"
+  for n in "${missing[@]}"; do
+    cp "$dir/bin/$n" "$dest/$n.tmp"
+    mv "$dest/$n.tmp" "$dest/$n"
+  done
 }
 
 build_etcd() {
@@ -134,61 +248,19 @@ build_etcd() {
   )
 }
 
-build_kwok() {
-  have kwok && return 0
-  log "building kwok $KWOK_VERSION"
-  local t0=$SECONDS
-  GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-  log "built kwok in $((SECONDS - t0)) s"
-}
-
-build_helm() {
-  # helm.sh/helm/v3 has no replace directives, so `go install` works. The -X flags are the ones
-  # Helm's own Makefile sets: its version, and the Kubernetes version that `helm template` and
-  # `helm lint` assume without a cluster (that of the client-go it is built with).
-  local dir="$CACHE/bin/helm-$HELM_VERSION"
-  if [ ! -x "$dir/helm" ]; then
-    log "building helm $HELM_VERSION (first time: 2-6 min on 2 cores)"
-    mkdir -p "$dir"
-    local t0=$SECONDS kube_minor
-    kube_minor=$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | python3 -c '
-import json, re, sys
-gomod = open(json.load(sys.stdin)["GoMod"]).read()
-print(re.search(r"k8s.io/client-go v0\.(\d+)\.", gomod).group(1))')
-    local ld="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
-    ld+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
-    for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
-      ld+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$kube_minor"
-    done
-    GOBIN="$dir" go install -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-    log "built helm in $((SECONDS - t0)) s"
+# build_kueue: Kueue's manager (group kube) with the CRDs and webhook manifests of its release.
+build_kueue() {
+  local dest="$CACHE/bin/kueue-$KUEUE_VERSION" src
+  group_copy kube "$dest" kueue
+  if [ ! -f "$dest/webhooks.yaml" ]; then
+    src=$(module_file "sigs.k8s.io/kueue@$KUEUE_VERSION" Dir)
+    mkdir -p "$dest/crds"
+    cp "$src"/config/components/crd/bases/*.yaml "$dest/crds/"
+    cp "$src/config/components/webhook/manifests.yaml" "$dest/webhooks.yaml.tmp"
+    chmod u+w "$dest"/crds/*.yaml "$dest/webhooks.yaml.tmp"
+    mv "$dest/webhooks.yaml.tmp" "$dest/webhooks.yaml"
   fi
-  echo "$dir"
-}
-
-# build_containerd DEST: containerd, its runc shim (v2) and ctr. CGO off: no btrfs snapshotter
-# (we use overlayfs) and a static binary; runc itself is Debian's package.
-build_containerd() {
-  local dest="$1" n missing=()
-  for n in containerd containerd-shim-runc-v2 ctr; do [ -x "$dest/$n" ] || missing+=("$n"); done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  log "building containerd $CONTAINERD_VERSION (first time: about 2 min on 2 cores)"
-  local t0=$SECONDS pkg="github.com/containerd/containerd/v2"
-  local ld="-s -w -X $pkg/version.Version=$CONTAINERD_VERSION -X $pkg/version.Package=$pkg"
-  GOBIN="$dest" go install -trimpath -tags no_btrfs -ldflags "$ld" \
-    "$pkg/cmd/containerd@$CONTAINERD_VERSION" "$pkg/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
-    "$pkg/cmd/ctr@$CONTAINERD_VERSION"
-  log "built containerd in $((SECONDS - t0)) s"
-}
-
-# build_coredns DEST: the CoreDNS server (run as a pod behind kube-dns; images/coredns).
-build_coredns() {
-  local dest="$1"
-  [ -x "$dest/coredns" ] && return 0
-  log "building coredns $COREDNS_VERSION (first time: about 4 min on 2 cores)"
-  local t0=$SECONDS
-  GOBIN="$dest" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
-  log "built coredns in $((SECONDS - t0)) s"
+  echo "$dest"
 }
 
 # build_kube_router DEST: kube-router, of which the nodes run only the NetworkPolicy firewall
@@ -220,53 +292,26 @@ build_gpu_plugin() {
   ln -sf "fake-gpu-plugin-$hash" "$dest/fake-gpu-plugin"
 }
 
-# build_kueue: Kueue's manager (sigs.k8s.io/kueue/cmd/kueue) with the CRDs and webhook manifests
-# of the same release. Its go.mod requires k8s.io/kubernetes, whose replace directives make
-# `go install ...@version` refuse it; a writable copy of the downloaded module builds as its own
-# main module (as bench/peer_mpi_operator.py does for the MPI Operator).
-build_kueue() {
-  local dest="$CACHE/bin/kueue-$KUEUE_VERSION"
-  if [ ! -x "$dest/kueue" ]; then
-    log "building kueue $KUEUE_VERSION (first time: 5-15 min on 2 cores)"
-    local t0=$SECONDS src dir="$WORK/kueue-$KUEUE_VERSION"
-    src=$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
-    if [ ! -f "$dir/go.mod" ]; then
-      mkdir -p "$dir"
-      cp -r "$src/." "$dir/"
-      chmod -R u+w "$dir"
-    fi
-    mkdir -p "$dest/crds"
-    local ld="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
-    (cd "$dir" && go build -trimpath -ldflags "$ld" -o "$dest/kueue.tmp" ./cmd/kueue)
-    cp "$dir"/config/components/crd/bases/*.yaml "$dest/crds/"
-    cp "$dir/config/components/webhook/manifests.yaml" "$dest/webhooks.yaml"
-    mv "$dest/kueue.tmp" "$dest/kueue"
-    log "built kueue in $((SECONDS - t0)) s"
-  fi
-  echo "$dest"
-}
-
 case "${1:-}" in
   kueue)
-    locked kueue build_kueue
+    build_kueue
     ;;
   helm)
-    locked helm build_helm
+    group_copy runtime "$CACHE/bin/helm-$HELM_VERSION" helm
+    echo "$CACHE/bin/helm-$HELM_VERSION"
     ;;
   node)
     NODE_BIN="$CACHE/bin/node-k8s-$KUBE_VERSION-containerd-$CONTAINERD_VERSION-coredns-$COREDNS_VERSION"
     mkdir -p "$NODE_BIN"
-    locked containerd build_containerd "$NODE_BIN"
-    locked kubernetes build_kubernetes "$NODE_BIN" kubelet kube-proxy
-    locked coredns build_coredns "$NODE_BIN"
+    group_copy runtime "$NODE_BIN" containerd containerd-shim-runc-v2 ctr coredns
+    group_copy kube "$NODE_BIN" kubelet kube-proxy
     locked kube-router build_kube_router "$NODE_BIN"
     locked gpu-plugin build_gpu_plugin "$NODE_BIN"
     echo "$NODE_BIN"
     ;;
   "")
     locked etcd build_etcd
-    locked kwok build_kwok
-    locked kubernetes build_kubernetes "$BIN" kube-apiserver kube-controller-manager kube-scheduler kubectl
+    group_copy kube "$BIN" kwok kube-apiserver kube-controller-manager kube-scheduler kubectl
     echo "$BIN"
     ;;
   *)
