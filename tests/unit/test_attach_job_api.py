@@ -91,6 +91,24 @@ def test_worker_refuses_a_bad_port(port):
         attachworker.worker_port({"MONARCH_PORT": port})
 
 
+def test_attach_worker_bounds_monarchs_log_before_monarch_starts(monkeypatch, tmp_path):
+    # Attach mode's worker is a long-lived Monarch worker too: the log level is set before the
+    # worker loop (Monarch reads it at its first import), and a user's level wins.
+    import monarch.actor
+
+    seen = []
+    monkeypatch.setattr(monarch.actor, "run_worker_loop_forever",
+                        lambda **_: seen.append(os.environ.get("MONARCH_FILE_LOG")))
+    monkeypatch.setattr(attachworker, "reexec_with_entry", lambda: None)
+    monkeypatch.setenv("MONARCH_LOG_SUFFIX", f"unit-{os.getpid()}-never-written")
+    monkeypatch.setenv("MONARCH_WORKER_DOMAIN", "demo.svc")
+    monkeypatch.delenv("MONARCH_FILE_LOG", raising=False)
+    assert attachworker.main() == 0
+    monkeypatch.setenv("MONARCH_FILE_LOG", "debug")
+    assert attachworker.main() == 0
+    assert seen == ["warn", "debug"]
+
+
 # Run with the real torchmonarch in a process of its own (KubernetesJob's constructor changes
 # Monarch's process-wide transport setting). No cluster: kill() must not need one.
 HELPER_CHECK = textwrap.dedent("""

@@ -21,6 +21,7 @@ import socket
 import sys
 from collections.abc import Mapping
 
+from monarch_operator.launcher.session.environment import bound_monarch_log
 from monarch_operator.launcher.userentry import reexec_with_entry
 
 # Monarch KubernetesJob's default port, used when MONARCH_PORT is unset (as upstream does).
@@ -81,6 +82,7 @@ def main() -> int:
     address = worker_address(advertised_name(socket.gethostname(), os.environ), port,
                              os.environ.get(LISTEN_ENV) or "0.0.0.0")
     print(f"monarch-attach-worker: serving {address}", file=sys.stderr, flush=True)
+    bound_monarch_log(os.environ)  # Monarch's log level and telemetry, read at its first import
     from monarch.actor import run_worker_loop_forever  # only here: tests import the rest
 
     # No TLS between client and workers yet (Monarch's KubernetesJob passes the same); the
