@@ -3,12 +3,16 @@
 # openssh (sshd for worker pods and SSH tests), util-linux (unshare), what the real nodes need
 # from Debian (runc, the CNI plugins, iptables, ipset, conntrack; buildah, debootstrap and gcc
 # to build the images), then these parts at once, each with a line when it ends:
+#   wheelhouse     every pinned wheel (torch and its CUDA wheels: ~3 GB), once per machine
 #   venv           a virtualenv in .venv with monarch-operator and its pinned dependencies
+#                    (after the wheelhouse, which it installs from)
 #   control-plane  etcd, kube-apiserver, ... built from the Go module proxy into
 #   node             ~/.cache/monarch-operator (10-15 min the first time, seconds after),
 #   helm, kueue      the Helm client and Kueue the tests use
 #   scanners       the pinned linters and scanners (scripts/scanners.txt) in their own virtualenv
-#   images         the container images of the real nodes (after venv and node), with --images
+#   base           the images' Debian base (debootstrap), with --images
+#   images         the container images of the real nodes (after the wheelhouse; CoreDNS's
+#                    after node), with --images
 # Different builds run side by side (while one compiles, another downloads or links); two asks
 # for one binary never build it twice (build-binaries.sh holds a lock per build).
 #   scripts/setup.sh            the above without the images (built on first use)
@@ -54,16 +58,20 @@ fi
 id monarch >/dev/null 2>&1 || $SUDO useradd --create-home --shell /bin/bash monarch
 command -v go >/dev/null 2>&1 || { log "Go is required (1.26+) to build the control plane"; exit 1; }
 
+# The venv's python runs the stdlib-only modules below (wheelhouse, images) from the source
+# tree before the project is installed into it.
+[ -x .venv/bin/python ] || python3 -m venv .venv
+venv_stamp=".venv/.installed-$(cat pyproject.toml examples/pyproject.toml | sha256sum | cut -c1-16)"
+
+# torch and its CUDA wheels (about 3 GB) come from the machine's wheelhouse, which the image
+# builds read too (localcluster/wheelhouse.py): downloaded once per machine, not per clone.
+fetch_wheels() {
+  [ -f "$venv_stamp" ] || .venv/bin/pip install -q --upgrade pip
+  PYTHONPATH=operator .venv/bin/python -m monarch_operator.localcluster.wheelhouse
+}
+
 install_venv() {
-  if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
-  fi
-  local stamp
-  stamp=".venv/.installed-$(cat pyproject.toml examples/pyproject.toml | sha256sum | cut -c1-16)"
-  [ -f "$stamp" ] && return 0
-  .venv/bin/pip install -q --upgrade pip
-  # torch and its CUDA wheels (about 3 GB) come from the machine's wheelhouse, which the image
-  # builds read too (localcluster/wheelhouse.py): downloaded once per machine, not per clone.
+  [ -f "$venv_stamp" ] && return 0
   local wheels
   wheels=$(PYTHONPATH=operator .venv/bin/python -m monarch_operator.localcluster.wheelhouse)
   .venv/bin/pip install -q --no-index --find-links "$wheels" -r "$wheels/requirements.txt"
@@ -71,13 +79,17 @@ install_venv() {
   # The example programs (examples/: rl_kl, torchrun_demo), as their image has them: importable
   # by the launcher and by every worker (loopback test hosts and local-cluster pods share this venv).
   .venv/bin/pip install -q -e examples
-  touch "$stamp"
+  touch "$venv_stamp"
 }
 
 build() { bash operator/monarch_operator/localcluster/build-binaries.sh "$@" >/dev/null; }
-images() { .venv/bin/python -m monarch_operator.localcluster.images build "$@" >/dev/null; }
-# The images that need only the venv (its wheelhouse), and the one that needs the node binaries.
-venv_images=(worker operator examples mpi-peer pause)
+# -S: the images module is stdlib only and runs while pip fills the venv's site-packages
+# (no .pth file read half-written).
+images() {
+  PYTHONPATH=operator .venv/bin/python -S -m monarch_operator.localcluster.images "$@" >/dev/null
+}
+# The images that need only the wheelhouse, and the one that needs the node binaries.
+wheel_images=(worker operator examples mpi-peer pause)
 node_images=(coredns)
 
 # part NAME CMD...: run CMD in the background, its output in $parts/NAME.log; one line when it
@@ -116,21 +128,24 @@ await() {
   done
 }
 
-part venv install_venv
+part wheelhouse fetch_wheels
 part control-plane build
 part node build node
 part helm build helm
 part kueue build kueue
 part scanners bash scripts/install-scanners.sh
+# The Debian base needs only apt's debootstrap; the images only the wheelhouse (their pip
+# installs read it), not the venv: on a fresh machine they start 6 minutes sooner than after
+# the venv's install (2026-12-07). The CoreDNS image copies the node's CoreDNS, so it waits
+# for the node.
+$with_images && part base images base
+await wheelhouse
+part venv install_venv
 if $with_images; then
-  # Most images need only the venv (their pip installs read the wheelhouse it fetched): they
-  # build while Go still builds the node (a fresh machine: 6 of its 25 minutes). The CoreDNS
-  # image copies the node's CoreDNS binary, so it waits for the node.
-  await venv
-  part images images "${venv_images[@]}"
+  part images images build "${wheel_images[@]}"
   await node
-  part coredns-image images "${node_images[@]}"
+  part coredns-image images build "${node_images[@]}"
 fi
-await venv control-plane node helm kueue scanners
-$with_images && await images coredns-image
+await wheelhouse venv control-plane node helm kueue scanners
+$with_images && await base images coredns-image
 log "ready in $((SECONDS - started)) s"

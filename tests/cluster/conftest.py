@@ -3,6 +3,7 @@ Kueue here)."""
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,9 +35,7 @@ def scripts(request: pytest.FixtureRequest) -> Iterator[Path]:
     path = Path(f"/tmp/{module}-{uuid.uuid4().hex[:8]}")
     path.mkdir(mode=0o755)
     yield path
-    for child in path.iterdir():
-        child.unlink()
-    path.rmdir()
+    shutil.rmtree(path)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,9 @@ def test_the_stuck_trainer_rank_is_named_on_request_and_in_the_stalled_attempts_
     text = PROGRAM.read_text()
     (scripts / "stuckrole.py").write_text(text)
     (scripts / "stuckrole.py").chmod(0o644)
+    marks = scripts / "stuckrole-marks"
+    marks.mkdir()
+    marks.chmod(0o1777)  # the ranks (other users) leave their step marks here
     sleep_line = 1 + text.splitlines().index(
         "    time.sleep(3600)  # the stuck rank: native code, outside any collective")
     apply_manifest(kubectl, namespace, job_manifest(
@@ -41,6 +44,12 @@ def test_the_stuck_trainer_rank_is_named_on_request_and_in_the_stalled_attempts_
                   "env": [{"name": "PYTHONPATH", "value": f"{scripts}:{REPO / 'operator'}"}]}))
     wait_until(lambda: (job_status(kubectl, namespace, "stuckrole").get("progress") or {})
                .get("step") == 2, 180, "stuckrole at step 2")
+    # Step 2 in the status does not mean the ranks have step 3's call yet: on a loaded machine
+    # (a fresh one's first image imports beside it, 2026-12-07) the stacks were taken before
+    # they had it, and no rank was stuck yet.
+    entered = [marks / f"attempt1-step3-rank{rank}" for rank in range(4)]
+    wait_until(lambda: all(mark.exists() for mark in entered), 60,
+               "every trainer rank in step 3 of attempt 1")
     odd = re.compile(rf"trainer rank 2 on stuckrole-worker-1\S* is not in all_reduce #3 where "
                      rf"3 ranks wait: stuckrole\.py:{sleep_line} load_batch")
 

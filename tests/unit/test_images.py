@@ -238,3 +238,28 @@ def test_the_archive_a_build_replaces_counts_as_free_space(tmp_path):
     with pytest.raises(RuntimeError):
         images.check_free_space(tmp_path, 10, usage=lambda _: _Usage(8.8),
                                 replaced=[tmp_path / "gone.tar"])
+
+
+def test_base_command_bootstraps_the_base_under_the_build_lock(monkeypatch, tmp_path, capsys):
+    # scripts/setup.sh runs `images base` beside the wheelhouse's download and the image builds
+    # after it: the base must come from the same locked path a build takes, and a failure must
+    # be an exit status with the reason, not a traceback.
+    monkeypatch.setenv("MONARCH_OPERATOR_CACHE", str(tmp_path))
+    seen = []
+
+    def fake_base(buildah, progress):
+        lock = images.images_dir() / ".lock"
+        seen.append((buildah.root, lock.exists()))
+        return "localhost/monarch-base:test"
+
+    monkeypatch.setattr(images, "ensure_base", fake_base)
+    assert images.main(["base"]) == 0
+    assert capsys.readouterr().out.strip() == "localhost/monarch-base:test"
+    assert seen == [(tmp_path / "buildah", True)]
+
+    def failing_base(buildah, progress):
+        raise RuntimeError("debootstrap failed (exit 1)")
+
+    monkeypatch.setattr(images, "ensure_base", failing_base)
+    assert images.main(["base"]) == 1
+    assert "debootstrap failed" in capsys.readouterr().err

@@ -1,5 +1,5 @@
 """scripts/setup.sh builds every image of the local cluster (localcluster/images.py): those
-that need only the venv while Go still builds the node, the CoreDNS image (which copies the
+that need only the wheelhouse while Go still builds the node, the CoreDNS image (which copies the
 node's CoreDNS) after it. A new image missing from both lists would not be built by the
 set-up; one that needs the node binaries must be in the second."""
 
@@ -20,8 +20,8 @@ def listed(name: str) -> list[str]:
 
 
 def test_the_set_up_builds_each_image_once():
-    venv, node = listed("venv_images"), listed("node_images")
-    assert sorted(venv + node) == sorted(images.IMAGES)
+    wheel, node = listed("wheel_images"), listed("node_images")
+    assert sorted(wheel + node) == sorted(images.IMAGES)
 
 
 def test_images_staged_from_the_node_binaries_wait_for_the_node():

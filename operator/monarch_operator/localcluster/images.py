@@ -378,25 +378,39 @@ def ensure_image(name: str, progress: Callable[[str], None] = print) -> Path:
     return ensure_images([name], progress)[name]
 
 
+def ensure_base_image(progress: Callable[[str], None] = print) -> str:
+    """Return the local Debian base's reference, bootstrapping it if missing (as the first
+    image build would), under the one-build-at-a-time lock; ``scripts/setup.sh`` runs it
+    beside the wheelhouse's download. Raises RuntimeError as :func:`ensure_base`."""
+    with _lock(progress):
+        return ensure_base(storage(), progress)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m monarch_operator.localcluster.images build [NAME...]`` (prints each archive
-    path) or ``refs`` (prints each name and image reference)."""
+    path), ``base`` (bootstraps the Debian base, prints its reference) or ``refs`` (prints each
+    name and image reference)."""
     parser = argparse.ArgumentParser(prog="python -m monarch_operator.localcluster.images",
                                      description="Build the local cluster's images (buildah).")
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="build if needed; print each docker-archive path")
     build.add_argument("names", nargs="*", metavar="NAME",
                        help=f"default: all ({', '.join(IMAGES)})")
+    commands.add_parser("base", help="bootstrap the Debian base if missing; print its ref")
     commands.add_parser("refs", help="print each image's name and reference")
     args = parser.parse_args(argv)
     if args.command == "refs":
         for spec in IMAGES.values():
             print(f"{spec.name}\t{spec.ref}")
         return 0
+
+    def progress(line: str) -> None:
+        print(f"[images] {line}", file=sys.stderr, flush=True)
     try:
-        archives = ensure_images(args.names or None,
-                                 lambda line: print(f"[images] {line}", file=sys.stderr,
-                                                    flush=True))
+        if args.command == "base":
+            print(ensure_base_image(progress))
+            return 0
+        archives = ensure_images(args.names or None, progress)
     except (KeyError, RuntimeError, FileNotFoundError) as error:
         print(f"[images] {error}", file=sys.stderr)
         return 1

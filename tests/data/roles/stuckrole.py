@@ -13,11 +13,16 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from monarch.actor import Actor, endpoint
 
 from monarch_operator.job import init_process_group, report
+
+# A test that makes this folder beside the program learns from it when each trainer rank has
+# entered a step: each touches attempt<A>-step<N>-rank<R> there first.
+MARKS = Path(__file__).with_name("stuckrole-marks")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -46,6 +51,9 @@ class Trainer(Actor):
     def step(self, number: int) -> float:
         import torch.distributed as dist
 
+        if MARKS.is_dir():
+            attempt = os.environ.get("MONARCH_ATTEMPT", "0")
+            (MARKS / f"attempt{attempt}-step{number}-rank{self.rank}").touch()
         if number == 3 and self.stuck:
             load_batch()
         dist.all_reduce(self.tensor)  # all_reduce #number: the others wait here at step 3
