@@ -378,8 +378,13 @@ def between_attempts_and_suspended(kubectl, namespace: str) -> None:
                              for c in pod["status"].get("containerStatuses", []))]
         workers = [pod for pod in pods
                    if pod["metadata"]["labels"].get("monarch-operator.dev/role") == "worker"]
+        # The first attempt's launcher must be gone, not only not yet marked for deletion: on a
+        # loaded machine (a fresh one, 2026-12-07) the snapshot before the upgrade had it and
+        # the one after did not.
+        launchers = [pod for pod in pods
+                     if pod["metadata"]["labels"].get("monarch-operator.dev/role") == "launcher"]
         return (job_status(kubectl, namespace, "restarting").get("phase") == "Restarting"
-                and len(workers) == 2 and len(restarted) == 1
+                and len(workers) == 2 and len(restarted) == 1 and not launchers
                 and not any(pod["metadata"].get("deletionTimestamp") for pod in pods))
     wait_until(restarting_settled, 90, "restarting between attempts: its launcher gone, "
                "worker-1's restarted container waiting")
