@@ -48,11 +48,33 @@ def expected_steps(steps: int) -> list[tuple[float, float]]:
         optimizer.step()
         with torch.no_grad():
             kl = workload.kl_divergence(
-                functional.log_softmax(model(inputs), dim=-1),
-                functional.log_softmax(frozen(inputs), dim=-1),
+                functional.log_softmax(model(inputs), dim=-1).tolist(),
+                functional.log_softmax(frozen(inputs), dim=-1).tolist(),
             )
         results.append((loss.item(), kl))
     return results
+
+
+_RECORD_MODULES = """
+import atexit, os, sys
+def _record():
+    if os.path.basename(sys.argv[0]) == "monarch-launch":
+        folder = os.environ["MONARCH_TEST_MODULES_SEEN"]
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, str(os.getpid())), "w") as out:
+            out.write("\\n".join(sorted({name.split(".")[0] for name in sys.modules})))
+atexit.register(_record)
+"""
+
+
+def record_loaded_modules(folder: Path) -> dict[str, str]:
+    """Environment that makes each ``monarch-launch`` process that exits normally write the
+    top-level modules it had loaded to ``folder/<pid>``, one per line: a ``sitecustomize`` on
+    PYTHONPATH (the ranks on the hosts do not get PYTHONPATH)."""
+    site = folder.parent / "record-modules-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_RECORD_MODULES)
+    return {"PYTHONPATH": str(site), "MONARCH_TEST_MODULES_SEEN": str(folder)}
 
 
 def assert_trained(launch: Launch, steps: int) -> None:
@@ -73,13 +95,20 @@ def test_trainer_on_two_hosts_and_ref_on_a_third(
     a, b, c = ssh_cluster.hosts
     hostfile = f"{a} slots=2\n{b} slots=2\n{c} slots=1\n"
 
+    modules_seen = tmp_path / "modules-seen"
     launch = run_launch(
-        tmp_path, ssh_cluster, hostfile, monarch_port, "--trainer-hosts", "2", "--ref-hosts", "1"
+        tmp_path, ssh_cluster, hostfile, monarch_port, "--trainer-hosts", "2", "--ref-hosts", "1",
+        extra_env=record_loaded_modules(modules_seen),
     )
 
     assert launch.returncode == 0, launch.describe()
     assert launch.lines[-1] == "monarch-launch: succeeded", launch.describe()
     assert any(line.startswith("monarch-launch: hosts ready 3/3") for line in launch.lines)
+    # The launcher proper (the stop guard's child; the guard ends with os._exit) never loads
+    # torch: only the ranks need it (launcher.programs.workload).
+    seen = {path.name: path.read_text().split() for path in modules_seen.glob("*")}
+    assert seen and all("monarch" in names for names in seen.values()), seen
+    assert not [name for names in seen.values() for name in names if name == "torch"], seen
     trainer, ref = launch.ranks("trainer"), launch.ranks("ref")
     assert sorted(int(m["rank"]) for m in trainer) == [0, 1, 2, 3], launch.describe()
     assert {int(m["world"]) for m in trainer} == {4}

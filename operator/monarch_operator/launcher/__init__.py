@@ -2,7 +2,8 @@
 
 Kept import-light on purpose: the pre-flight checks every worker host with
 ``find_spec("monarch_operator.launcher.programs.workload")`` (or ``.spmd_actor``), which imports
-this package. Monarch is imported only once the pre-flight has passed, torch only by ``workload``.
+this package. Monarch is imported only once the pre-flight has passed; torch only on the ranks
+(``workload`` imports it inside the actors' methods, never in the launcher's process).
 Nothing here imports the operator's controller, kopf or a Kubernetes client.
 """
 
