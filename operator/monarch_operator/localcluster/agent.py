@@ -1,6 +1,8 @@
 """Node agent of the local cluster: the kubelet of kwok's fake nodes, with real local processes.
 
-For each pod that kwok gave an IP on one of its nodes, the agent:
+It sees pods and nodes as a kubelet does, through a list and a watch (``listwatch.py``), and
+syncs every half second and on each change. For each pod that kwok gave an IP on one of its
+nodes, the agent:
 - runs the pod's init containers in order, each to completion, then its containers, each as a
   local process in its own mount and UTS namespace (``sandbox.py``): the pod's hostname, a
   private ``/dev`` mirroring the machine's, its volumes at their mount paths (``volumes.py``:
@@ -53,6 +55,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,8 +64,18 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from monarch_operator.localcluster import (identity, kubeletapi, nodestate, podfiles, podstatus,
-                                          sandbox, serviceaccount, termination, volumes)
+from monarch_operator.localcluster import (
+    identity,
+    kubeletapi,
+    listwatch,
+    nodestate,
+    podfiles,
+    podstatus,
+    sandbox,
+    serviceaccount,
+    termination,
+    volumes,
+)
 
 # The pod status the agent computed, as JSON; the kwok Stage local-pod-status applies it.
 ANNOTATION_STATUS = "localcluster.monarch-operator.dev/status"
@@ -80,6 +93,9 @@ IMAGE_PATHS = {"/usr/local/bin/monarch-worker-entrypoint": REPO_ROOT / "images/w
 IMAGE_ROOTS = [Path(sys.executable).resolve(), Path(sys.prefix), Path(sys.base_prefix), REPO_ROOT]
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 AGENT_EXIT_GRACE_SECONDS = 3.0  # when the agent itself stops: SIGTERM -> SIGKILL
+# Least time between two syncs, seconds: a burst of pod and node events (the agent's own status
+# writes among them) wakes one sync, not one each.
+SYNC_GAP_S = 0.1
 # Reported for a container whose node went down under it (kubelet_pods.go: a container that
 # was running and cannot be found any more).
 LOST_CONTAINER = (137, "ContainerStatusUnknown",
@@ -153,23 +169,34 @@ class Agent:
         self.runs: dict[str, PodRun] = {}
         # Container instances with a process that survived SIGKILL so far (released later).
         self.lingering: list[sandbox.ContainerProcess] = []
+        # Pods and nodes as a kubelet sees them: listed once, then watched (:mod:`.listwatch`).
+        self.changed = threading.Event()
+        self.pods = listwatch.ListWatch(core.list_pod_for_all_namespaces, self.changed, "pods")
+        self.nodes = listwatch.ListWatch(core.list_node, self.changed, "nodes")
+        self._watching = False
 
     def run_forever(self, interval: float = 0.5) -> None:
-        """Poll pods every ``interval`` seconds until SIGTERM, then stop every pod process."""
+        """Sync every ``interval`` seconds, and sooner (at most every ``SYNC_GAP_S``) when a
+        pod or node changed, until SIGTERM; then stop every pod process."""
         stop = False
 
         def request_stop(*_: Any) -> None:
             nonlocal stop
             stop = True
+            self.changed.set()
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
         while not stop:
+            self.changed.clear()
             try:
                 self.sync()
             except Exception:  # keep the node alive through API hiccups; log them
                 log.exception("sync failed")
-            time.sleep(interval)
+            time.sleep(SYNC_GAP_S)
+            self.changed.wait(max(0.0, interval - SYNC_GAP_S))
+        self.pods.stop()
+        self.nodes.stop()
         self._stop_containers([r for run in self.runs.values() for r in run.containers.values()],
                               grace=AGENT_EXIT_GRACE_SECONDS)
         self.runs.clear()
@@ -178,11 +205,13 @@ class Agent:
         """One pass: begin or advance the termination of deleted pods, start new pods, step
         and report every pod; for a node that is down (``nodestate``), only what its mode
         leaves running."""
-        down = {node.metadata.name: mode for node in self.core.list_node().items
-                if (mode := (node.metadata.labels or {}).get(nodestate.LABEL_NODE_DOWN))}
-        pods = [self.core.api_client.sanitize_for_serialization(p)
-                for p in self.core.list_pod_for_all_namespaces().items]
-        pods = [p for p in pods if p["spec"].get("nodeName")]
+        if not self._watching:  # the first sync lists both (raising what a LIST raises)
+            self.nodes.start()
+            self.pods.start()
+            self._watching = True
+        down = {node["metadata"]["name"]: mode for node in self.nodes.objects()
+                if (mode := (node["metadata"].get("labels") or {}).get(nodestate.LABEL_NODE_DOWN))}
+        pods = [p for p in self.pods.objects() if p["spec"].get("nodeName")]
         self._write_hosts(pods)
         by_uid = {pod["metadata"]["uid"]: pod for pod in pods}
         for uid, run in list(self.runs.items()):
@@ -433,6 +462,14 @@ class Agent:
 
     # -- reporting -----------------------------------------------------------------------------
     def _report(self, run: PodRun, now: float) -> None:
+        # A kubelet reports a container running once the runtime started its process (the OCI
+        # runtime's start: the command exec'd); the sandbox sets up before that. Reported
+        # sooner, a client acting on "running" (a deletion, an exec) meets a container whose
+        # command has not run yet: its SIGTERM trap not set, its exit a StartError. The report
+        # waits until every starting container's command runs (or its sandbox failed).
+        if any(running.stop is None and running.record.running
+               and not running.process.exec_started() for running in run.containers.values()):
+            return
         document = json.dumps(run.record.api_status(now), sort_keys=True, separators=(",", ":"))
         if document != run.reported:
             annotate_pod(self.core, run.record.namespace, run.record.name, run.record.uid,
