@@ -166,3 +166,26 @@ def test_only_a_bookmark_leaves_the_change_event_alone() -> None:
     assert not changed.is_set()
     cache._apply({"type": "MODIFIED", "object": pod("a", "6")})
     assert changed.is_set()
+
+
+def test_start_again_after_a_failed_first_list_and_after_success() -> None:
+    api = ScriptedApi(lists=[listing("5", pod("a", "4"))], watches=[])
+    answers: list[Any] = [ConnectionRefusedError("not yet"), None]
+
+    def lister(**kwargs: Any) -> Response:
+        if not kwargs.get("watch") and answers and answers[0] is not None:
+            raise answers.pop(0)
+        return api(**kwargs)
+
+    cache = listwatch.ListWatch(lister, threading.Event(), "pods")
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            cache.start()
+        cache.start()
+        cache.start()  # started: no second LIST, no second thread
+
+        assert [p["metadata"]["uid"] for p in cache.objects()] == ["a"]
+        assert sum(1 for call in api.calls if not call.get("watch")) == 1
+    finally:
+        cache.stop()
+        api.done.set()

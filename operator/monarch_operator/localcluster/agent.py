@@ -173,7 +173,6 @@ class Agent:
         self.changed = threading.Event()
         self.pods = listwatch.ListWatch(core.list_pod_for_all_namespaces, self.changed, "pods")
         self.nodes = listwatch.ListWatch(core.list_node, self.changed, "nodes")
-        self._watching = False
 
     def run_forever(self, interval: float = 0.5) -> None:
         """Sync every ``interval`` seconds, and sooner (at most every ``SYNC_GAP_S``) when a
@@ -205,10 +204,9 @@ class Agent:
         """One pass: begin or advance the termination of deleted pods, start new pods, step
         and report every pod; for a node that is down (``nodestate``), only what its mode
         leaves running."""
-        if not self._watching:  # the first sync lists both (raising what a LIST raises)
-            self.nodes.start()
-            self.pods.start()
-            self._watching = True
+        # The first sync lists both (raising what a LIST raises; the next sync tries again).
+        self.nodes.start()
+        self.pods.start()
         down = {node["metadata"]["name"]: mode for node in self.nodes.objects()
                 if (mode := (node["metadata"].get("labels") or {}).get(nodestate.LABEL_NODE_DOWN))}
         pods = [p for p in self.pods.objects() if p["spec"].get("nodeName")]

@@ -64,7 +64,10 @@ class ListWatch:
         self._thread = threading.Thread(target=self._run, name=f"listwatch-{name}", daemon=True)
 
     def start(self) -> None:
-        """LIST once (raising the client's error if that fails), then watch in the thread."""
+        """LIST once (raising the client's error if that fails), then watch in the thread;
+        nothing once it has started (so a caller may call it before every read)."""
+        if self._thread.is_alive():
+            return
         self._relist()
         self._thread.start()
 
