@@ -2,7 +2,10 @@
 (controller/leader/fence.py): a leadership that ends after the write was asked for, while
 the client connects or between its retries, stops the write before it reaches the API server
 (short chaos soak, CI 2026-12-04: a replica resumed from SIGSTOP sent a write whose only check
-had passed before the pause). A real HTTP server on the loopback counts what reaches it."""
+had passed before the pause). The last check is on the wire, on each write of the request's bytes to the socket: aiohttp
+sends the headers with the body from a task of its own, after its ``send`` returned (short
+chaos soak, CI 2026-12-07: a ``create events`` of kopf's poster reached the API server 19 s
+after its replica's SIGSTOP). A real HTTP server on the loopback counts what reaches it."""
 
 from __future__ import annotations
 
@@ -108,7 +111,7 @@ def kopf_patch(url: str) -> None:
 def test_kopf_s_retry_of_a_write_is_checked_again_before_it_is_sent(api_server):
     url, seen, handler = api_server
     handler.failures = 1  # the first try gets a 503; kopf retries after its backoff
-    leader_for(2)  # asked and first try: leader; the retry: not any more
+    leader_for(3)  # asked and first try (sent, on the wire): leader; the retry: not any more
     with pytest.raises(fence.FencedError):
         kopf_patch(url)
     gc.collect()  # a connection the refused try left open would warn here
@@ -117,6 +120,31 @@ def test_kopf_s_retry_of_a_write_is_checked_again_before_it_is_sent(api_server):
     kopf_patch(url)  # the 503 again is no longer due: one more try, answered 200
     assert seen == ["PATCH", "PATCH"]
     gc.collect()  # a connection left open would warn here, in this test, not in a later one
+
+
+def test_a_write_allowed_until_its_bytes_go_out_is_refused_on_the_wire(api_server, caplog):
+    url, seen, _ = api_server
+    made = leader_for(2)  # asked, and before sending: leader; its bytes: not any more
+    api = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(
+        kubernetes.client.Configuration(host=url)))
+    with pytest.raises(fence.FencedError):
+        api.create_namespaced_config_map("ns", {"metadata": {"name": "x"}}, _request_timeout=5)
+    assert seen == [] and made[0] == 3
+    assert "refused POST" in caplog.text and "on the wire" in caplog.text
+
+
+def test_kopf_s_write_sent_by_aiohttp_s_own_task_is_checked_on_the_wire(api_server, caplog):
+    url, seen, _ = api_server
+    made = leader_for(2)  # asked, and in aiohttp's send: leader; when its task writes: not
+    with pytest.raises(fence.FencedError):
+        kopf_patch(url)  # the refused bytes fail the try; kopf's retry is refused before sending
+    gc.collect()
+    assert seen == [] and made[0] >= 3
+    assert "refused PATCH" in caplog.text and "on the wire" in caplog.text
+    fence.install(lambda: True)
+    kopf_patch(url)
+    assert seen == ["PATCH"]
+    gc.collect()
 
 
 def test_the_elector_s_lease_writes_pass_the_wire_check(api_server, monkeypatch):

@@ -12,17 +12,23 @@ Two paths carry the operator's writes, and both are wrapped (once per process):
 - the Kubernetes client's ``RESTClientObject.request`` (every pass of the reconcile loop);
 - kopf's ``kopf._cogs.clients.api.request`` (its annotations, status progress, Events).
 
-A write is checked twice: when it is asked for, and again on each try, just before its first
-byte goes out (urllib3's ``HTTPConnection.request``, aiohttp's ``ClientRequest.send``: after
-the connection and its TLS handshake, which on a loaded machine take long enough for a pause
-to fall in between, and on each retry the clients make on their own: kopf retries a write for
-up to a minute after a timeout or a 5xx). A pause can then only fall in the few Python
-statements between the second check and the socket's ``send``. The wire checks apply only
-to writes that went through one of the two wrapped paths (a context variable marks them), so
-the elector's own client (:mod:`.lease`), which calls :data:`UNFENCED_REQUEST` directly, is
-never refused. Reads (GET, and kopf's watch streams) pass: they change nothing. Short chaos
-soak, CI 2026-12-04: a replica resumed 15 s after its SIGSTOP sent a ``create statefulsets``
-whose only check had passed before the pause.
+A write is checked when it is asked for, again on each try before the request is built
+(urllib3's ``HTTPConnection.request``, aiohttp's ``ClientRequest.send``: after the connection
+and its TLS handshake, which on a loaded machine take long enough for a pause to fall in
+between, and on each retry the clients make on their own: kopf retries a write for up to a
+minute after a timeout or a 5xx), and last on the wire: on each write of its bytes to the
+socket (``http.client``'s ``send`` under urllib3; aiohttp's ``StreamWriter._write`` and
+``_writelines``, pinned aiohttp 3.14.5). aiohttp's ``send`` only buffers the headers: they go
+out with the body from a task of their own, one or more turns of the event loop later, and
+every task of the operator may run in between. A pause can then only fall in the few Python
+statements between the last check and the socket's ``send``. The checks past the first apply
+only to writes that went through one of the two wrapped paths (a context variable marks them,
+and a task started for a request inherits it), so the elector's own client (:mod:`.lease`),
+which calls :data:`UNFENCED_REQUEST` directly, is never refused. Reads (GET, and kopf's watch
+streams) pass: they change nothing. Short chaos soaks in CI: 2026-12-04, a replica resumed
+15 s after its SIGSTOP sent a ``create statefulsets`` whose only check had passed before the
+pause; 2026-12-07, one resumed 19 s after it sent a ``create events`` (kopf's poster) whose
+check in ``send`` had passed and whose bytes had not yet gone out.
 """
 
 from __future__ import annotations
@@ -40,10 +46,10 @@ logger = logging.getLogger("monarch_operator.leader")
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # The client's request as it was before install(): what the elector's own client calls.
 UNFENCED_REQUEST: Callable[..., Any] = rest.RESTClientObject.request
-# Set while one of the operator's fenced writes is under way (in its thread or task): the wire
-# checks apply to those requests only.
-_FENCED_WRITE: contextvars.ContextVar[bool] = contextvars.ContextVar("fenced_write",
-                                                                     default=False)
+# ``(method, url)`` while one of the operator's fenced requests is under way (in its thread or
+# task, and tasks started from it): the later checks apply to those requests only.
+_FENCED_WRITE: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "fenced_write", default=None)
 
 
 class FencedError(RuntimeError):
@@ -77,7 +83,7 @@ def install(may_write: Callable[[], bool]) -> None:
     @functools.wraps(UNFENCED_REQUEST)
     def fenced_request(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         check(method, url)
-        token = _FENCED_WRITE.set(True)
+        token = _FENCED_WRITE.set((method, url))
         try:
             return UNFENCED_REQUEST(self, method, url, *args, **kwargs)
         finally:
@@ -92,7 +98,7 @@ def install(may_write: Callable[[], bool]) -> None:
     @functools.wraps(kopf_request)
     async def fenced_kopf_request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         check(method, url)
-        token = _FENCED_WRITE.set(True)
+        token = _FENCED_WRITE.set((method, url))
         try:
             return await kopf_request(method, url, *args, **kwargs)
         finally:
@@ -103,29 +109,62 @@ def install(may_write: Callable[[], bool]) -> None:
 
 
 def _install_wire_checks(check: Callable[[str, str, str], None]) -> None:
-    """The second check of a fenced write, on each try, right before it is sent."""
+    """The later checks of a fenced write: on each try before it is sent, and on each write of
+    its bytes to the socket."""
     import aiohttp
+    from aiohttp import http_writer
     from urllib3 import connection
+
+    def on_the_wire() -> None:
+        fenced = _FENCED_WRITE.get()
+        if fenced is not None:
+            check(fenced[0], fenced[1], "on the wire")
 
     urllib3_send = _STATE["urllib3_send"] = connection.HTTPConnection.request
 
     @functools.wraps(urllib3_send)
     def checked_urllib3_send(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        if _FENCED_WRITE.get():
+        if _FENCED_WRITE.get() is not None:
             check(method, url, "before sending")
         return urllib3_send(self, method, url, *args, **kwargs)
 
     connection.HTTPConnection.request = checked_urllib3_send  # type: ignore[method-assign]
 
+    socket_send = _STATE["socket_send"] = connection.HTTPConnection.send
+
+    @functools.wraps(socket_send)
+    def checked_socket_send(self: Any, data: Any) -> Any:
+        on_the_wire()
+        return socket_send(self, data)
+
+    connection.HTTPConnection.send = checked_socket_send  # type: ignore[method-assign]
+
     aiohttp_send = _STATE["aiohttp_send"] = aiohttp.ClientRequest.send
 
     @functools.wraps(aiohttp_send)
     async def checked_aiohttp_send(self: Any, conn: Any) -> Any:
-        if _FENCED_WRITE.get():
+        if _FENCED_WRITE.get() is not None:
             check(str(self.method), str(self.url), "before sending")
         return await aiohttp_send(self, conn)
 
     aiohttp.ClientRequest.send = checked_aiohttp_send  # type: ignore[method-assign]
+
+    writer = http_writer.StreamWriter
+    writer_write = _STATE["writer_write"] = writer._write
+    writer_writelines = _STATE["writer_writelines"] = writer._writelines
+
+    @functools.wraps(writer_write)
+    def checked_write(self: Any, chunk: Any) -> None:
+        on_the_wire()
+        writer_write(self, chunk)
+
+    @functools.wraps(writer_writelines)
+    def checked_writelines(self: Any, chunks: Any) -> None:
+        on_the_wire()
+        writer_writelines(self, chunks)
+
+    writer._write = checked_write  # type: ignore[method-assign]
+    writer._writelines = checked_writelines  # type: ignore[method-assign]
 
 
 def uninstall() -> None:
@@ -137,9 +176,15 @@ def uninstall() -> None:
     from kopf._cogs.clients import api
     from urllib3 import connection
 
+    from aiohttp import http_writer
+
     api.request = _STATE.pop("kopf_request")
     connection.HTTPConnection.request = _STATE.pop("urllib3_send")  # type: ignore[method-assign]
+    connection.HTTPConnection.send = _STATE.pop("socket_send")  # type: ignore[method-assign]
     aiohttp.ClientRequest.send = _STATE.pop("aiohttp_send")  # type: ignore[method-assign]
+    http_writer.StreamWriter._write = _STATE.pop("writer_write")  # type: ignore[method-assign]
+    http_writer.StreamWriter._writelines = (  # type: ignore[method-assign]
+        _STATE.pop("writer_writelines"))
 
 
 _STATE: dict[str, Any] = {}
