@@ -33,6 +33,7 @@ from monarch_operator.launcher.options import (  # noqa: F401 - re-exported: cli
     add_output_flags,
     add_session_flags,
 )
+from monarch_operator.launcher.processexit import exit_process
 from monarch_operator.launcher.programs.roles import ROLE_MODULES, LaunchConfig, launch
 from monarch_operator.launcher.report import Reporter
 from monarch_operator.launcher.session.lifecycle import install_termination_handlers
@@ -158,11 +159,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     Run as the program (``argv`` None) by a uid without a passwd entry, it first runs itself
     again with one (:func:`launcher.userentry.reexec_with_entry`, field case C38); then the
     launcher runs under a stop guard (:mod:`.stopguard`): a stop signal decides the exit status
-    whatever the user's program does with it."""
+    whatever the user's program does with it, and ends the process with the status it
+    reported, without the interpreter's finalization (:mod:`.processexit`)."""
     if argv is None:
         reexec_with_entry()
         stopguard.guard("monarch-launch", json_mode="--json" in sys.argv[1:])
-    argv = list(sys.argv[1:] if argv is None else argv)
+        exit_process(_main(sys.argv[1:]))
+    return _main(list(argv))
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["spmd"]:
         from monarch_operator.launcher.spmd_cli import main as spmd_main
 

@@ -36,6 +36,7 @@ from monarch_operator.launcher.options import (
     add_output_flags,
     add_session_flags,
 )
+from monarch_operator.launcher.processexit import exit_process
 from monarch_operator.launcher.programs.failures import (
     hardware_fields,
     hardware_line,
@@ -245,11 +246,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "monarch-torchrun") -> i
     """Entry point of ``monarch-torchrun`` and ``monarch-launch spmd``; returns the exit status.
     Run as a command by a uid without a passwd entry, it first runs itself again with one
     (:func:`launcher.userentry.reexec_with_entry`); then under a stop guard
-    (launcher/stopguard.py)."""
+    (launcher/stopguard.py), and the process ends with the status it reported, without the
+    interpreter's finalization (:mod:`.processexit`)."""
     if argv is None:
         reexec_with_entry()
         stopguard.guard(prog, json_mode="--json" in sys.argv[1:])
-    args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
+        exit_process(_main(sys.argv[1:], prog))
+    return _main(argv, prog)
+
+
+def _main(argv: Sequence[str], prog: str) -> int:
+    args = build_parser(prog).parse_args(argv)
     reporter = Reporter(json_mode=args.json, quiet=args.quiet, prefix=f"{prog.split()[0]}:")
     try:
         argv_per_rank = command_argv(args)
