@@ -97,6 +97,16 @@ def test_the_guard_reaps_the_child_killed_by_a_signal_as_128_plus_it() -> None:
     assert process.returncode == 137
 
 
+def test_a_launcher_that_aborts_after_its_final_line_ends_with_that_line_s_status() -> None:
+    # The launcher proper reports 1 and then dies of SIGABRT at its exit (CI 2026-12-07).
+    process = _start("print('ready', flush=True); stopguard.note_final(1); os.abort()")
+    _, err = process.communicate(timeout=20)
+    assert process.returncode == 1, err
+    assert ("monarch-launch: warning: the launcher was killed by signal 6 (SIGABRT) after its "
+            "final line; the run's exit status 1 stands") in err
+    assert "failed" not in err
+
+
 def test_killing_the_guard_stops_the_launcher() -> None:
     process = _start("")
     child = int(subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True,
@@ -151,6 +161,14 @@ def test_decide_a_launcher_killed_without_a_word_gets_the_guards_line(number: in
     assert reason is not None
     assert reason.startswith(f"the launcher was killed by signal {number} ({number.name})")
     assert ("OOM killer" in reason) == (number == signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("number", "final"), [(signal.SIGABRT, 1), (signal.SIGSEGV, 0),
+                                               (signal.SIGABRT, 3)])
+def test_decide_a_launcher_killed_after_its_final_line_keeps_that_status(number, final) -> None:
+    # CI 2026-12-07: a daemon thread aborted the interpreter's exit ("FATAL: exception not
+    # rethrown") after the final line had reported 1; the job recorded 134.
+    assert stopguard.decide(_status(killed_by=number), None, None, final) == (final, None)
 
 
 def test_decide_a_stop_wins_over_exit_0() -> None:

@@ -186,13 +186,18 @@ def decide(status: int, first_signal: int | None, stop: str | None,
 
     Returns:
         ``(exit status, reason or None)``; exit status ``128 + S`` after a stop signal S
-        (SIGTERM's for a stop the launcher decided), else the child's own status.
+        (SIGTERM's for a stop the launcher decided), else the child's own status, or the one
+        its final line reported when it was killed after that line (an abort at the
+        interpreter's exit, see :mod:`.processexit`: the run ended before it).
     """
     own = os.waitstatus_to_exitcode(status)
     own = SIGNAL_BASE - own if own < 0 else own  # killed by S: 128 + S, as a shell says
     if first_signal is None and stop is None:
         if final is None and os.WIFSIGNALED(status):  # killed before it could say anything
             return own, killed_reason(os.WTERMSIG(status))
+        if final is not None and os.WIFSIGNALED(status):
+            # Killed after its final line (after the teardown): the run's outcome stands.
+            return final, None
         return own, None
     expected = SIGNAL_BASE + (first_signal or signal.SIGTERM)
     if final == expected and own == expected:
@@ -223,6 +228,10 @@ def _decide(status: int, first_signal: int | None, notes: str, prog: str,
             json_mode: bool) -> int:
     stop, final = parse_notes(notes)
     code, reason = decide(status, first_signal, stop, final)
+    if reason is None and os.WIFSIGNALED(status) and code == final:
+        print(f"{prog}: warning: the launcher was {_describe(os.WTERMSIG(status), 'killed')} "
+              f"after its final line; the run's exit status {code} stands", file=sys.stderr,
+              flush=True)
     if reason is not None:
         from monarch_operator.launcher.termination import write_termination_message
 
