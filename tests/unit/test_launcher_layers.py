@@ -28,7 +28,8 @@ API = "monarch_operator.job"
 
 # The layers, lowest first; a module may import its own layer and the ones below, never above.
 #   base:          leaves every layer may use: exit statuses, the stop signal and stop request,
-#                  the termination message, the reporter, progress reports and their writes.
+#                  the termination message, the reporter, progress reports and their writes,
+#                  and how the process ends (processexit.py).
 #   hosts:         hosts/ (host sources, placement): what the job runs on.
 #   session:       session/ (pre-flight, ssh, workers, teardown): one Monarch session.
 #   options:       the job's options as flags (options.py, sshflags.py, flagtypes.py) and the
@@ -40,7 +41,7 @@ API = "monarch_operator.job"
 #                  attach-mode worker (attachworker.py).
 LAYERS: dict[str, list[str]] = {
     "base": ["exitcodes", "stopguard", "stopsignal", "stoprequest", "termination", "report",
-             "progress", "configmapwriter", "userentry"],
+             "progress", "configmapwriter", "userentry", "processexit"],
     "hosts": ["hosts", "hosts.*"],
     "session": ["session", "session.*"],
     "options": ["options", "sshflags", "flagtypes", "jobconfig"],
