@@ -173,10 +173,9 @@ def uninstall() -> None:
         return
     rest.RESTClientObject.request = UNFENCED_REQUEST
     import aiohttp
+    from aiohttp import http_writer
     from kopf._cogs.clients import api
     from urllib3 import connection
-
-    from aiohttp import http_writer
 
     api.request = _STATE.pop("kopf_request")
     connection.HTTPConnection.request = _STATE.pop("urllib3_send")  # type: ignore[method-assign]
