@@ -67,6 +67,7 @@ from kubernetes.client.rest import ApiException
 from monarch_operator.localcluster import (
     identity,
     kubeletapi,
+    leasekeeper,
     listwatch,
     nodestate,
     podfiles,
@@ -173,6 +174,9 @@ class Agent:
         self.changed = threading.Event()
         self.pods = listwatch.ListWatch(core.list_pod_for_all_namespaces, self.changed, "pods")
         self.nodes = listwatch.ListWatch(core.list_node, self.changed, "nodes")
+        # Node Leases kwok stopped renewing (:mod:`.leasekeeper`).
+        self.lease_keeper = leasekeeper.LeaseKeeper(
+            kubernetes.client.CoordinationV1Api(core.api_client))
 
     def run_forever(self, interval: float = 0.5) -> None:
         """Sync every ``interval`` seconds, and sooner (at most every ``SYNC_GAP_S``) when a
@@ -209,6 +213,8 @@ class Agent:
         self.pods.start()
         down = {node["metadata"]["name"]: mode for node in self.nodes.objects()
                 if (mode := (node["metadata"].get("labels") or {}).get(nodestate.LABEL_NODE_DOWN))}
+        self.lease_keeper.keep(node["metadata"]["name"] for node in self.nodes.objects()
+                               if node["metadata"]["name"] not in down)
         pods = [p for p in self.pods.objects() if p["spec"].get("nodeName")]
         self._write_hosts(pods)
         by_uid = {pod["metadata"]["uid"]: pod for pod in pods}
